@@ -1,0 +1,82 @@
+# Helpers shared by every rule: the validated config, the benchmark plan, input and params
+# functions. The logic itself lives in the speedsplit package.
+import re
+import sys
+
+sys.path.insert(0, workflow.basedir)
+
+from speedsplit import config as ss_config
+from speedsplit import plan as ss_plan
+
+try:
+    CFG = ss_config.validate(config)
+except ss_config.ConfigError as exc:
+    raise SystemExit(f"speedsplit: {exc}")
+
+PREV = ss_plan.predecessors(CFG)
+JOBS = list(PREV)
+PLATFORM = ss_config.platform_of(CFG)
+
+
+def _alternatives(names):
+    return "|".join(re.escape(str(n)) for n in names) or "^$"
+
+
+wildcard_constraints:
+    model=_alternatives(CFG["models"]),
+    stack=_alternatives(CFG["stacks"]),
+    topology=_alternatives(CFG["topologies"]),
+    cell=_alternatives(c.name for c in ss_config.cells(CFG)),
+    run=r"\d+",
+    variant=r"fp16|gptq-w\d+g(\d+|pc)",
+
+
+def all_targets():
+    return ["results/report.html"]
+
+
+def bench_results():
+    return [job.result for job in JOBS]
+
+
+def _job(wc):
+    return ss_plan.find_job(CFG, wc.model, wc.stack, wc.topology, wc.cell, wc.run)
+
+
+def bench_inputs(wc):
+    job = _job(wc)
+    inputs = {
+        "model": f"resources/models/{wc.model}/{ss_plan.variant_dir(CFG, wc.stack)}",
+        "tokenizer": f"resources/models/{wc.model}/fp16",
+    }
+    prev = PREV[job]
+    if prev is not None:
+        # Order only: run after the lane's previous job (its server may be ours), never
+        # rerun because it changed.
+        inputs["after"] = ancient(prev.result)
+    return inputs
+
+
+def bench_stack(wc):
+    return ss_config.stack_params(CFG, wc.model, wc.stack, wc.topology)
+
+
+def bench_cell(wc):
+    return ss_config.cell_params(CFG, wc.model, wc.stack, wc.topology, ss_config.cell_by_name(CFG, wc.cell))
+
+
+def bench_session(wc):
+    return ss_plan.session_key(CFG, _job(wc))
+
+
+def bench_gpus(wc):
+    # On a CPU every server takes the one "card" so servers never overlap.
+    return ss_config.topology_gpus(CFG, wc.topology) if PLATFORM == "cuda" else 1
+
+
+def model_spec(wc):
+    return dict(CFG["models"][wc.model])
+
+
+def quantize_settings(wc):
+    return dict(CFG["quantization"])

@@ -1,0 +1,30 @@
+# Model acquisition (hub download or synthesised shape) and GPTQ INT4 quantization.
+
+
+rule model:
+    output:
+        directory("resources/models/{model}/fp16"),
+    params:
+        spec=model_spec,
+    log:
+        "results/logs/model/{model}.log",
+    script:
+        "../workflow_scripts/model.py"
+
+
+rule quantize:
+    input:
+        fp16="resources/models/{model}/fp16",
+    output:
+        model=directory("resources/models/{model}/{variant}"),
+        report="results/quantize/{model}/{variant}.json",
+    wildcard_constraints:
+        variant=r"gptq-w\d+g(\d+|pc)",
+    params:
+        settings=quantize_settings,
+    resources:
+        gpu=1,
+    log:
+        "results/logs/quantize/{model}/{variant}.log",
+    script:
+        "../workflow_scripts/quantize.py"

@@ -1,0 +1,159 @@
+"""One benchmark cell run: get the session's server (reused or started), drive the load,
+write the cell's result and per-request records. Always writes a result, whatever failed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from speedsplit import loadgen, stacks
+from speedsplit.models import model_info
+from speedsplit import session as sessions
+from speedsplit.results import SCHEMA_VERSION, provenance, redact, write_json_atomic, write_lines_atomic
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def build_prompts(tokenizer_dir: str | Path, n: int, prompt_tokens: int, seed: int) -> list[str]:
+    """n distinct prompts of exactly prompt_tokens tokens, the same for every stack."""
+    from transformers import AutoTokenizer
+
+    from speedsplit.models import exact_prompt
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    rng = random.Random(seed)
+    return [exact_prompt(tok, prompt_tokens, rng) for _ in range(n)]
+
+
+def healthy(url: str, path: str = "/health") -> bool:
+    try:
+        with urllib.request.urlopen(url + path, timeout=5) as resp:
+            return resp.status == 200
+    except Exception:  # any failure to answer means not healthy
+        return False
+
+
+def measure(*, session_key: str, stack: dict, cell: dict, run: int, model_dir: str | Path,
+            tokenizer_dir: str | Path, out_json: str | Path, out_requests: str | Path,
+            session_log: str | Path, cache_dir: str | Path, last_in_session: bool = True,
+            idle_timeout_s: float = 120.0, lease_timeout_s: float = 3600.0, owner: int | None = None,
+            workdir: str | Path = ".", progress: Callable[[str], None] | None = None) -> dict:
+    """Measure one cell run; writes out_json and out_requests atomically, returns the result."""
+    result = {
+        "schema_version": SCHEMA_VERSION,
+        "model": stack["model"], "stack": stack["stack"], "topology": stack["topology"],
+        "cell": cell["cell"], "run": run, "params": cell, "session": session_key,
+        "stack_def": {k: stack[k] for k in ("variant", "dialect", "dtype", "platform", "tensor_parallel",
+                                            "instances", "expect_kernel")},
+        "weights": model_info(model_dir),
+        "summary": {}, "flags": [], "started": _now(), "engine": {}, "kernel_ok": None,
+    }
+    records: list[dict] = []
+    spec = {"stack": stack, "model_dir": str(model_dir), "cache_dir": str(cache_dir)}
+    owner = owner or sessions.workflow_owner()
+    sess = None
+    finished = False
+    with sessions.stop_on_signals():
+        try:
+            for attempt in range(2):
+                sess, reused = sessions.open_session(session_key, spec, Path(session_log), owner,
+                                                     idle_timeout_s, lease_timeout_s)
+                state = sessions.wait_ready(sess, stack["startup_timeout_s"] + lease_timeout_s)
+                if state.get("state") != "stopped":
+                    break
+            result["server"] = {k: state.get(k) for k in ("startup_s", "lease_wait_s", "devices", "argv",
+                                                          "model_id", "error", "log_tail", "exit_code")}
+            result["engine"] = state.get("facts") or {}
+            if state["state"] == "startup_failed":
+                result["status"] = "startup_failed"
+                result["server"]["reused"] = reused
+            elif state["state"] == "died":
+                result["status"] = "server_died"
+                result["server"]["reused"] = reused
+            else:
+                _run_load(result, state, sess, stack, cell, run, tokenizer_dir, progress)
+                records = result.pop("_records")
+            finished = True
+        finally:
+            # The last cell of a session, or any interrupted cell, takes its servers down.
+            if sess is not None and (last_in_session or not finished):
+                sessions.stop_daemon(sess)
+    result["finished"] = _now()
+    result["provenance"] = provenance(workdir)
+    clean = json.loads(redact(json.dumps(result, default=str), workdir))
+    write_lines_atomic(out_requests, [json.loads(redact(json.dumps(r), workdir)) for r in records])
+    write_json_atomic(out_json, clean)
+    return clean
+
+
+def _run_load(result: dict, state: dict, sess: sessions.Session, stack: dict, cell: dict, run: int,
+              tokenizer_dir: str | Path, progress) -> None:
+    n_prompts = cell["users"] * (cell["requests_per_user"] + cell["warmup_requests"])
+    prompts = build_prompts(tokenizer_dir, n_prompts, cell["prompt_tokens"], cell["seed"])
+    spec = loadgen.LoadSpec(
+        urls=state["urls"], model=state["model_id"], prompts=prompts, users=cell["users"],
+        prompt_tokens=cell["prompt_tokens"], output_tokens=cell["output_tokens"],
+        requests_per_user=cell["requests_per_user"], warmup_requests=cell["warmup_requests"],
+        temperature=cell["temperature"], top_p=cell["top_p"], seed=cell["seed"] + 100003 * run,
+        dialect=stack["dialect"], request_timeout_s=cell["request_timeout_s"],
+        stall_timeout_s=cell["stall_timeout_s"],
+    )
+    with sess.locked(sess.cell_lock):
+        st = sess.state()
+        cells_before = st.get("cells_measured", 0)
+        result["server"]["reused"] = cells_before > 0
+        result["server"]["cells_before"] = cells_before
+        out = loadgen.run(spec, progress=progress)
+        st = sess.state()
+        if st.get("state") == "ready":
+            st["cells_measured"] = cells_before + 1
+            write_json_atomic(sess.state_path, st)
+    result["_records"] = out["records"]
+    s = result["summary"] = out["summary"]
+    alive = all(healthy(u, stack["ready_path"]) for u in state["urls"])
+    if not alive:
+        result["status"] = "server_died"
+        died = sessions.wait_ready(sess, 5.0)
+        result["server"]["log_tail"] = died.get("log_tail", "")
+        result["server"]["exit_code"] = died.get("exit_code")
+    elif s["completed"] == 0:
+        result["status"] = "failed"
+    else:
+        result["status"] = "ok"
+    result["flags"] = honesty_flags(result, stack, cell)
+
+
+def honesty_flags(result: dict, stack: dict, cell: dict) -> list[str]:
+    """Reasons not to take a run's numbers at face value; also sets result['kernel_ok']."""
+    s, flags = result["summary"], []
+    if s.get("failed"):
+        flags.append("request_failures")
+    if s.get("wrong_output_length"):
+        flags.append("output_length_mismatch")
+    if s.get("wrong_prompt_length"):
+        flags.append("prompt_length_mismatch")
+    if (s.get("wall_s") or 0) < cell["min_measured_s"]:
+        flags.append("short_measurement")
+    ok = stacks.kernel_matches(stack["expect_kernel"], result.get("engine") or {})
+    result["kernel_ok"] = ok
+    if ok is False:
+        flags.append("kernel_mismatch")
+    return flags
+
+
+def log_progress(prefix: str) -> Callable[[str], None]:
+    def emit(msg: str) -> None:
+        line = f"[{prefix}] {msg}"
+        print(line, file=sys.stderr, flush=True)
+        if sys.stderr is not sys.__stderr__:  # the job's log, and the terminal too
+            print(line, file=sys.__stderr__, flush=True)
+
+    return emit

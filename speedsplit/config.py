@@ -1,0 +1,273 @@
+"""Load and validate the workflow config, and expand it into benchmark cells and sessions.
+
+Every error is one line naming the key path and what was expected (ConfigError).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonschema import Draft202012Validator, validators
+
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "config" / "schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A config value is wrong; the message is one line naming the key."""
+
+
+def _with_defaults(validator_class):
+    """A validator that fills `default` values into the instance while validating."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for key, sub in properties.items():
+                if "default" in sub and key not in instance:
+                    instance[key] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    def fill_additional(validator, additional, instance, schema):
+        # Defaults inside dict-of-objects entries (models.X, stacks.X, ...).
+        if isinstance(instance, dict) and isinstance(additional, dict):
+            extras = set(instance) - set(schema.get("properties", {}))
+            for key in extras:
+                yield from validator.descend(instance[key], additional, path=key)
+        elif additional is False and isinstance(instance, dict):
+            extras = sorted(set(instance) - set(schema.get("properties", {})))
+            if extras:
+                from jsonschema.exceptions import ValidationError
+
+                allowed = ", ".join(sorted(schema.get("properties", {})))
+                yield ValidationError(f"unknown key {extras[0]!r} (expected one of: {allowed})")
+
+    return validators.extend(
+        validator_class,
+        {"properties": set_defaults, "additionalProperties": fill_additional},
+    )
+
+
+_Validator = _with_defaults(Draft202012Validator)
+
+
+def load_schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _key_path(error) -> str:
+    parts = []
+    for p in error.absolute_path:
+        parts.append(f"[{p}]" if isinstance(p, int) else ("." if parts else "") + str(p))
+    return "".join(parts) or "(top level)"
+
+
+def validate(config: dict) -> dict:
+    """Fill defaults, check the schema and cross-references; return the filled config."""
+    config = copy.deepcopy(config) if config else {}
+    errors = sorted(_Validator(load_schema()).iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        raise ConfigError(f"config error at {_key_path(e)}: {e.message}")
+    _check_references(config)
+    return config
+
+
+DEFAULT_CONFIG = SCHEMA_PATH.parent / "config.yaml"
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+
+
+def load(*paths: str | Path, base: str | Path | None = DEFAULT_CONFIG) -> dict:
+    """Read config files merged in order over the default config, as Snakemake merges
+    `--configfile` over the Snakefile's `configfile:`; validate the result."""
+    data: dict = read_yaml(base) if base else {}
+    for path in paths:
+        if base and Path(path).resolve() == Path(base).resolve():
+            continue
+        data = merge(data, read_yaml(path))
+    return validate(data)
+
+
+def merge(base: dict, top: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _check_references(config: dict) -> None:
+    stacks, workloads = config["stacks"], config["workloads"]
+    for chain, members in config["chains"].items():
+        for i, stack in enumerate(members):
+            if stack not in stacks:
+                raise ConfigError(f"config error at chains.{chain}[{i}]: unknown stack {stack!r} (stacks: {', '.join(stacks)})")
+    for key, known in (("workloads", workloads), ("sampling", config["sampling"])):
+        for i, name in enumerate(config["grid"][key]):
+            if name not in known:
+                raise ConfigError(f"config error at grid.{key}[{i}]: unknown {key} entry {name!r} (known: {', '.join(known)})")
+    for i, c in enumerate(config["grid"]["cells"]):
+        for key, known in (("workload", workloads), ("sampling", config["sampling"])):
+            if c[key] not in known:
+                raise ConfigError(f"config error at grid.cells[{i}].{key}: unknown {key} {c[key]!r}")
+    if not config["grid"]["workloads"]:
+        config["grid"]["workloads"] = list(workloads)
+    if not config["grid"]["sampling"]:
+        config["grid"]["sampling"] = list(config["sampling"])
+    for i, stack in enumerate(config["benchmark"]["stacks"]):
+        if stack not in stacks:
+            raise ConfigError(f"config error at benchmark.stacks[{i}]: unknown stack {stack!r}")
+    for i, model in enumerate(config["benchmark"]["models"]):
+        if model not in config["models"]:
+            raise ConfigError(f"config error at benchmark.models[{i}]: unknown model {model!r}")
+    for topo, spec in config["topologies"].items():
+        for i, stack in enumerate(spec.get("stacks", [])):
+            if stack not in stacks:
+                raise ConfigError(f"config error at topologies.{topo}.stacks[{i}]: unknown stack {stack!r}")
+    if not config["topologies"]:
+        config["topologies"] = {"tp1": {"tensor_parallel": 1, "instances": 1}}
+    for i, topo in enumerate(config["benchmark"]["topologies"]):
+        if topo not in config["topologies"]:
+            raise ConfigError(f"config error at benchmark.topologies[{i}]: unknown topology {topo!r}")
+        need = topology_gpus(config, topo)
+        if platform_of(config) == "cuda" and need > config["gpus_available"]:
+            raise ConfigError(
+                f"config error at topologies.{topo}: needs {need} GPUs but gpus_available is {config['gpus_available']}"
+            )
+    for model in bench_models(config):
+        spec = config["models"][model]
+        if spec["source"] == "hub" and not spec["repo"]:
+            raise ConfigError(f"config error at models.{model}.repo: a hub model needs a repo id")
+        for wname in {c.workload for c in cells(config)}:
+            w = workloads[wname]
+            if w["prompt_tokens"] + w["output_tokens"] > spec["max_model_len"]:
+                raise ConfigError(
+                    f"config error at workloads.{wname}: prompt_tokens + output_tokens = "
+                    f"{w['prompt_tokens'] + w['output_tokens']} exceeds models.{model}.max_model_len "
+                    f"({spec['max_model_len']})"
+                )
+
+
+def platform_of(config: dict) -> str:
+    """'cpu' or 'cuda'; 'auto' asks torch only when needed and falls back to cpu."""
+    if config.get("platform", "auto") != "auto":
+        return config["platform"]
+    import shutil
+
+    return "cuda" if shutil.which("nvidia-smi") else "cpu"
+
+
+def topology_gpus(config: dict, topology: str) -> int:
+    topo = config["topologies"][topology]
+    return topo.get("tensor_parallel", 1) * topo.get("instances", 1)
+
+
+def bench_models(config: dict) -> list[str]:
+    return list(config["benchmark"]["models"]) or list(config["models"])
+
+
+def bench_stacks(config: dict, topology: str | None = None) -> list[str]:
+    """Stacks to benchmark (in a topology): the explicit list, else every stack named by a
+    chain, in order."""
+    if config["benchmark"]["stacks"]:
+        chosen = list(config["benchmark"]["stacks"])
+    else:
+        chosen = []
+        for members in config["chains"].values():
+            chosen += [s for s in members if s not in chosen]
+        chosen = chosen or list(config["stacks"])
+    only = config["topologies"][topology].get("stacks") if topology else None
+    return [s for s in chosen if s in only] if only else chosen
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One benchmark cell: concurrency x workload x sampling."""
+
+    users: int
+    workload: str
+    sampling: str
+
+    @property
+    def name(self) -> str:
+        return f"u{self.users}-{self.workload}-{self.sampling}"
+
+
+def cells(config: dict) -> list[Cell]:
+    g = config["grid"]
+    if g["cells"]:
+        return [Cell(c["users"], c["workload"], c["sampling"]) for c in g["cells"]]
+    return [Cell(u, w, s) for w in g["workloads"] for s in g["sampling"] for u in g["users"]]
+
+
+def cell_by_name(config: dict, name: str) -> Cell:
+    for cell in cells(config):
+        if cell.name == name:
+            return cell
+    raise ConfigError(f"unknown cell {name!r}")
+
+
+def cell_params(config: dict, model: str, stack: str, topology: str, cell: Cell) -> dict[str, Any]:
+    """Everything that defines one cell's measurement, as plain builtins (Snakemake params)."""
+    w = config["workloads"][cell.workload]
+    s = config["sampling"][cell.sampling]
+    b = config["benchmark"]
+    return {
+        "cell": cell.name,
+        "users": cell.users,
+        "workload": cell.workload,
+        "prompt_tokens": w["prompt_tokens"],
+        "output_tokens": w["output_tokens"],
+        "requests_per_user": w["requests_per_user"],
+        "warmup_requests": w["warmup_requests"],
+        "sampling": cell.sampling,
+        "temperature": float(s["temperature"]),
+        "top_p": float(s["top_p"]),
+        "seed": s["seed"],
+        "request_timeout_s": float(b["request_timeout_s"]),
+        "stall_timeout_s": float(b["stall_timeout_s"]),
+        "min_measured_s": float(b["min_measured_s"]),
+    }
+
+
+def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[str, Any]:
+    """The resolved server definition for one (model, stack, topology) on this platform."""
+    spec = config["stacks"][stack]
+    plat = platform_of(config)
+    overlay = spec["on_gpu"] if plat == "cuda" else spec["on_cpu"]
+    topo = config["topologies"][topology]
+    mspec = config["models"][model]
+    env = {**spec["env"], **overlay.get("env", {})}
+    args = list(spec["args"]) + list(overlay.get("args", []))
+    return {
+        "stack": stack,
+        "model": model,
+        "topology": topology,
+        "platform": plat,
+        "variant": spec["variant"],
+        "args": args,
+        "env": env,
+        "dtype": overlay.get("dtype") or ("float16" if plat == "cuda" else "bfloat16"),
+        "dialect": spec["dialect"],
+        "ready_path": spec["ready_path"],
+        "request_model": spec["request_model"],
+        "startup_timeout_s": float(spec["startup_timeout_s"]),
+        "expect_kernel": overlay.get("expect_kernel") or spec["expect_kernel"],
+        "tensor_parallel": topo["tensor_parallel"],
+        "instances": topo["instances"],
+        "max_model_len": mspec["max_model_len"],
+    }

@@ -1,0 +1,111 @@
+"""Altair plots of the tables: factors and log shares vs users, throughput and latency per
+stack. Each is saved as HTML (interactive, JavaScript inlined for offline use), SVG and PNG.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import altair as alt
+import polars as pl
+
+ERRORBARS = "error bars: 95% bootstrap interval over runs"
+
+
+def _title(text: str, cells: pl.DataFrame) -> alt.TitleParams:
+    models = ", ".join(sorted(set(cells["model"].to_list()))) if "model" in cells.columns else ""
+    hardware = "; ".join(sorted(set(cells["hardware"].to_list()))) if "hardware" in cells.columns else ""
+    return alt.TitleParams(text, subtitle=[f"model: {models} | hardware: {hardware}", ERRORBARS], anchor="start")
+
+
+def factors_chart(attribution: pl.DataFrame, cells: pl.DataFrame, chain: str) -> alt.Chart:
+    df = attribution.filter((pl.col("chain") == chain) & pl.col("value").is_not_null()).to_pandas()
+    base = alt.Chart(df).encode(
+        x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"),
+        color=alt.Color("factor:N", title="factor"),
+    )
+    line = base.mark_line(point=True).encode(
+        y=alt.Y("value:Q", scale=alt.Scale(type="log"), title="speedup factor (log)"),
+        tooltip=["model", "cell", "factor", alt.Tooltip("value:Q", format=".3f"),
+                 alt.Tooltip("lo:Q", format=".3f"), alt.Tooltip("hi:Q", format=".3f")],
+    )
+    bars = base.mark_errorbar().encode(y="lo:Q", y2="hi:Q")
+    return (line + bars).properties(width=260, height=220).facet(
+        column=alt.Column("workload:N"), row=alt.Row("model:N")
+    ).properties(title=_title(f"Speedup factors along chain '{chain}' vs concurrent users", cells))
+
+
+def shares_chart(attribution: pl.DataFrame, cells: pl.DataFrame, chain: str) -> alt.Chart:
+    df = attribution.filter((pl.col("chain") == chain) & (pl.col("position") > 0)
+                            & pl.col("log_share").is_not_null()).to_pandas()
+    return alt.Chart(df).mark_bar().encode(
+        x=alt.X("cell:N", title="cell (users-workload-sampling)", sort=None),
+        y=alt.Y("log_share:Q", stack="zero", title="log share of total speedup"),
+        color=alt.Color("factor:N"),
+        tooltip=["model", "cell", "factor", alt.Tooltip("log_share:Q", format=".2f")],
+    ).properties(width=420, height=220).facet(row=alt.Row("model:N")).properties(
+        title=alt.TitleParams(f"Log shares ln(factor)/ln(total) per cell, chain '{chain}'",
+                              subtitle=["cells whose total is within 5% of 1 have no shares (undefined)"],
+                              anchor="start"))
+
+
+def throughput_chart(cells: pl.DataFrame) -> alt.Chart:
+    df = cells.filter(pl.col("output_tok_s").is_not_null()).to_pandas()
+    base = alt.Chart(df).encode(
+        x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"),
+        color=alt.Color("stack:N"),
+    )
+    line = base.mark_line(point=True).encode(
+        y=alt.Y("output_tok_s:Q", scale=alt.Scale(type="log"), title="output tokens/s (log)"),
+        tooltip=["stack", "cell", alt.Tooltip("output_tok_s:Q", format=".1f"), "linear_kernel"],
+    )
+    bars = base.mark_errorbar().encode(y="output_tok_s_lo:Q", y2="output_tok_s_hi:Q")
+    return (line + bars).properties(width=260, height=220).facet(
+        column=alt.Column("workload:N"), row=alt.Row("model:N")
+    ).properties(title=_title("Throughput per stack vs concurrent users", cells))
+
+
+def latency_chart(cells: pl.DataFrame) -> alt.Chart:
+    metrics = {"ttft_s_median": "TTFT median", "ttft_s_p99": "TTFT p99", "tpot_s_median": "TPOT median",
+               "e2e_s_p99": "E2E p99"}
+    long = cells.filter(pl.col("output_tok_s").is_not_null()).unpivot(
+        index=["model", "stack", "users", "workload"], on=list(metrics), variable_name="metric", value_name="seconds"
+    ).with_columns(pl.col("metric").replace(metrics)).filter(pl.col("seconds").is_not_null())
+    return alt.Chart(long.to_pandas()).mark_line(point=True).encode(
+        x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"),
+        y=alt.Y("seconds:Q", scale=alt.Scale(type="log"), title="seconds (log; median over runs)"),
+        color="stack:N", strokeDash="workload:N",
+        tooltip=["stack", "workload", "users", "metric", alt.Tooltip("seconds:Q", format=".4f")],
+    ).properties(width=220, height=180).facet(column=alt.Column("metric:N"), row=alt.Row("model:N")).properties(
+        title=_title("Latency percentiles vs concurrent users", cells))
+
+
+def save(chart: alt.Chart, stem: str | Path) -> dict[str, Path]:
+    """Write stem.html (JS inlined), stem.svg and stem.png, each atomically."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for ext, kwargs in (("html", {"inline": True}), ("svg", {}), ("png", {"scale_factor": 1.5})):
+        target = stem.with_suffix(f".{ext}")
+        fd, tmp = tempfile.mkstemp(dir=stem.parent, prefix=f".{target.name}.", suffix=f".{ext}")
+        os.close(fd)
+        try:
+            chart.save(tmp, format=ext, **kwargs)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        out[ext] = target
+    return out
+
+
+def all_charts(cells: pl.DataFrame, attribution: pl.DataFrame, chains: list[str]) -> dict[str, alt.Chart]:
+    charts = {"throughput": throughput_chart(cells), "latency": latency_chart(cells)}
+    for chain in chains:
+        if attribution.height and attribution.filter(pl.col("chain") == chain).height:
+            charts[f"factors-{chain}"] = factors_chart(attribution, cells, chain)
+            charts[f"shares-{chain}"] = shares_chart(attribution, cells, chain)
+    return charts

@@ -1,0 +1,95 @@
+"""One self-contained HTML report: setup, every table and plot (SVG inlined, so it opens
+offline with no script), and every failure.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import polars as pl
+
+from speedsplit.results import read_result, redact, write_bytes_atomic
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:2rem;max-width:1400px;color:#222}
+table{border-collapse:collapse;font-size:12px;margin:1rem 0}
+td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}
+th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
+.bad{background:#fde8e8}.note{color:#666;font-size:13px}
+figure{margin:1.5rem 0}figcaption{font-size:13px;color:#555}
+code,pre{background:#f6f6f6;padding:2px 4px}pre{padding:8px;overflow:auto;font-size:12px}
+"""
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def html_table(df: pl.DataFrame, bad_col: str | None = None, max_rows: int = 500) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
+    rows = []
+    for row in df.head(max_rows).iter_rows(named=True):
+        cls = ' class="bad"' if bad_col and row.get(bad_col) else ""
+        rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row.values()) + "</tr>")
+    more = f'<p class="note">{df.height - max_rows} more rows in the CSV.</p>' if df.height > max_rows else ""
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>{more}"
+
+
+def setup_section(result_paths: list[str | Path], config: dict) -> str:
+    """Hardware, versions and the config, from the first result's provenance."""
+    prov = {}
+    for p in result_paths:
+        prov = read_result(p)["provenance"]
+        break
+    hw = prov.get("hardware", {})
+    gpus = ", ".join(f"{g['name']} ({g['memory']}, driver {g['driver']})" for g in hw.get("gpus", [])) or "none"
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(prov.get("versions", {}).items()))
+    cfg = html.escape(redact(json.dumps(config, indent=1, default=str)))
+    return (f"<h2>Setup</h2><ul><li>GPUs: {html.escape(gpus)}</li>"
+            f"<li>CPU: {html.escape(str(hw.get('host_cpu')))} ({hw.get('cpu_count')} cores)</li>"
+            f"<li>Versions: {html.escape(versions)} (Python {html.escape(str(prov.get('python')))})</li>"
+            f"<li>Workflow commit: <code>{html.escape(str(prov.get('workflow_commit')))}</code></li></ul>"
+            f"<details><summary>Config (validated, defaults filled)</summary><pre>{cfg}</pre></details>")
+
+
+def build(out: str | Path, *, config: dict, result_paths: list[str | Path], cells: pl.DataFrame,
+          runs: pl.DataFrame, attribution: pl.DataFrame, crossover: pl.DataFrame, stability: pl.DataFrame,
+          svgs: dict[str, str | Path], extra_tables: dict[str, pl.DataFrame] | None = None) -> None:
+    """Write the report atomically."""
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>speedsplit report</title>"
+             f"<style>{CSS}</style></head><body>",
+             "<h1>speedsplit: where did the serving speedup come from?</h1>",
+             "<p class='note'>Throughput = output tokens / wall time of the measured phase. Factors are "
+             "ratios of median throughput between neighbouring stacks of a chain; they multiply to the "
+             "total exactly. Intervals: 95% bootstrap over runs. Log share = ln(factor) / ln(total).</p>",
+             setup_section(result_paths, config)]
+    fact = attribution.filter(pl.col("position") > 0) if attribution.height else attribution
+    parts += ["<h2>Attribution</h2>", html_table(attribution.select(
+        [c for c in ["chain", "model", "topology", "cell", "factor", "value", "lo", "hi", "log_share",
+                     "share_lo", "share_hi", "note"] if c in attribution.columns])) if fact.height else
+              "<p>No chain has measurements of all its stacks.</p>"]
+    parts += ["<h3>Runtime-share crossover</h3>", html_table(crossover) if crossover.height else "<p>—</p>",
+              "<h3>Cross-model stability</h3>", html_table(stability) if stability.height else "<p>—</p>"]
+    parts.append("<h2>Plots</h2>")
+    for name, svg in svgs.items():
+        text = Path(svg).read_text()
+        parts.append(f"<figure id='plot-{html.escape(name)}'>{text}<figcaption>{html.escape(name)} "
+                     f"(also as <a href='plots/{html.escape(name)}.html'>interactive HTML</a> and PNG)"
+                     f"</figcaption></figure>")
+    parts += ["<h2>Cells</h2>", html_table(cells.drop([c for c in cells.columns if c.endswith(("_lo", "_hi"))]),
+                                           bad_col="failed_requests")]
+    for title, df in (extra_tables or {}).items():
+        parts += [f"<h2>{html.escape(title)}</h2>", html_table(df)]
+    failures = runs.filter((pl.col("status") != "ok") | (pl.col("failed") > 0) | (pl.col("flags") != ""))
+    parts += ["<h2>Failures and flags</h2>",
+              html_table(failures.select(["model", "stack", "topology", "cell", "run", "status", "flags",
+                                          "failures", "error"]), bad_col="status")
+              if failures.height else "<p>None: every run completed every request, unflagged.</p>"]
+    parts.append("</body></html>")
+    write_bytes_atomic(out, redact("\n".join(parts)).encode())

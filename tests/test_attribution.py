@@ -1,0 +1,70 @@
+import math
+
+import pytest
+
+from speedsplit.analysis import attribution as A
+
+
+def test_headline_cell_factors_multiply_exactly():
+    # The study's headline cell: runtime 1.90 x kernel+quant 1.36 = 2.58 total.
+    tp = {"hf-fp16": [100.0, 99.0, 101.0], "vllm-fp16": [190.0, 188.1, 191.9], "vllm-marlin": [258.4, 255.8, 261.0]}
+    a = A.attribute(["hf-fp16", "vllm-fp16", "vllm-marlin"], tp)
+    runtime, kernel = a.factors
+    assert runtime.name == "vllm-fp16/hf-fp16" and runtime.value == pytest.approx(1.90)
+    assert kernel.value == pytest.approx(1.36)
+    assert math.prod(f.value for f in a.factors) == pytest.approx(a.total, rel=1e-12)
+    assert a.total == pytest.approx(2.584)
+    # log share of the runtime factor: ln 1.90 / ln 2.584 = 0.676 (the study: about 68%)
+    assert runtime.share == pytest.approx(math.log(1.9) / math.log(2.584))
+    assert runtime.share + kernel.share == pytest.approx(1.0)
+    for f in a.factors:
+        assert f.ci[0] <= f.value <= f.ci[1]
+        assert f.share_ci[0] <= f.share <= f.share_ci[1]
+    assert a.total_ci[0] <= a.total <= a.total_ci[1]
+
+
+def test_intervals_narrow_with_agreeing_runs_and_widen_with_noise():
+    steady = A.attribute(["a", "b"], {"a": [100.0] * 3, "b": [200.0] * 3})
+    noisy = A.attribute(["a", "b"], {"a": [80.0, 100.0, 120.0], "b": [150.0, 200.0, 260.0]})
+    assert steady.factors[0].ci == pytest.approx((2.0, 2.0))
+    lo, hi = noisy.factors[0].ci
+    assert lo < 2.0 < hi and hi - lo > 0.5
+
+
+def test_longer_chain_telescopes():
+    tp = {"hf": [10.0], "vfp16": [30.0], "gptq": [36.0], "marlin": [45.0]}
+    a = A.attribute(list(tp), tp)
+    assert [round(f.value, 6) for f in a.factors] == [3.0, 1.2, 1.25]
+    assert math.prod(f.value for f in a.factors) == pytest.approx(4.5, rel=1e-12) == a.total
+    assert sum(f.share for f in a.factors) == pytest.approx(1.0)
+
+
+def test_shares_undefined_when_total_is_near_one():
+    a = A.attribute(["a", "b", "c"], {"a": [100.0], "b": [150.0], "c": [102.0]})
+    assert a.total == pytest.approx(1.02)
+    assert all(f.share is None for f in a.factors)
+    assert "undefined" in a.share_note
+    assert a.factors[0].value == pytest.approx(1.5)  # factors themselves stay meaningful
+
+
+def test_missing_stack_gives_no_numbers_and_says_why():
+    a = A.attribute(["a", "b"], {"a": [100.0], "b": []}, missing={"b": "startup_failed"})
+    assert a.total is None and a.factors[0].value is None
+    assert a.missing == {"b": "startup_failed"}
+
+
+def test_crossover_interpolates_on_log_users():
+    users = [8, 16, 32, 64, 128]
+    shares = [0.2, 0.3, 0.45, 0.68, 0.75]
+    u = A.crossover(users, shares)
+    expected = math.exp(math.log(32) + (0.5 - 0.45) * (math.log(64) - math.log(32)) / (0.68 - 0.45))
+    assert u == pytest.approx(expected)
+    assert 32 < u < 64
+    assert A.crossover(users, [0.1, 0.2, 0.3, 0.4, 0.45]) is None
+    assert A.crossover([8, 16], [None, 0.7]) is None
+
+
+def test_spread_across_models():
+    s = A.spread([1.36, 1.35, 1.37])
+    assert s["n"] == 3 and s["spread_pct"] == pytest.approx(100 * 0.02 / 1.36)
+    assert A.spread([None])["spread_pct"] is None

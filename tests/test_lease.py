@@ -1,0 +1,73 @@
+import multiprocessing as mp
+import os
+import time
+
+import pytest
+
+from speedsplit import lease
+
+
+def _hold(n, devices, hold_s, q, lock_dir):
+    os.environ["SPEEDSPLIT_LOCK_DIR"] = lock_dir
+    got = lease.acquire_gpus(n, timeout_s=30, poll_s=0.05, devices=devices)
+    t0 = time.time()
+    time.sleep(hold_s)
+    q.put((got.devices, t0, time.time()))
+    got.release()
+
+
+def test_concurrent_jobs_get_distinct_cards_all_or_nothing(tmp_path):
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    devices = ["0", "1", "2", "3"]
+    procs = [ctx.Process(target=_hold, args=(2, devices, 0.6, q, str(tmp_path))) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    spans = [q.get(timeout=5) for _ in procs]
+    assert all(len(d) == 2 for d, _, _ in spans)
+    # any two holders overlapping in time hold disjoint cards; never more than 4 cards at once
+    for i, (d1, s1, e1) in enumerate(spans):
+        for d2, s2, e2 in spans[i + 1:]:
+            if s1 < e2 and s2 < e1:
+                assert not set(d1) & set(d2)
+
+
+def test_indexes_into_an_existing_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7,9")
+    assert lease.visible_devices() == ["5", "7", "9"]
+    with lease.acquire_gpus(2, timeout_s=1) as held:
+        assert held.devices == ["5", "7"]
+        assert held.cuda_visible_devices == "5,7"
+        with lease.acquire_gpus(1, timeout_s=1) as other:
+            assert other.devices == ["9"]
+        with pytest.raises(lease.LeaseError, match="could not lease 2"):
+            lease.acquire_gpus(2, timeout_s=0.3, poll_s=0.05)
+
+
+def test_too_few_visible_cards_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with pytest.raises(lease.LeaseError, match="needs 2 GPUs but only 1 are visible"):
+        lease.acquire_gpus(2, timeout_s=1)
+
+
+def test_a_dead_holder_frees_its_cards(tmp_path):
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_hold, args=(1, ["0"], 60, q, os.environ["SPEEDSPLIT_LOCK_DIR"]))
+    p.start()
+    time.sleep(0.5)
+    with pytest.raises(lease.LeaseError):
+        lease.acquire_gpus(1, timeout_s=0.3, devices=["0"])
+    p.kill()
+    p.join()
+    with lease.acquire_gpus(1, timeout_s=2, devices=["0"]) as held:
+        assert held.devices == ["0"]
+
+
+def test_ports_are_free_loopback_ports_and_distinct():
+    with lease.Lease() as held:
+        ports = {held.port() for _ in range(5)}
+        assert len(ports) == 5
+        assert all(lease.port_is_free(p) for p in ports)

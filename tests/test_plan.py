@@ -1,0 +1,70 @@
+import copy
+
+import pytest
+
+from conftest import REPO
+from speedsplit import config as C
+from speedsplit import plan as P
+
+
+@pytest.fixture()
+def cfg():
+    return C.load(REPO / "config" / "config.yaml")
+
+
+def test_every_job_once_in_run_major_lane_order(cfg):
+    jobs = P.bench_jobs(cfg)
+    assert len(jobs) == len(set(jobs)) == 1 * 3 * 4 * 2  # models x stacks x cells x runs
+    assert [j.run for j in jobs[:12]] == [0] * 12  # run 0 of every stack first
+    assert jobs[0].result == "results/bench/tiny/hf-fp16/tp1/u2-wide-greedy/run0.json"
+    assert jobs[0].requests.endswith("run0.requests.jsonl")
+
+
+def test_one_lane_on_cpu_chains_every_job(cfg):
+    prev = P.predecessors(cfg)
+    jobs = P.bench_jobs(cfg)
+    assert prev[jobs[0]] is None
+    assert all(prev[b] == a for a, b in zip(jobs, jobs[1:]))
+
+
+def test_lanes_on_gpus_follow_the_cards_available(cfg):
+    cfg = copy.deepcopy(cfg)
+    cfg.update(platform="cuda", gpus_available=2)
+    prev = P.predecessors(cfg)
+    firsts = [j for j, p in prev.items() if p is None]
+    assert len(firsts) == 2  # two single-card lanes
+    # sessions never split across lanes: within a session each job follows the previous one
+    for job, p in prev.items():
+        if p is not None and P.session_key(cfg, p) != P.session_key(cfg, job):
+            assert P.last_in_session(cfg, p)
+
+
+def test_sessions_and_their_last_cell(cfg):
+    jobs = P.bench_jobs(cfg)
+    key = P.session_key(cfg, jobs[0])
+    assert key == "tiny/hf-fp16/tp1/run0"
+    members = [j for j in jobs if P.session_key(cfg, j) == key]
+    assert len(members) == 4
+    assert [P.last_in_session(cfg, j) for j in members] == [False, False, False, True]
+    cfg["benchmark"]["server_reuse"] = "per_cell"
+    assert all(P.last_in_session(cfg, j) for j in members)
+    cfg["benchmark"]["server_reuse"] = "per_stack"
+    assert P.session_key(cfg, jobs[0]) == "tiny/hf-fp16/tp1/all"
+    ordered = P.bench_jobs(cfg)
+    assert [j.stack for j in ordered[:8]] == ["hf-fp16"] * 8  # both runs of a stack back to back
+
+
+def test_variant_dirs(cfg):
+    assert P.variant_dir(cfg, "hf-fp16") == "fp16"
+    assert P.variant_dir(cfg, "vllm-marlin") == "gptq-w4g128"
+    cfg["quantization"]["group_size"] = -1
+    assert P.variant_dir(cfg, "vllm-marlin") == "gptq-w4gpc"
+
+
+def test_topology_stack_lists_and_unknown_jobs():
+    cfg = C.load(REPO / "config" / "study.yaml")
+    stacks_by_topo = {t: {j.stack for j in P.bench_jobs(cfg) if j.topology == t} for t in cfg["topologies"]}
+    assert stacks_by_topo == {"tp1": {"hf-fp16", "vllm-fp16", "vllm-marlin"},
+                              "tp4": {"vllm-fp16", "vllm-marlin"}, "4x1": {"vllm-fp16", "vllm-marlin"}}
+    with pytest.raises(C.ConfigError, match="no benchmark job"):
+        P.find_job(cfg, "llama-3.1-8b", "hf-fp16", "tp4", "u8-study-wide-greedy", 0)

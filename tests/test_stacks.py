@@ -1,0 +1,73 @@
+import os
+import sys
+import time
+
+import pytest
+
+from speedsplit import stacks
+
+VLLM_GPU_LOG = """
+(EngineCore pid=1) INFO [core.py:133] Initializing a V1 LLM engine (v0.26.0) with config: model='m', dtype=torch.float16, quantization=gptq_marlin, enforce_eager=False
+(EngineCore pid=1) INFO [gptq_marlin.py:300] Using MarlinLinearKernel for GPTQMarlinLinearMethod
+(EngineCore pid=1) INFO [cuda.py:400] Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN']
+(EngineCore pid=1) INFO [gpu_model_runner.py:5150] Model loading took 5.31 GiB memory and 12.1 seconds
+(EngineCore pid=1) INFO [kv_cache_utils.py:1000] GPU KV cache size: 1,034,880 tokens
+(EngineCore pid=1) INFO [kv_cache_utils.py:1001] Maximum concurrency for 2,048 tokens per request: 505.31x
+"""
+
+
+def test_engine_facts_from_a_vllm_log():
+    f = stacks.engine_facts(VLLM_GPU_LOG)
+    assert f["linear_kernel"] == "MarlinLinearKernel"
+    assert f["attention_backend"] == "FLASH_ATTN"
+    assert f["weight_memory_gib"] == pytest.approx(5.31)
+    assert f["kv_cache_tokens"] == 1034880
+    assert f["max_concurrency"] == pytest.approx(505.31)
+    assert f["quantization"] == "gptq_marlin" and f["dtype"] == "torch.float16"
+    assert stacks.kernel_matches("Marlin", f) is True
+    assert stacks.kernel_matches("Machete", f) is False
+    assert stacks.kernel_matches("", f) is None
+    assert stacks.engine_facts("nothing here")["linear_kernel"] is None
+
+
+def test_render_args_names_an_unknown_placeholder():
+    assert stacks.render_args(["--port", "{port}"], {"port": 5}) == ["--port", "5"]
+    with pytest.raises(ValueError, match="unknown placeholder 'nope'"):
+        stacks.render_args(["{nope}"], {})
+
+
+def _stack(args):
+    return {"stack": "s", "args": args, "env": {}, "tensor_parallel": 1, "max_model_len": 64,
+            "dtype": "float16", "dialect": "vllm", "request_model": "{served_name}"}
+
+
+def test_stop_takes_down_the_whole_process_group(tmp_path, tiny_model):
+    # a "server" that leaves a grandchild behind, as vLLM's engine core would
+    script = "import subprocess,time; subprocess.Popen(['sleep','300']); time.sleep(300)"
+    srv = stacks.launch(_stack(["{python}", "-c", script]), tiny_model, "m", 1, [], tmp_path / "s.log")
+    time.sleep(1.0)
+    pgid = srv.proc.pid
+    assert stacks._group_alive(pgid)
+    assert os.getpgid(srv.proc.pid) == srv.proc.pid  # its own group, not ours
+    stacks.stop(srv, grace_s=5)
+    assert not stacks._group_alive(pgid)
+
+
+def test_a_server_that_exits_is_a_startup_failure_with_its_log(tmp_path, tiny_model):
+    srv = stacks.launch(_stack(["{python}", "-c", "import sys; print('boom: no such model'); sys.exit(3)"]),
+                        tiny_model, "m", 1, [], tmp_path / "s.log")
+    with pytest.raises(stacks.StartupFailed) as err:
+        stacks.wait_ready(srv, "/health", 30)
+    assert "exited with code 3" in str(err.value)
+    assert "boom: no such model" in err.value.log_tail
+
+
+def test_a_server_that_never_gets_ready_times_out(tmp_path, tiny_model):
+    srv = stacks.launch(_stack(["{python}", "-c", "import time; time.sleep(60)"]), tiny_model, "m", 1, [],
+                        tmp_path / "s.log")
+    t0 = time.monotonic()
+    with pytest.raises(stacks.StartupFailed, match="not ready within 2 s"):
+        stacks.wait_ready(srv, "/health", 2)
+    assert time.monotonic() - t0 < 10
+    stacks.stop(srv)
+    assert not srv.alive()

@@ -1,0 +1,103 @@
+import json
+import math
+
+import polars as pl
+import pytest
+
+from speedsplit import plots, report
+from speedsplit.analysis import tables as T
+from speedsplit.results import SCHEMA_VERSION, ResultError, write_json_atomic
+
+
+def fake_result(stack, users, run, tok_s, status="ok", workload="wide"):
+    """A result record as bench.measure writes it (numbers given by the test)."""
+    dist = {"mean": 0.1, "median": 0.1, "p90": 0.2, "p99": 0.3}
+    return {
+        "schema_version": SCHEMA_VERSION, "model": "tiny", "stack": stack, "topology": "tp1",
+        "cell": f"u{users}-{workload}-greedy", "run": run, "status": status, "flags": [],
+        "params": {"users": users, "workload": workload, "sampling": "greedy", "prompt_tokens": 8,
+                   "output_tokens": 16},
+        "summary": {"output_tok_s": tok_s, "request_s": 1.0, "completed": 4, "failed": 0, "failures": {},
+                    "wall_s": 2.0, "ttft_s": dist, "tpot_s": dist, "itl_s": dist, "e2e_s": dist}
+        if status == "ok" else {},
+        "server": {"startup_s": 10.0, "reused": run > 0, "devices": ["cpu"]},
+        "engine": {"linear_kernel": "CPUWNA16LinearKernel" if "marlin" in stack else None},
+        "kernel_ok": True if "marlin" in stack else None,
+        "stack_def": {"platform": "cpu"},
+        "provenance": {"hardware": {"host_cpu": "Test CPU", "cpu_count": 2}, "versions": {}, "python": "3.11"},
+    }
+
+
+@pytest.fixture()
+def result_files(tmp_path):
+    paths = []
+    speeds = {"hf-fp16": 100.0, "vllm-fp16": 190.0, "vllm-marlin": 258.4}
+    for users, scale in ((8, 1.0), (64, 2.0)):
+        for stack, base in speeds.items():
+            for run in range(3):
+                p = tmp_path / f"{stack}-{users}-{run}.json"
+                write_json_atomic(p, fake_result(stack, users, run, base * scale * (1 + 0.01 * (run - 1))))
+                paths.append(p)
+    p = tmp_path / "marlin-failed.json"
+    write_json_atomic(p, fake_result("vllm-marlin", 128, 0, None, status="startup_failed"))
+    paths.append(p)
+    p = tmp_path / "hf-128.json"
+    write_json_atomic(p, fake_result("hf-fp16", 128, 0, 50.0))
+    paths.append(p)
+    return paths
+
+
+def test_cells_and_attribution_tables(result_files, tmp_path):
+    runs = T.runs_frame(result_files)
+    assert runs.height == len(result_files)
+    cells = T.cells_frame(runs)
+    row = cells.filter((pl.col("stack") == "vllm-fp16") & (pl.col("users") == 8)).row(0, named=True)
+    assert row["output_tok_s"] == pytest.approx(190.0)
+    assert row["output_tok_s_lo"] <= 190.0 <= row["output_tok_s_hi"] and row["runs_ok"] == 3
+    att = T.attribution_frame(runs, {"study": ["hf-fp16", "vllm-fp16", "vllm-marlin"]})
+    u8 = att.filter(pl.col("users") == 8)
+    factors = u8.filter(pl.col("position") > 0)["value"].to_list()
+    total = u8.filter(pl.col("factor") == "total")["value"].item()
+    assert factors == pytest.approx([1.9, 1.36])
+    assert math.prod(factors) == pytest.approx(total, rel=1e-12)
+    failed = att.filter(pl.col("users") == 128)
+    assert failed["value"].null_count() == failed.height
+    assert "vllm-marlin: startup_failed" in failed["note"][0]
+    cross = T.crossover_frame(att)
+    assert cross["crossover"].to_list() == ["none in range"]
+    stab = T.stability_frame(att)
+    assert stab.filter(pl.col("factor") == "vllm-fp16/hf-fp16")["spread_pct"].to_list() == [0.0, 0.0, None]
+    T.write_table(att, tmp_path / "a.csv", parquet=tmp_path / "a.parquet", markdown=tmp_path / "a.md")
+    assert T.read_table(tmp_path / "a.csv").height == att.height
+    assert (tmp_path / "a.md").read_text().startswith("| model |")
+
+
+def test_corrupt_or_truncated_results_are_refused(result_files, tmp_path):
+    text = result_files[0].read_text()
+    truncated = tmp_path / "truncated.json"
+    truncated.write_text(text[: len(text) // 2])
+    with pytest.raises(ResultError, match="truncated.json is corrupt or truncated"):
+        T.runs_frame(result_files + [truncated])
+    alien = tmp_path / "alien.json"
+    alien.write_text(json.dumps({"hello": 1}))
+    with pytest.raises(ResultError, match="not a speedsplit result"):
+        T.runs_frame([alien])
+
+
+def test_plots_and_report_render_offline(result_files, tmp_path):
+    runs = T.runs_frame(result_files)
+    cells = T.cells_frame(runs)
+    att = T.attribution_frame(runs, {"study": ["hf-fp16", "vllm-fp16", "vllm-marlin"]})
+    svgs = {}
+    for name, chart in plots.all_charts(cells, att, ["study"]).items():
+        out = plots.save(chart, tmp_path / "plots" / name)
+        assert out["png"].stat().st_size > 1000
+        assert "<svg" in out["svg"].read_text()[:500]
+        assert "https://cdn" not in out["html"].read_text()  # JavaScript inlined
+        svgs[name] = out["svg"]
+    assert set(svgs) == {"throughput", "latency", "factors-study", "shares-study"}
+    html = tmp_path / "report.html"
+    report.build(html, config={"models": {"tiny": {}}}, result_paths=result_files, cells=cells, runs=runs,
+                 attribution=att, crossover=T.crossover_frame(att), stability=T.stability_frame(att), svgs=svgs)
+    text = html.read_text()
+    assert text.count("<svg") >= 4 and "startup_failed" in text and "Test CPU" in text
