@@ -1,12 +1,15 @@
 # speedsplit: where did this serving speedup come from?
 # Models -> GPTQ quantization -> one benchmark job per (model, stack, topology, cell, run)
 # -> tables, attribution, plots and one report. See README.md.
+import os
+
 from snakemake.utils import min_version
 
 min_version("9.11")
 
 
-configfile: "config/config.yaml"
+# Your own config/config.yaml in the working directory wins over the shipped default.
+configfile: "config/config.yaml" if os.path.exists("config/config.yaml") else f"{workflow.basedir}/config/config.yaml"
 
 
 include: "rules/common.smk"

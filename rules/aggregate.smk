@@ -3,6 +3,7 @@
 
 
 localrules:
+    cell_spec,
     tables,
     plots,
     report,
@@ -23,6 +24,8 @@ rule tables:
         chains=CFG["chains"],
     log:
         "results/logs/tables.log",
+    conda:
+        "../envs/analysis.yaml"
     script:
         "../workflow_scripts/tables.py"
 
@@ -37,6 +40,8 @@ rule plots:
         chains=list(CFG["chains"]),
     log:
         "results/logs/plots.log",
+    conda:
+        "../envs/analysis.yaml"
     script:
         "../workflow_scripts/plots.py"
 
@@ -56,5 +61,7 @@ rule report:
         config=CFG,
     log:
         "results/logs/report.log",
+    conda:
+        "../envs/analysis.yaml"
     script:
         "../workflow_scripts/report.py"

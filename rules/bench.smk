@@ -2,19 +2,35 @@
 # consecutive jobs of one server session (see speedsplit/plan.py) reuse its running server.
 
 
+# The cell's definition as a file: it is rewritten only when that cell's params change, and
+# its new mtime reruns exactly that cell's benchmark. (A params trigger on the bench rule
+# itself is lost when the lane's previous job is rerun too: that input is ancient.)
+rule cell_spec:
+    output:
+        "results/specs/{model}/{stack}/{topology}/{cell}/run{run}.json",
+    params:
+        stack=bench_stack,
+        cell=bench_cell,
+        session=bench_session,
+    log:
+        "results/logs/specs/{model}/{stack}/{topology}/{cell}/run{run}.log",
+    conda:
+        "../envs/analysis.yaml"
+    script:
+        "../workflow_scripts/cell_spec.py"
+
+
 rule bench:
     input:
         unpack(bench_inputs),
     output:
         result="results/bench/{model}/{stack}/{topology}/{cell}/run{run}.json",
         requests="results/bench/{model}/{stack}/{topology}/{cell}/run{run}.requests.jsonl",
-    params:
-        stack=bench_stack,
-        cell=bench_cell,
-        session=bench_session,
     resources:
         gpu=bench_gpus,
     log:
         "results/logs/bench/{model}/{stack}/{topology}/{cell}/run{run}.log",
+    conda:
+        "../envs/serving.yaml"
     script:
         "../workflow_scripts/bench.py"

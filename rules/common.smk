@@ -46,6 +46,7 @@ def _job(wc):
 def bench_inputs(wc):
     job = _job(wc)
     inputs = {
+        "spec": f"results/specs/{wc.model}/{wc.stack}/{wc.topology}/{wc.cell}/run{wc.run}.json",
         "model": f"resources/models/{wc.model}/{ss_plan.variant_dir(CFG, wc.stack)}",
         "tokenizer": f"resources/models/{wc.model}/fp16",
     }

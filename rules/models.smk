@@ -8,6 +8,8 @@ rule model:
         spec=model_spec,
     log:
         "results/logs/model/{model}.log",
+    conda:
+        "../envs/model.yaml"
     script:
         "../workflow_scripts/model.py"
 
@@ -26,5 +28,7 @@ rule quantize:
         gpu=1,
     log:
         "results/logs/quantize/{model}/{variant}.log",
+    conda:
+        "../envs/quantize.yaml"
     script:
         "../workflow_scripts/quantize.py"

@@ -118,12 +118,15 @@ def _run_load(result: dict, state: dict, sess: sessions.Session, stack: dict, ce
             write_json_atomic(sess.state_path, st)
     result["_records"] = out["records"]
     s = result["summary"] = out["summary"]
-    alive = all(healthy(u, stack["ready_path"]) for u in state["urls"])
-    if not alive:
-        result["status"] = "server_died"
-        died = sessions.wait_ready(sess, 5.0)
-        result["server"]["log_tail"] = died.get("log_tail", "")
-        result["server"]["exit_code"] = died.get("exit_code")
+    answering = all(healthy(u, stack["ready_path"]) for u in state["urls"])
+    if not answering:
+        running = all(sessions.pid_alive(p) for p in state.get("server_pids", []))
+        # a server that is still there but answers nothing hangs; one that is gone died
+        result["status"] = "server_hung" if running else "server_died"
+        if not running:
+            died = sessions.wait_ready(sess, 5.0)
+            result["server"]["log_tail"] = died.get("log_tail", "")
+            result["server"]["exit_code"] = died.get("exit_code")
     elif s["completed"] == 0:
         result["status"] = "failed"
     else:

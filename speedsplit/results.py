@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 SCHEMA_VERSION = 1
-STATUSES = ("ok", "startup_failed", "server_died", "failed")
+STATUSES = ("ok", "startup_failed", "server_died", "server_hung", "failed")
 
 
 class ResultError(ValueError):

@@ -235,6 +235,7 @@ def _daemon(spec_path: Path) -> int:
                 stacks.wait_ready(srv, stack["ready_path"], stack["startup_timeout_s"])
             text = "\n".join(s.log_path.read_text(errors="replace") for s in servers)
             state.update(state="ready", urls=[s.url for s in servers], model_id=servers[0].model_id,
+                         server_pids=[s.proc.pid for s in servers],
                          startup_s=time.monotonic() - t_start, lease_wait_s=t_start - t_lease,
                          devices=held.devices, facts=stacks.engine_facts(text),
                          argv=redact(" ".join(servers[0].argv), Path.cwd()),

@@ -152,6 +152,7 @@ def stop(server: Server, grace_s: float = 20.0) -> None:
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(pgid, sig)
+            os.killpg(pgid, signal.SIGCONT)  # a stopped (hung) process acts on SIGTERM only once continued
         except ProcessLookupError:
             break
         deadline = time.monotonic() + wait

@@ -38,3 +38,14 @@ def run_snakemake(args: list[str], cwd: Path, timeout: float = 900, env: dict | 
     cmd = [snakemake_bin(), "--snakefile", str(REPO / "Snakefile"), "--directory", str(cwd), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
                           env={**os.environ, **(env or {})})
+
+
+def planned_outputs(dry_run_stdout: str, prefix: str = "results/bench/") -> list[str]:
+    """The bench result files a `snakemake -n` run would make (from its 'output:' lines)."""
+    outs = []
+    for line in dry_run_stdout.splitlines():
+        line = line.strip()
+        if line.startswith("output:"):
+            outs += [p.strip() for p in line[len("output:"):].split(",") if p.strip().startswith(prefix)
+                     and p.strip().endswith(".json")]
+    return sorted(set(outs))

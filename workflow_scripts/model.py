@@ -1,6 +1,6 @@
 """Rule model: acquire one model (hub download or synthetic shape)."""
 
-from _log import to_log
+from _job import to_log
 
 from speedsplit.models import acquire
 

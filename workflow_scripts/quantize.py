@@ -1,6 +1,6 @@
 """Rule quantize: GPTQ INT4 through GPTQModel, with the quality check."""
 
-from _log import to_log
+from _job import to_log
 
 from speedsplit.quantize import quantize
 from speedsplit.results import write_json_atomic

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from _log import to_log
+from _job import to_log
 
 from speedsplit.analysis import tables as t
 from speedsplit import report

