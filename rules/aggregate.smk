@@ -4,6 +4,7 @@
 
 localrules:
     cell_spec,
+    measurements,
     tables,
     plots,
     report,
@@ -12,6 +13,7 @@ localrules:
 rule tables:
     input:
         results=bench_results(),
+        bandwidth="results/hardware/bandwidth.json",
     output:
         runs="results/tables/runs.csv",
         cells="results/tables/cells.csv",

@@ -34,3 +34,28 @@ rule bench:
         "../envs/serving.yaml"
     script:
         "../workflow_scripts/bench.py"
+
+
+# The memory bandwidth the stacks' decode is held against (model-bandwidth utilisation).
+rule bandwidth:
+    output:
+        "results/hardware/bandwidth.json",
+    params:
+        platform=PLATFORM,
+        size_mib=2048 if PLATFORM == "cuda" else 512,
+    resources:
+        gpu=1,
+    log:
+        "results/logs/bandwidth.log",
+    conda:
+        "../envs/serving.yaml"
+    script:
+        "../workflow_scripts/bandwidth.py"
+
+
+# Everything measured, nothing aggregated: the target for GPU hosts and cluster runs whose
+# tables are built elsewhere (python -m speedsplit.aggregate).
+rule measurements:
+    input:
+        bench_results(),
+        "results/hardware/bandwidth.json",

@@ -13,9 +13,24 @@ from pathlib import Path
 from typing import Callable
 
 from speedsplit import loadgen, stacks
-from speedsplit.models import model_info
+from speedsplit.models import ModelError, model_info, read_model_config
 from speedsplit import session as sessions
 from speedsplit.results import SCHEMA_VERSION, provenance, redact, write_json_atomic, write_lines_atomic
+
+
+def _model_config(model_dir) -> dict:
+    """The served model's shape (what the roofline needs), or {} if unreadable."""
+    keys = ("architectures", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings")
+    try:
+        cfg = read_model_config(model_dir)
+    except ModelError:
+        return {}
+    out = {k: cfg[k] for k in keys if k in cfg}
+    q = cfg.get("quantization_config") or {}
+    if q:
+        out["quantization_config"] = {k: q.get(k) for k in ("quant_method", "bits", "group_size", "desc_act", "sym")}
+    return out
 
 
 def _now() -> str:
@@ -24,11 +39,9 @@ def _now() -> str:
 
 def build_prompts(tokenizer_dir: str | Path, n: int, prompt_tokens: int, seed: int) -> list[str]:
     """n distinct prompts of exactly prompt_tokens tokens, the same for every stack."""
-    from transformers import AutoTokenizer
+    from speedsplit.models import exact_prompt, load_tokenizer
 
-    from speedsplit.models import exact_prompt
-
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tok = load_tokenizer(tokenizer_dir)
     rng = random.Random(seed)
     return [exact_prompt(tok, prompt_tokens, rng) for _ in range(n)]
 
@@ -53,7 +66,7 @@ def measure(*, session_key: str, stack: dict, cell: dict, run: int, model_dir: s
         "cell": cell["cell"], "run": run, "params": cell, "session": session_key,
         "stack_def": {k: stack[k] for k in ("variant", "dialect", "dtype", "platform", "tensor_parallel",
                                             "instances", "expect_kernel")},
-        "weights": model_info(model_dir),
+        "weights": model_info(model_dir), "model_config": _model_config(model_dir),
         "summary": {}, "flags": [], "started": _now(), "engine": {}, "kernel_ok": None,
     }
     records: list[dict] = []

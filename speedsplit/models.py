@@ -208,6 +208,34 @@ def check_model(model_dir: str | Path, variant: str) -> dict:
     return cfg
 
 
+class FastTokenizer:
+    """The few tokenizer calls prompt building needs, on the `tokenizers` library alone
+    (importing transformers costs seconds in every benchmark job)."""
+
+    def __init__(self, path: Path):
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(path))
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=False)
+        self.all_special_ids = [i for i, t in self._tok.get_added_tokens_decoder().items() if t.special]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+
+def load_tokenizer(model_dir: str | Path):
+    """tokenizer.json through `tokenizers` when there is one, else transformers' AutoTokenizer."""
+    path = Path(model_dir) / "tokenizer.json"
+    if path.is_file():
+        return FastTokenizer(path)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
 def exact_prompt(tokenizer, n_tokens: int, rng: random.Random) -> str:
     """A text that the model's tokenizer encodes to exactly n_tokens (no special tokens)."""
     specials = set(tokenizer.all_special_ids)

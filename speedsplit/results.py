@@ -112,6 +112,9 @@ def package_versions() -> dict[str, str]:
 
 
 def git_commit(cwd: str | Path = ".") -> str:
+    """The workflow's commit (SPEEDSPLIT_WORKFLOW_COMMIT wins: a copied tree has no .git)."""
+    if os.environ.get("SPEEDSPLIT_WORKFLOW_COMMIT"):
+        return os.environ["SPEEDSPLIT_WORKFLOW_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,

@@ -11,6 +11,7 @@ import numpy as np
 import polars as pl
 
 from speedsplit.analysis import attribution as attr
+from speedsplit.analysis import roofline
 from speedsplit.results import read_result, write_bytes_atomic
 
 CELL_KEYS = ["model", "topology", "cell", "users", "workload", "sampling", "prompt_tokens", "output_tokens"]
@@ -50,6 +51,10 @@ def runs_frame(paths: list[str | Path]) -> pl.DataFrame:
             "startup_s": server.get("startup_s"), "reused": bool(server.get("reused")),
             "platform": res["stack_def"]["platform"], "hardware": _gpu_name(res),
             "error": server.get("error"),
+            "variant": res["stack_def"].get("variant"),
+            "tensor_parallel": res["stack_def"].get("tensor_parallel", 1),
+            "instances": res["stack_def"].get("instances", 1),
+            "model_config": json.dumps(res.get("model_config") or {}, sort_keys=True),
         }
         for metric in LATENCY:
             dist = s.get(metric) or {}
@@ -93,9 +98,25 @@ def cells_frame(runs: pl.DataFrame) -> pl.DataFrame:
             kernel_ok=None if df["kernel_ok"].null_count() == df.height else bool(df["kernel_ok"].drop_nulls().all()),
             startup_s=_median_or_none(df["startup_s"].drop_nulls().to_list()),
             hardware=df["hardware"][0], platform=df["platform"][0],
+            weight_memory_gib=_median_or_none(df["weight_memory_gib"].drop_nulls().to_list()),
+            variant=df["variant"][0], tensor_parallel=df["tensor_parallel"][0], instances=df["instances"][0],
+            model_config=df["model_config"][0],
         )
         rows.append(row)
     return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def with_mbu(cells: pl.DataFrame, bandwidth_gb_s: float | None) -> pl.DataFrame:
+    """Add each cell's model-bandwidth utilisation during decode (median inter-token latency
+    as the step time) on the measured bandwidth; null where a number is missing."""
+    values = []
+    for row in cells.iter_rows(named=True):
+        cfg = json.loads(row["model_config"] or "{}")
+        values.append(None if not cfg else roofline.mbu(
+            cfg, row["variant"], row["users"], row["prompt_tokens"], row["output_tokens"], row["itl_s_median"],
+            bandwidth_gb_s, row["tensor_parallel"], row["instances"], row["weight_memory_gib"]))
+    return cells.with_columns(pl.Series("mbu", values, dtype=pl.Float64),
+                              pl.lit(bandwidth_gb_s, dtype=pl.Float64).alias("bandwidth_gb_s"))
 
 
 def _median_or_none(v: list[float]) -> float | None:
