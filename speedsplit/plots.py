@@ -31,7 +31,7 @@ def factors_chart(attribution: pl.DataFrame, cells: pl.DataFrame, chain: str) ->
         tooltip=["model", "cell", "factor", alt.Tooltip("value:Q", format=".3f"),
                  alt.Tooltip("lo:Q", format=".3f"), alt.Tooltip("hi:Q", format=".3f")],
     )
-    bars = base.mark_errorbar().encode(y="lo:Q", y2="hi:Q")
+    bars = base.mark_errorbar().encode(y=alt.Y("lo:Q", title="speedup factor (log)"), y2="hi:Q")
     return (line + bars).properties(width=260, height=220).facet(
         column=alt.Column("workload:N"), row=alt.Row("model:N")
     ).properties(title=_title(f"Speedup factors along chain '{chain}' vs concurrent users", cells))
@@ -61,7 +61,8 @@ def throughput_chart(cells: pl.DataFrame) -> alt.Chart:
         y=alt.Y("output_tok_s:Q", scale=alt.Scale(type="log"), title="output tokens/s (log)"),
         tooltip=["stack", "cell", alt.Tooltip("output_tok_s:Q", format=".1f"), "linear_kernel"],
     )
-    bars = base.mark_errorbar().encode(y="output_tok_s_lo:Q", y2="output_tok_s_hi:Q")
+    bars = base.mark_errorbar().encode(y=alt.Y("output_tok_s_lo:Q", title="output tokens/s (log)"),
+                                       y2="output_tok_s_hi:Q")
     return (line + bars).properties(width=260, height=220).facet(
         column=alt.Column("workload:N"), row=alt.Row("model:N")
     ).properties(title=_title("Throughput per stack vs concurrent users", cells))
@@ -86,9 +87,10 @@ def save(chart: alt.Chart, stem: str | Path) -> dict[str, Path]:
     """Write stem.html (JS inlined), stem.svg and stem.png, each atomically."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
+    chart = chart.configure_legend(labelLimit=0)
     out = {}
     for ext, kwargs in (("html", {"inline": True}), ("svg", {}), ("png", {"scale_factor": 1.5})):
-        target = stem.with_suffix(f".{ext}")
+        target = Path(f"{stem}.{ext}")  # names may hold dots
         fd, tmp = tempfile.mkstemp(dir=stem.parent, prefix=f".{target.name}.", suffix=f".{ext}")
         os.close(fd)
         try:

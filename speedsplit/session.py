@@ -68,10 +68,11 @@ class Session:
 
     def __init__(self, key: str):
         self.key = key
-        base = sessions_dir() / key.replace("/", "__")
-        self.state_path = base.with_suffix(".json")
-        self.spawn_lock = base.with_suffix(".spawn.lock")
-        self.cell_lock = base.with_suffix(".cells.lock")
+        base = str(sessions_dir() / key.replace("/", "__"))  # keys hold dots: no with_suffix
+        self.state_path = Path(base + ".json")
+        self.spec_path = Path(base + ".spec.json")
+        self.spawn_lock = Path(base + ".spawn.lock")
+        self.cell_lock = Path(base + ".cells.lock")
 
     def state(self) -> dict:
         with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
@@ -138,7 +139,7 @@ def open_session(key: str, spec: dict, log_path: Path, owner: int, idle_timeout_
             return sess, True
         if alive:  # same key, other spec: an edited stack; replace it
             stop_daemon(sess)
-        spec_path = sess.state_path.with_suffix(".spec.json")
+        spec_path = sess.spec_path
         write_json_atomic(spec_path, {"spec": spec, "digest": digest, "owner": owner,
                                       "idle_timeout_s": idle_timeout_s, "lease_timeout_s": lease_timeout_s,
                                       "log_path": str(log_path), "key": key})
@@ -188,9 +189,9 @@ def evict_idle(except_key: str | None = None) -> int:
     """Stop every live session daemon that no cell is using; returns how many."""
     n = 0
     for path in sessions_dir().glob("*.json"):
-        if path.name.endswith((".spec.json",)):
+        if path.name.endswith(".spec.json"):
             continue
-        key = path.stem.replace("__", "/")
+        key = path.name.removesuffix(".json").replace("__", "/")
         if key == except_key:
             continue
         sess = Session(key)
@@ -229,7 +230,7 @@ def _daemon(spec_path: Path) -> int:
                 devs = devs if platform_devices is None else []
                 env_stack = dict(stack, env={**stack["env"], "VLLM_PORT": str(held.port())})
                 servers.append(stacks.launch(env_stack, Path(spec["model_dir"]), stack["model"], held.port(),
-                                             devs, log_path.with_suffix(f".server{i}.log"),
+                                             devs, Path(str(log_path).removesuffix(".log") + f".server{i}.log"),
                                              Path(spec["cache_dir"]) / f"instance{i}"))
             for srv in servers:
                 stacks.wait_ready(srv, stack["ready_path"], stack["startup_timeout_s"])
