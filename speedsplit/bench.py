@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
 import sys
 import urllib.request
 from datetime import datetime, timezone
@@ -110,7 +111,10 @@ def measure(*, session_key: str, stack: dict, cell: dict, run: int, model_dir: s
 def _run_load(result: dict, state: dict, sess: sessions.Session, stack: dict, cell: dict, run: int,
               tokenizer_dir: str | Path, progress) -> None:
     n_prompts = cell["users"] * (cell["requests_per_user"] + cell["warmup_requests"])
-    prompts = build_prompts(tokenizer_dir, n_prompts, cell["prompt_tokens"], cell["seed"])
+    # Distinct prompts per cell and run (a server measures several; a repeated prompt would hit
+    # its prefix cache), the same for every stack.
+    prompt_seed = cell["seed"] + zlib.crc32(f"{cell['cell']}/run{run}".encode())
+    prompts = build_prompts(tokenizer_dir, n_prompts, cell["prompt_tokens"], prompt_seed)
     spec = loadgen.LoadSpec(
         urls=state["urls"], model=state["model_id"], prompts=prompts, users=cell["users"],
         prompt_tokens=cell["prompt_tokens"], output_tokens=cell["output_tokens"],

@@ -63,6 +63,14 @@ class RequestRecord:
         return self.error is None
 
 
+def _prompt_index(spec: LoadSpec, phase: str, user: int, i: int) -> int:
+    """Every request of a run gets its own prompt (warm-up ones first): a repeated prompt
+    would be served from the engine's prefix cache and inflate the measured throughput."""
+    warm = spec.users * spec.warmup_requests
+    k = user * spec.warmup_requests + i if phase == "warmup" else warm + user * spec.requests_per_user + i
+    return k % len(spec.prompts)
+
+
 def request_body(spec: LoadSpec, prompt: str, seed: int) -> dict:
     """The JSON body that forces exactly output_tokens tokens in the given dialect."""
     n = spec.output_tokens
@@ -150,7 +158,7 @@ async def _phase(spec: LoadSpec, phase: str, per_user: int, records: list[Reques
                 n = len(records)
                 rec = RequestRecord(user=u, index=i, phase=phase, url=url, sent=time.perf_counter() - t0)
                 records.append(rec)
-                prompt = spec.prompts[(u * 7919 + i + (0 if phase == "measured" else 104729)) % len(spec.prompts)]
+                prompt = spec.prompts[_prompt_index(spec, phase, u, i)]
                 await _one_request(session, spec, rec, request_body(spec, prompt, spec.seed + n), t0)
                 done += 1
                 tokens += rec.output_tokens or 0

@@ -74,3 +74,11 @@ def test_unreachable_server_is_a_connection_failure():
     out = loadgen.run(spec("http://127.0.0.1:9", users=2, requests_per_user=1, warmup_requests=0))
     assert out["summary"]["failures"] == {"connection": 2}
     assert out["summary"]["output_tok_s"] == 0
+
+
+def test_every_request_of_a_run_gets_its_own_prompt(server_url):
+    prompts = [f"w{i}" for i in range(3 * (2 + 1))]
+    out = loadgen.run(spec(server_url, prompts=prompts))
+    used = [loadgen._prompt_index(spec(server_url, prompts=prompts), r["phase"], r["user"], r["index"])
+            for r in out["records"]]
+    assert sorted(used) == list(range(len(prompts)))  # no prompt twice: no prefix-cache hits
