@@ -61,15 +61,15 @@ def main(argv: list[str] | None = None) -> None:
 
     p = argparse.ArgumentParser(description="Tables, plots and report from result files.")
     p.add_argument("--config", action="append", default=[], help="config file(s) merged over config/config.yaml")
-    p.add_argument("--results", required=True, help="glob of result files (quote it)")
+    p.add_argument("--results", action="append", required=True, help="glob of result files (quote it; repeatable)")
     p.add_argument("--bandwidth", default=None, help="bandwidth JSON written by the bandwidth rule")
     p.add_argument("--out", default="results", help="folder for tables/, plots/ and report.html")
     args = p.parse_args(argv)
     cfg = cfgmod.load(*args.config)
-    paths = sorted(glob.glob(args.results, recursive=True))
-    paths = [x for x in paths if not x.endswith(".requests.jsonl")]
+    paths = sorted({x for pattern in args.results for x in glob.glob(pattern, recursive=True)
+                    if x.endswith(".json")})
     if not paths:
-        raise SystemExit(f"no result files match {args.results}")
+        raise SystemExit(f"no result files match {' '.join(args.results)}")
     out = Path(args.out)
     tables = write_tables(paths, cfg["chains"], out / "tables", args.bandwidth)
     write_plots(tables["cells"], tables["attribution"], list(cfg["chains"]), out / "plots")

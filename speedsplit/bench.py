@@ -47,6 +47,12 @@ def build_prompts(tokenizer_dir: str | Path, n: int, prompt_tokens: int, seed: i
     return [exact_prompt(tok, prompt_tokens, rng) for _ in range(n)]
 
 
+def prompt_seed(cell: dict, run: int) -> int:
+    """Prompts differ between cells and runs (a server measures several, and a repeated prompt
+    is served from its prefix cache) and are the same for every stack."""
+    return cell["seed"] + zlib.crc32(f"{cell['cell']}/run{run}".encode())
+
+
 def healthy(url: str, path: str = "/health") -> bool:
     try:
         with urllib.request.urlopen(url + path, timeout=5) as resp:
@@ -111,10 +117,7 @@ def measure(*, session_key: str, stack: dict, cell: dict, run: int, model_dir: s
 def _run_load(result: dict, state: dict, sess: sessions.Session, stack: dict, cell: dict, run: int,
               tokenizer_dir: str | Path, progress) -> None:
     n_prompts = cell["users"] * (cell["requests_per_user"] + cell["warmup_requests"])
-    # Distinct prompts per cell and run (a server measures several; a repeated prompt would hit
-    # its prefix cache), the same for every stack.
-    prompt_seed = cell["seed"] + zlib.crc32(f"{cell['cell']}/run{run}".encode())
-    prompts = build_prompts(tokenizer_dir, n_prompts, cell["prompt_tokens"], prompt_seed)
+    prompts = build_prompts(tokenizer_dir, n_prompts, cell["prompt_tokens"], prompt_seed(cell, run))
     spec = loadgen.LoadSpec(
         urls=state["urls"], model=state["model_id"], prompts=prompts, users=cell["users"],
         prompt_tokens=cell["prompt_tokens"], output_tokens=cell["output_tokens"],
