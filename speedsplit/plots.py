@@ -87,7 +87,7 @@ def save(chart: alt.Chart, stem: str | Path) -> dict[str, Path]:
     """Write stem.html (JS inlined), stem.svg and stem.png, each atomically."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
-    chart = chart.configure_legend(labelLimit=0)
+    chart = chart.configure_legend(labelLimit=400)
     out = {}
     for ext, kwargs in (("html", {"inline": True}), ("svg", {}), ("png", {"scale_factor": 1.5})):
         target = Path(f"{stem}.{ext}")  # names may hold dots
