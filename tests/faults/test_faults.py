@@ -232,8 +232,11 @@ def test_interrupted_workflow_leaves_nothing_and_resumes(tmp_path_factory):
         pass
     out = run_snakemake(["-n", "--configfile", "c.yaml", "--cores", "2", "--resources", "gpu=1"], wd, timeout=300)
     planned = planned_outputs(out.stdout)
-    assert "results/bench/tiny/hf-fp16/tp1/u4-ci-wide-greedy/run0.json" not in planned  # finished: kept
-    assert "results/bench/tiny/hf-fp16/tp1/u2-ci-narrow-greedy/run0.json" in planned
+    every = {f"results/bench/tiny/hf-fp16/tp1/{c}/run{r}.json"
+             for c in ("u4-ci-wide-greedy", "u2-ci-narrow-greedy") for r in (0, 1)}
+    finished = {p for p in every if (wd / p).exists()}
+    assert "results/bench/tiny/hf-fp16/tp1/u4-ci-wide-greedy/run0.json" in finished
+    assert set(planned) == every - finished  # finished cells are kept, the rest is rerun
 
 
 def _in(proc, wd) -> bool:
@@ -241,3 +244,33 @@ def _in(proc, wd) -> bool:
         return proc.info["cwd"] == str(wd) and "speedsplit.session" not in " ".join(proc.info["cmdline"] or [])
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
+
+
+def test_sigterm_to_one_job_stops_its_server_and_writes_nothing(cfg, tmp_path, tiny_model):
+    """A single benchmark job terminated mid-cell: its server goes, no result file is left,
+    its card is free again."""
+    key = "faults/sigterm/run0"
+    script = f"""
+import os, sys
+sys.path.insert(0, {str(REPO)!r})
+from pathlib import Path
+from speedsplit import bench, config as C
+cfg = C.load({str(REPO / 'config/config.yaml')!r})
+stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+cell = C.cell_params(cfg, "tiny", "hf-fp16", "tp1", C.cells(cfg)[0])
+cell.update(users=2, output_tokens=400, requests_per_user=4, warmup_requests=1, prompt_tokens=16)
+t = Path({str(tmp_path)!r})
+bench.measure(session_key={key!r}, stack=stack, cell=cell, run=0, model_dir={str(tiny_model)!r},
+              tokenizer_dir={str(tiny_model)!r}, out_json=t / "r.json", out_requests=t / "r.requests.jsonl",
+              session_log=t / "session.log", cache_dir=t / "cache", owner=os.getpid())
+"""
+    job = subprocess.Popen([os.sys.executable, "-c", script], env=os.environ.copy())
+    st = wait_state(key, ("ready",))
+    time.sleep(2.0)
+    job.send_signal(signal.SIGTERM)
+    job.wait(timeout=90)
+    time.sleep(1.0)
+    assert_gone(st["server_pids"] + [st["pid"]])
+    assert not (tmp_path / "r.json").exists() and not list(tmp_path.glob(".r.json.*"))
+    with lease.acquire_gpus(1, timeout_s=5, devices=["cpu"]):
+        pass
