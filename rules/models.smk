@@ -6,6 +6,9 @@ rule model:
         directory("resources/models/{model}/fp16"),
     params:
         spec=model_spec,
+        platform=PLATFORM,
+    resources:
+        gpu=1,
     log:
         "results/logs/model/{model}.log",
     conda:
@@ -24,6 +27,7 @@ rule quantize:
         variant=r"gptq-w\d+g(\d+|pc)",
     params:
         settings=quantize_settings,
+        platform=PLATFORM,
     resources:
         gpu=1,
     log:

@@ -92,12 +92,11 @@ def measure(*, session_key: str, stack: dict, cell: dict, run: int, model_dir: s
             result["server"] = {k: state.get(k) for k in ("startup_s", "lease_wait_s", "devices", "argv",
                                                           "model_id", "error", "log_tail", "exit_code")}
             result["engine"] = state.get("facts") or {}
-            if state["state"] == "startup_failed":
-                result["status"] = "startup_failed"
+            if state.get("state") != "ready":
+                # died before this cell: server_died; never ready (or stopped twice): startup_failed
+                result["status"] = "server_died" if state.get("state") == "died" else "startup_failed"
                 result["server"]["reused"] = reused
-            elif state["state"] == "died":
-                result["status"] = "server_died"
-                result["server"]["reused"] = reused
+                result["server"]["error"] = result["server"]["error"] or f"server session {state.get('state')}"
             else:
                 _run_load(result, state, sess, stack, cell, run, tokenizer_dir, progress)
                 records = result.pop("_records")

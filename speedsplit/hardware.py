@@ -4,10 +4,9 @@ reads every weight once per step, is held against (model-bandwidth utilisation).
 
 from __future__ import annotations
 
-import os
 import time
 
-from speedsplit.lease import acquire_gpus
+from speedsplit.lease import cuda_devices
 from speedsplit.results import hardware
 
 
@@ -50,9 +49,7 @@ def copy_bandwidth(platform: str, size_mib: int = 2048, repeats: int = 20) -> di
 
 def measure(platform: str, size_mib: int = 2048, lease_timeout_s: float = 3600.0) -> dict:
     """Lease one card (on cuda), measure, and add the machine's provenance."""
-    with acquire_gpus(1 if platform == "cuda" else 0, timeout_s=lease_timeout_s) as held:
-        if held.devices:
-            os.environ["CUDA_VISIBLE_DEVICES"] = held.cuda_visible_devices
+    with cuda_devices(1, platform, timeout_s=lease_timeout_s):
         out = copy_bandwidth(platform, size_mib=size_mib)
     out["hardware"] = hardware()
     return out

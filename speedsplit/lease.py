@@ -7,6 +7,7 @@ leaves a card or port taken.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import random
@@ -120,6 +121,23 @@ def acquire_gpus(n: int, timeout_s: float = 3600.0, poll_s: float = 0.5,
         if time.monotonic() >= deadline:
             raise LeaseError(f"could not lease {n} of GPUs {','.join(devices)} within {timeout_s:.0f} s (others hold them)")
         time.sleep(poll_s * (1 + random.random()))
+
+
+@contextlib.contextmanager
+def cuda_devices(n: int, platform: str, timeout_s: float = 3600.0):
+    """For a job that computes on GPUs itself (quantization, weight synthesis, bandwidth):
+    lease n cards on the cuda platform and point CUDA_VISIBLE_DEVICES at them."""
+    with acquire_gpus(n if platform == "cuda" else 0, timeout_s=timeout_s) as held:
+        old = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if held.devices:
+            os.environ["CUDA_VISIBLE_DEVICES"] = held.cuda_visible_devices
+        try:
+            yield held
+        finally:
+            if old is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = old
 
 
 def free_port(lease: Lease) -> int:

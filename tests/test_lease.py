@@ -71,3 +71,12 @@ def test_ports_are_free_loopback_ports_and_distinct():
         ports = {held.port() for _ in range(5)}
         assert len(ports) == 5
         assert all(lease.port_is_free(p) for p in ports)
+
+
+def test_cuda_devices_points_the_process_at_its_leased_card(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    with lease.cuda_devices(1, "cuda", timeout_s=1) as held:
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "4" == held.cuda_visible_devices
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,6"
+    with lease.cuda_devices(1, "cpu") as held:
+        assert held.devices == [] and os.environ["CUDA_VISIBLE_DEVICES"] == "4,6"

@@ -2,7 +2,10 @@
 
 from _job import to_log
 
+from speedsplit.lease import cuda_devices
 from speedsplit.models import acquire
 
-to_log(snakemake)  # noqa: F821 (injected by Snakemake)
-print(acquire(snakemake.params.spec, snakemake.output[0]))  # noqa: F821
+sm = snakemake  # noqa: F821 (injected by Snakemake)
+to_log(sm)
+with cuda_devices(1, sm.params.platform):  # random weights are drawn on a leased card, if any
+    print(acquire(sm.params.spec, sm.output[0]))
