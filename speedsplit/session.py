@@ -135,8 +135,9 @@ def open_session(key: str, spec: dict, log_path: Path, owner: int, idle_timeout_
     with sess.locked(sess.spawn_lock):
         st = sess.state()
         alive = pid_alive(st.get("pid"))
-        if st.get("digest") == digest and (alive or st.get("state") == "startup_failed"):
-            return sess, True
+        failed_here = st.get("state") == "startup_failed" and st.get("owner") == owner
+        if st.get("digest") == digest and (alive or failed_here):
+            return sess, True  # a start that failed in this workflow run is not retried per cell
         if alive:  # same key, other spec: an edited stack; replace it
             stop_daemon(sess)
         spec_path = sess.spec_path
@@ -211,8 +212,9 @@ def _daemon(spec_path: Path) -> int:
     spec, key = meta["spec"], meta["key"]
     sess = Session(key)
     stack = spec["stack"]
-    state = {"state": "starting", "pid": os.getpid(), "digest": meta["digest"], "key": key}
-    write_json_atomic(sess.state_path, state)
+    state = {"state": "starting", "pid": os.getpid(), "digest": meta["digest"], "key": key, "owner": meta["owner"]}
+    with sess.locked(sess.spawn_lock):  # the spawning job has finished writing its own state
+        write_json_atomic(sess.state_path, state)
     servers: list[stacks.Server] = []
     held = None
     with stop_on_signals():
