@@ -26,8 +26,12 @@ def bandwidth_gb_s(path: str | Path | None) -> float | None:
     return json.loads(Path(path).read_text()).get("gb_s_median")
 
 
-def write_tables(result_paths: list[str | Path], chains: dict[str, list[str]], out_dir: str | Path,
-                 bandwidth_json: str | Path | None = None) -> dict[str, Path]:
+def write_tables(
+    result_paths: list[str | Path],
+    chains: dict[str, list[str]],
+    out_dir: str | Path,
+    bandwidth_json: str | Path | None = None,
+) -> dict[str, Path]:
     out_dir = Path(out_dir)
     runs = t.runs_frame(result_paths)
     cells = t.with_mbu(t.cells_frame(runs), bandwidth_gb_s(bandwidth_json))
@@ -48,12 +52,18 @@ def write_plots(cells_csv: str | Path, attribution_csv: str | Path, chains: list
             plots.save(chart, tmp / name)
 
 
-def write_report(out: str | Path, *, config: dict, result_paths: list[str | Path], tables_dir: str | Path,
-                 plots_dir: str | Path) -> None:
+def write_report(
+    out: str | Path, *, config: dict, result_paths: list[str | Path], tables_dir: str | Path, plots_dir: str | Path
+) -> None:
     tables_dir = Path(tables_dir)
     frames = {name: t.read_table(tables_dir / f"{name}.csv") for name in TABLES}
-    report.build(out, config=config, result_paths=result_paths,
-                 svgs={p.stem: p for p in sorted(Path(plots_dir).glob("*.svg"))}, **frames)
+    report.build(
+        out,
+        config=config,
+        result_paths=result_paths,
+        svgs={p.stem: p for p in sorted(Path(plots_dir).glob("*.svg"))},
+        **frames,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -66,15 +76,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="results", help="folder for tables/, plots/ and report.html")
     args = p.parse_args(argv)
     cfg = cfgmod.load(*args.config)
-    paths = sorted({x for pattern in args.results for x in glob.glob(pattern, recursive=True)
-                    if x.endswith(".json")})
+    paths = sorted({x for pattern in args.results for x in glob.glob(pattern, recursive=True) if x.endswith(".json")})
     if not paths:
         raise SystemExit(f"no result files match {' '.join(args.results)}")
     out = Path(args.out)
     tables = write_tables(paths, cfg["chains"], out / "tables", args.bandwidth)
     write_plots(tables["cells"], tables["attribution"], list(cfg["chains"]), out / "plots")
-    write_report(out / "report.html", config=cfg, result_paths=paths, tables_dir=out / "tables",
-                 plots_dir=out / "plots")
+    write_report(
+        out / "report.html", config=cfg, result_paths=paths, tables_dir=out / "tables", plots_dir=out / "plots"
+    )
     print(f"report: {(out / 'report.html').resolve()}")
 
 

@@ -21,8 +21,17 @@ from speedsplit.results import SCHEMA_VERSION, provenance, redact, write_json_at
 
 def _model_config(model_dir) -> dict:
     """The served model's shape (what the roofline needs), or {} if unreadable."""
-    keys = ("architectures", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings")
+    keys = (
+        "architectures",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "vocab_size",
+        "tie_word_embeddings",
+    )
     try:
         cfg = read_model_config(model_dir)
     except ModelError:
@@ -61,20 +70,46 @@ def healthy(url: str, path: str = "/health") -> bool:
         return False
 
 
-def measure(*, session_key: str, stack: dict, cell: dict, run: int, model_dir: str | Path,
-            tokenizer_dir: str | Path, out_json: str | Path, out_requests: str | Path,
-            session_log: str | Path, cache_dir: str | Path, last_in_session: bool = True,
-            idle_timeout_s: float = 120.0, lease_timeout_s: float = 3600.0, owner: int | None = None,
-            workdir: str | Path = ".", progress: Callable[[str], None] | None = None) -> dict:
+def measure(
+    *,
+    session_key: str,
+    stack: dict,
+    cell: dict,
+    run: int,
+    model_dir: str | Path,
+    tokenizer_dir: str | Path,
+    out_json: str | Path,
+    out_requests: str | Path,
+    session_log: str | Path,
+    cache_dir: str | Path,
+    last_in_session: bool = True,
+    idle_timeout_s: float = 120.0,
+    lease_timeout_s: float = 3600.0,
+    owner: int | None = None,
+    workdir: str | Path = ".",
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """Measure one cell run; writes out_json and out_requests atomically, returns the result."""
     result = {
         "schema_version": SCHEMA_VERSION,
-        "model": stack["model"], "stack": stack["stack"], "topology": stack["topology"],
-        "cell": cell["cell"], "run": run, "params": cell, "session": session_key,
-        "stack_def": {k: stack[k] for k in ("variant", "dialect", "dtype", "platform", "tensor_parallel",
-                                            "instances", "expect_kernel")},
-        "weights": model_info(model_dir), "model_config": _model_config(model_dir),
-        "summary": {}, "flags": [], "started": _now(), "engine": {}, "kernel_ok": None,
+        "model": stack["model"],
+        "stack": stack["stack"],
+        "topology": stack["topology"],
+        "cell": cell["cell"],
+        "run": run,
+        "params": cell,
+        "session": session_key,
+        "stack_def": {
+            k: stack[k]
+            for k in ("variant", "dialect", "dtype", "platform", "tensor_parallel", "instances", "expect_kernel")
+        },
+        "weights": model_info(model_dir),
+        "model_config": _model_config(model_dir),
+        "summary": {},
+        "flags": [],
+        "started": _now(),
+        "engine": {},
+        "kernel_ok": None,
     }
     records: list[dict] = []
     spec = {"stack": stack, "model_dir": str(model_dir), "cache_dir": str(cache_dir)}
@@ -84,13 +119,16 @@ def measure(*, session_key: str, stack: dict, cell: dict, run: int, model_dir: s
     with sessions.stop_on_signals():
         try:
             for attempt in range(2):
-                sess, reused = sessions.open_session(session_key, spec, Path(session_log), owner,
-                                                     idle_timeout_s, lease_timeout_s)
+                sess, reused = sessions.open_session(
+                    session_key, spec, Path(session_log), owner, idle_timeout_s, lease_timeout_s
+                )
                 state = sessions.wait_ready(sess, stack["startup_timeout_s"] + lease_timeout_s)
                 if state.get("state") != "stopped":
                     break
-            result["server"] = {k: state.get(k) for k in ("startup_s", "lease_wait_s", "devices", "argv",
-                                                          "model_id", "error", "log_tail", "exit_code")}
+            result["server"] = {
+                k: state.get(k)
+                for k in ("startup_s", "lease_wait_s", "devices", "argv", "model_id", "error", "log_tail", "exit_code")
+            }
             result["engine"] = state.get("facts") or {}
             if state.get("state") != "ready":
                 # died before this cell: server_died; never ready (or stopped twice): startup_failed
@@ -113,16 +151,32 @@ def measure(*, session_key: str, stack: dict, cell: dict, run: int, model_dir: s
     return clean
 
 
-def _run_load(result: dict, state: dict, sess: sessions.Session, stack: dict, cell: dict, run: int,
-              tokenizer_dir: str | Path, progress) -> None:
+def _run_load(
+    result: dict,
+    state: dict,
+    sess: sessions.Session,
+    stack: dict,
+    cell: dict,
+    run: int,
+    tokenizer_dir: str | Path,
+    progress,
+) -> None:
     n_prompts = cell["users"] * (cell["requests_per_user"] + cell["warmup_requests"])
     prompts = build_prompts(tokenizer_dir, n_prompts, cell["prompt_tokens"], prompt_seed(cell, run))
     spec = loadgen.LoadSpec(
-        urls=state["urls"], model=state["model_id"], prompts=prompts, users=cell["users"],
-        prompt_tokens=cell["prompt_tokens"], output_tokens=cell["output_tokens"],
-        requests_per_user=cell["requests_per_user"], warmup_requests=cell["warmup_requests"],
-        temperature=cell["temperature"], top_p=cell["top_p"], seed=cell["seed"] + 100003 * run,
-        dialect=stack["dialect"], request_timeout_s=cell["request_timeout_s"],
+        urls=state["urls"],
+        model=state["model_id"],
+        prompts=prompts,
+        users=cell["users"],
+        prompt_tokens=cell["prompt_tokens"],
+        output_tokens=cell["output_tokens"],
+        requests_per_user=cell["requests_per_user"],
+        warmup_requests=cell["warmup_requests"],
+        temperature=cell["temperature"],
+        top_p=cell["top_p"],
+        seed=cell["seed"] + 100003 * run,
+        dialect=stack["dialect"],
+        request_timeout_s=cell["request_timeout_s"],
         stall_timeout_s=cell["stall_timeout_s"],
     )
     with sess.locked(sess.cell_lock):

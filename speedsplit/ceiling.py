@@ -93,8 +93,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--users", type=int, default=64)
     p.add_argument("--output-tokens", type=int, default=256)
     p.add_argument("--requests-per-user", type=int, default=2)
-    p.add_argument("--highest-measured", type=float, default=None,
-                   help="highest output tok/s any cell measured (default: the maximum in --cells)")
+    p.add_argument(
+        "--highest-measured",
+        type=float,
+        default=None,
+        help="highest output tok/s any cell measured (default: the maximum in --cells)",
+    )
     p.add_argument("--cells", default="results/tables/cells.csv", help="cells table to take the highest rate from")
     args = p.parse_args(argv)
     if args.highest_measured is None:
@@ -116,16 +120,27 @@ def main(argv: list[str] | None = None) -> None:
     url = f"http://127.0.0.1:{port_q.get(timeout=10)}"
     time.sleep(1.0)
     prompts = [" ".join(f"w{j}" for j in range(64))] * 8
-    spec = loadgen.LoadSpec(urls=[url], model="m", prompts=prompts, users=args.users, prompt_tokens=64,
-                            output_tokens=args.output_tokens, requests_per_user=args.requests_per_user,
-                            warmup_requests=1)
+    spec = loadgen.LoadSpec(
+        urls=[url],
+        model="m",
+        prompts=prompts,
+        users=args.users,
+        prompt_tokens=64,
+        output_tokens=args.output_tokens,
+        requests_per_user=args.requests_per_user,
+        warmup_requests=1,
+    )
     s = loadgen.run(spec)["summary"]
     proc.terminate()
-    print(f"load generator ceiling: {s['output_tok_s']:.0f} output tok/s "
-          f"({args.users} users x {args.output_tokens} tokens, {s['completed']} requests, {s['failed']} failed)")
+    print(
+        f"load generator ceiling: {s['output_tok_s']:.0f} output tok/s "
+        f"({args.users} users x {args.output_tokens} tokens, {s['completed']} requests, {s['failed']} failed)"
+    )
     if args.highest_measured:
-        print(f"highest measured cell ({args.cells}): {args.highest_measured:.0f} tok/s; "
-              f"ceiling / highest = {s['output_tok_s'] / args.highest_measured:.1f}x")
+        print(
+            f"highest measured cell ({args.cells}): {args.highest_measured:.0f} tok/s; "
+            f"ceiling / highest = {s['output_tok_s'] / args.highest_measured:.1f}x"
+        )
 
 
 if __name__ == "__main__":

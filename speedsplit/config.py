@@ -115,11 +115,15 @@ def _check_references(config: dict) -> None:
     for chain, members in config["chains"].items():
         for i, stack in enumerate(members):
             if stack not in stacks:
-                raise ConfigError(f"config error at chains.{chain}[{i}]: unknown stack {stack!r} (stacks: {', '.join(stacks)})")
+                raise ConfigError(
+                    f"config error at chains.{chain}[{i}]: unknown stack {stack!r} (stacks: {', '.join(stacks)})"
+                )
     for key, known in (("workloads", workloads), ("sampling", config["sampling"])):
         for i, name in enumerate(config["grid"][key]):
             if name not in known:
-                raise ConfigError(f"config error at grid.{key}[{i}]: unknown {key} entry {name!r} (known: {', '.join(known)})")
+                raise ConfigError(
+                    f"config error at grid.{key}[{i}]: unknown {key} entry {name!r} (known: {', '.join(known)})"
+                )
     for i, c in enumerate(config["grid"]["cells"]):
         for key, known in (("workload", workloads), ("sampling", config["sampling"])):
             if c[key] not in known:

@@ -91,8 +91,9 @@ class Lease:
         self.release()
 
 
-def acquire_gpus(n: int, timeout_s: float = 3600.0, poll_s: float = 0.5,
-                 devices: list[str] | None = None, on_wait=None) -> Lease:
+def acquire_gpus(
+    n: int, timeout_s: float = 3600.0, poll_s: float = 0.5, devices: list[str] | None = None, on_wait=None
+) -> Lease:
     """Take n distinct cards of `devices` (default: the visible ones), all or nothing,
     waiting up to timeout_s; on_wait() is called between tries (e.g. to evict idle holders)."""
     lease = Lease()
@@ -119,7 +120,9 @@ def acquire_gpus(n: int, timeout_s: float = 3600.0, poll_s: float = 0.5,
         if on_wait is not None and on_wait():
             continue
         if time.monotonic() >= deadline:
-            raise LeaseError(f"could not lease {n} of GPUs {','.join(devices)} within {timeout_s:.0f} s (others hold them)")
+            raise LeaseError(
+                f"could not lease {n} of GPUs {','.join(devices)} within {timeout_s:.0f} s (others hold them)"
+            )
         time.sleep(poll_s * (1 + random.random()))
 
 

@@ -74,8 +74,13 @@ def _prompt_index(spec: LoadSpec, phase: str, user: int, i: int) -> int:
 def request_body(spec: LoadSpec, prompt: str, seed: int) -> dict:
     """The JSON body that forces exactly output_tokens tokens in the given dialect."""
     n = spec.output_tokens
-    body = {"model": spec.model, "prompt": prompt, "max_tokens": n, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": spec.model,
+        "prompt": prompt,
+        "max_tokens": n,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     greedy = spec.temperature == 0
     if spec.dialect == "vllm":
         body.update(min_tokens=n, ignore_eos=True, temperature=spec.temperature, top_p=spec.top_p)
@@ -92,8 +97,9 @@ def request_body(spec: LoadSpec, prompt: str, seed: int) -> dict:
     return body
 
 
-async def _one_request(session: aiohttp.ClientSession, spec: LoadSpec, rec: RequestRecord,
-                       body: dict, t0: float) -> None:
+async def _one_request(
+    session: aiohttp.ClientSession, spec: LoadSpec, rec: RequestRecord, body: dict, t0: float
+) -> None:
     last = None
     try:
         async with asyncio.timeout(spec.request_timeout_s):
@@ -141,8 +147,9 @@ async def _one_request(session: aiohttp.ClientSession, spec: LoadSpec, rec: Requ
             rec.end = time.perf_counter() - t0
 
 
-async def _phase(spec: LoadSpec, phase: str, per_user: int, records: list[RequestRecord],
-                 progress: Callable[[str], None] | None) -> tuple[float, float]:
+async def _phase(
+    spec: LoadSpec, phase: str, per_user: int, records: list[RequestRecord], progress: Callable[[str], None] | None
+) -> tuple[float, float]:
     timeout = aiohttp.ClientTimeout(total=None, sock_read=spec.stall_timeout_s, sock_connect=30)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     total = spec.users * per_user
@@ -223,8 +230,11 @@ def summarize(records: list[RequestRecord], wall_s: float, spec: LoadSpec) -> di
             failures[r.error] = failures.get(r.error, 0) + 1
     wrong_len = sum(1 for r in ok if r.output_tokens != spec.output_tokens)
     wrong_prompt = sum(1 for r in ok if r.prompt_tokens is not None and r.prompt_tokens != spec.prompt_tokens)
-    tpot = [(r.end - r.first_token) / (r.output_tokens - 1) for r in ok
-            if r.first_token is not None and r.output_tokens and r.output_tokens > 1]
+    tpot = [
+        (r.end - r.first_token) / (r.output_tokens - 1)
+        for r in ok
+        if r.first_token is not None and r.output_tokens and r.output_tokens > 1
+    ]
     return {
         "requests": len(records),
         "completed": len(ok),
@@ -255,9 +265,16 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     rng = random.Random(0)
     prompts = [" ".join(f"w{rng.randrange(3, 1000)}" for _ in range(args.prompt_words)) for _ in range(64)]
-    spec = LoadSpec(urls=args.url, model=args.model, prompts=prompts, users=args.users,
-                    prompt_tokens=args.prompt_words, output_tokens=args.output_tokens,
-                    requests_per_user=args.requests_per_user, dialect=args.dialect)
+    spec = LoadSpec(
+        urls=args.url,
+        model=args.model,
+        prompts=prompts,
+        users=args.users,
+        prompt_tokens=args.prompt_words,
+        output_tokens=args.output_tokens,
+        requests_per_user=args.requests_per_user,
+        dialect=args.dialect,
+    )
     out = run(spec, progress=lambda m: print(m, file=sys.stderr))
     print(json.dumps(out["summary"], indent=2))
 

@@ -28,34 +28,75 @@ GPTQ_MODULES = [
 # Published architecture shapes (config.json of the public checkpoints), without weights.
 SHAPES: dict[str, dict] = {
     "tiny": dict(  # head_dim 32: vLLM's CPU attention needs head_dim in {32, 64, 80, ...}
-        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=128,
-        intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=1024, max_position_embeddings=4096,
-        rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1024,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
     ),
     "llama-3.1-8b": dict(
-        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096,
-        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072,
-        rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
     ),
     "mistral-7b": dict(
-        architectures=["MistralForCausalLM"], model_type="mistral", hidden_size=4096,
-        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=8, vocab_size=32768, max_position_embeddings=32768,
-        rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=None,
+        architectures=["MistralForCausalLM"],
+        model_type="mistral",
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=32768,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        sliding_window=None,
     ),
     "qwen2.5-7b": dict(
-        architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=3584,
-        intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-        num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768,
-        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        architectures=["Qwen2ForCausalLM"],
+        model_type="qwen2",
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
     ),
     "llama-3.1-70b": dict(
-        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=8192,
-        intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
-        num_key_value_heads=8, vocab_size=128256, max_position_embeddings=131072,
-        rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
     ),
 }
 
@@ -83,7 +124,11 @@ def build_tokenizer(vocab_size: int, out_dir: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
     tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<unk>",
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<unk>",
         model_max_length=1 << 20,
     )
     fast.save_pretrained(out_dir)
@@ -129,7 +174,10 @@ def download(repo: str, revision: str, out_dir: str | Path) -> dict:
     with atomic_dir(out_dir) as tmp:
         try:
             snapshot_download(
-                repo_id=repo, revision=revision, local_dir=tmp, token=token,
+                repo_id=repo,
+                revision=revision,
+                local_dir=tmp,
+                token=token,
                 allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"],
             )
         except GatedRepoError:
@@ -189,7 +237,9 @@ def check_model(model_dir: str | Path, variant: str) -> dict:
     model_dir = Path(model_dir)
     qcfg = cfg.get("quantization_config") or {}
     if variant == "gptq" and qcfg.get("quant_method") != "gptq":
-        raise ModelError(f"model folder {model_dir} is not GPTQ-quantized (config.json has no gptq quantization_config)")
+        raise ModelError(
+            f"model folder {model_dir} is not GPTQ-quantized (config.json has no gptq quantization_config)"
+        )
     if is_dummy(model_dir):
         return cfg
     shards = sorted(model_dir.glob("*.safetensors"))
@@ -204,7 +254,9 @@ def check_model(model_dir: str | Path, variant: str) -> dict:
         except Exception as exc:  # safetensors raises several types for damaged files
             raise ModelError(f"model folder {model_dir}: {shards[0].name} is corrupt ({exc})") from None
         if not qweights:
-            raise ModelError(f"model folder {model_dir} is not quantized: {shards[0].name} holds no int4 .qweight tensors")
+            raise ModelError(
+                f"model folder {model_dir} is not quantized: {shards[0].name} holds no int4 .qweight tensors"
+            )
     return cfg
 
 

@@ -28,27 +28,47 @@ def factors_chart(attribution: pl.DataFrame, cells: pl.DataFrame, chain: str) ->
     )
     line = base.mark_line(point=True).encode(
         y=alt.Y("value:Q", scale=alt.Scale(type="log"), title="speedup factor (log)"),
-        tooltip=["model", "cell", "factor", alt.Tooltip("value:Q", format=".3f"),
-                 alt.Tooltip("lo:Q", format=".3f"), alt.Tooltip("hi:Q", format=".3f")],
+        tooltip=[
+            "model",
+            "cell",
+            "factor",
+            alt.Tooltip("value:Q", format=".3f"),
+            alt.Tooltip("lo:Q", format=".3f"),
+            alt.Tooltip("hi:Q", format=".3f"),
+        ],
     )
     bars = base.mark_errorbar().encode(y=alt.Y("lo:Q", title="speedup factor (log)"), y2="hi:Q")
-    return (line + bars).properties(width=260, height=220).facet(
-        column=alt.Column("workload:N"), row=alt.Row("model:N")
-    ).properties(title=_title(f"Speedup factors along chain '{chain}' vs concurrent users", cells))
+    return (
+        (line + bars)
+        .properties(width=260, height=220)
+        .facet(column=alt.Column("workload:N"), row=alt.Row("model:N"))
+        .properties(title=_title(f"Speedup factors along chain '{chain}' vs concurrent users", cells))
+    )
 
 
 def shares_chart(attribution: pl.DataFrame, cells: pl.DataFrame, chain: str) -> alt.Chart:
-    df = attribution.filter((pl.col("chain") == chain) & (pl.col("position") > 0)
-                            & pl.col("log_share").is_not_null()).to_pandas()
-    return alt.Chart(df).mark_bar().encode(
-        x=alt.X("cell:N", title="cell (users-workload-sampling)", sort=None),
-        y=alt.Y("log_share:Q", stack="zero", title="log share of total speedup"),
-        color=alt.Color("factor:N"),
-        tooltip=["model", "cell", "factor", alt.Tooltip("log_share:Q", format=".2f")],
-    ).properties(width=420, height=220).facet(row=alt.Row("model:N")).properties(
-        title=alt.TitleParams(f"Log shares ln(factor)/ln(total) per cell, chain '{chain}'",
-                              subtitle=["cells whose total is within 5% of 1 have no shares (undefined)"],
-                              anchor="start"))
+    df = attribution.filter(
+        (pl.col("chain") == chain) & (pl.col("position") > 0) & pl.col("log_share").is_not_null()
+    ).to_pandas()
+    return (
+        alt.Chart(df)
+        .mark_bar()
+        .encode(
+            x=alt.X("cell:N", title="cell (users-workload-sampling)", sort=None),
+            y=alt.Y("log_share:Q", stack="zero", title="log share of total speedup"),
+            color=alt.Color("factor:N"),
+            tooltip=["model", "cell", "factor", alt.Tooltip("log_share:Q", format=".2f")],
+        )
+        .properties(width=420, height=220)
+        .facet(row=alt.Row("model:N"))
+        .properties(
+            title=alt.TitleParams(
+                f"Log shares ln(factor)/ln(total) per cell, chain '{chain}'",
+                subtitle=["cells whose total is within 5% of 1 have no shares (undefined)"],
+                anchor="start",
+            )
+        )
+    )
 
 
 def throughput_chart(cells: pl.DataFrame) -> alt.Chart:
@@ -61,26 +81,49 @@ def throughput_chart(cells: pl.DataFrame) -> alt.Chart:
         y=alt.Y("output_tok_s:Q", scale=alt.Scale(type="log"), title="output tokens/s (log)"),
         tooltip=["stack", "cell", alt.Tooltip("output_tok_s:Q", format=".1f"), "linear_kernel"],
     )
-    bars = base.mark_errorbar().encode(y=alt.Y("output_tok_s_lo:Q", title="output tokens/s (log)"),
-                                       y2="output_tok_s_hi:Q")
-    return (line + bars).properties(width=260, height=220).facet(
-        column=alt.Column("workload:N"), row=alt.Row("model:N")
-    ).properties(title=_title("Throughput per stack vs concurrent users", cells))
+    bars = base.mark_errorbar().encode(
+        y=alt.Y("output_tok_s_lo:Q", title="output tokens/s (log)"), y2="output_tok_s_hi:Q"
+    )
+    return (
+        (line + bars)
+        .properties(width=260, height=220)
+        .facet(column=alt.Column("workload:N"), row=alt.Row("model:N"))
+        .properties(title=_title("Throughput per stack vs concurrent users", cells))
+    )
 
 
 def latency_chart(cells: pl.DataFrame) -> alt.Chart:
-    metrics = {"ttft_s_median": "TTFT median", "ttft_s_p99": "TTFT p99", "tpot_s_median": "TPOT median",
-               "e2e_s_p99": "E2E p99"}
-    long = cells.filter(pl.col("output_tok_s").is_not_null()).unpivot(
-        index=["model", "stack", "users", "workload"], on=list(metrics), variable_name="metric", value_name="seconds"
-    ).with_columns(pl.col("metric").replace(metrics)).filter(pl.col("seconds").is_not_null())
-    return alt.Chart(long.to_pandas()).mark_line(point=True).encode(
-        x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"),
-        y=alt.Y("seconds:Q", scale=alt.Scale(type="log"), title="seconds (log; median over runs)"),
-        color="stack:N", strokeDash="workload:N",
-        tooltip=["stack", "workload", "users", "metric", alt.Tooltip("seconds:Q", format=".4f")],
-    ).properties(width=220, height=180).facet(column=alt.Column("metric:N"), row=alt.Row("model:N")).properties(
-        title=_title("Latency percentiles vs concurrent users", cells))
+    metrics = {
+        "ttft_s_median": "TTFT median",
+        "ttft_s_p99": "TTFT p99",
+        "tpot_s_median": "TPOT median",
+        "e2e_s_p99": "E2E p99",
+    }
+    long = (
+        cells.filter(pl.col("output_tok_s").is_not_null())
+        .unpivot(
+            index=["model", "stack", "users", "workload"],
+            on=list(metrics),
+            variable_name="metric",
+            value_name="seconds",
+        )
+        .with_columns(pl.col("metric").replace(metrics))
+        .filter(pl.col("seconds").is_not_null())
+    )
+    return (
+        alt.Chart(long.to_pandas())
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"),
+            y=alt.Y("seconds:Q", scale=alt.Scale(type="log"), title="seconds (log; median over runs)"),
+            color="stack:N",
+            strokeDash="workload:N",
+            tooltip=["stack", "workload", "users", "metric", alt.Tooltip("seconds:Q", format=".4f")],
+        )
+        .properties(width=220, height=180)
+        .facet(column=alt.Column("metric:N"), row=alt.Row("model:N"))
+        .properties(title=_title("Latency percentiles vs concurrent users", cells))
+    )
 
 
 def save(chart: alt.Chart, stem: str | Path) -> dict[str, Path]:

@@ -30,26 +30,50 @@ def token_samples(tokenizer, n: int, length: int, seed: int, text_path: str = ""
         if len(ids) < length:
             raise ModelError(f"calibration text {text_path} has {len(ids)} tokens, fewer than {length}")
         starts = [rng.randrange(0, len(ids) - length + 1) for _ in range(n)]
-        return [ids[s:s + length] for s in starts]
+        return [ids[s : s + length] for s in starts]
     specials = set(tokenizer.all_special_ids)
     vocab = [i for i in range(tokenizer.vocab_size) if i not in specials]
     return [[rng.choice(vocab) for _ in range(length)] for _ in range(n)]
 
 
 def gptq_config_block(bits: int, group_size: int, desc_act: bool) -> dict:
-    return {"bits": bits, "group_size": group_size, "desc_act": desc_act, "sym": True,
-            "quant_method": "gptq", "checkpoint_format": "gptq"}
+    return {
+        "bits": bits,
+        "group_size": group_size,
+        "desc_act": desc_act,
+        "sym": True,
+        "quant_method": "gptq",
+        "checkpoint_format": "gptq",
+    }
 
 
-def quantize(fp16_dir: str | Path, out_dir: str | Path, *, method: str = "gptqmodel", bits: int = 4, group_size: int = 128,
-             desc_act: bool = False, calibration_samples: int = 32, calibration_tokens: int = 256,
-             eval_samples: int = 8, seed: int = 0, calibration_text: str = "") -> dict:
+def quantize(
+    fp16_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    method: str = "gptqmodel",
+    bits: int = 4,
+    group_size: int = 128,
+    desc_act: bool = False,
+    calibration_samples: int = 32,
+    calibration_tokens: int = 256,
+    eval_samples: int = 8,
+    seed: int = 0,
+    calibration_text: str = "",
+) -> dict:
     """Quantize fp16_dir into out_dir; returns the report (time, settings, quality)."""
     fp16_dir, out_dir = Path(fp16_dir).resolve(), Path(out_dir).resolve()
     read_model_config(fp16_dir)
-    settings = {"bits": bits, "group_size": group_size, "desc_act": desc_act, "sym": True,
-                "calibration_samples": calibration_samples, "calibration_tokens": calibration_tokens,
-                "seed": seed, "calibration_source": calibration_text or "random tokens of the vocabulary"}
+    settings = {
+        "bits": bits,
+        "group_size": group_size,
+        "desc_act": desc_act,
+        "sym": True,
+        "calibration_samples": calibration_samples,
+        "calibration_tokens": calibration_tokens,
+        "seed": seed,
+        "calibration_source": calibration_text or "random tokens of the vocabulary",
+    }
     if method == "dummy" or is_dummy(fp16_dir):
         if model_info(fp16_dir).get("source") != "synthetic":
             raise ModelError(f"quantization method dummy needs a synthetic model; {fp16_dir} is not one")
@@ -68,16 +92,20 @@ def quantize(fp16_dir: str | Path, out_dir: str | Path, *, method: str = "gptqmo
             t0 = time.perf_counter()
             qcfg = QuantizeConfig(bits=bits, group_size=group_size, desc_act=desc_act, sym=True)
             model = GPTQModel.load(str(fp16_dir), qcfg)
-            model.quantize([{"input_ids": ids, "attention_mask": [1] * len(ids)} for ids in calib],
-                           batch_size=1, tokenizer=tok)
+            model.quantize(
+                [{"input_ids": ids, "attention_mask": [1] * len(ids)} for ids in calib], batch_size=1, tokenizer=tok
+            )
             model.save(str(tmp))
             seconds = time.perf_counter() - t0
             del model
             quality = quality_check(fp16_dir, tmp, held_out)
             report = {"method": "gptqmodel", "settings": settings, "quantize_s": seconds, "quality": quality}
             (tmp / "speedsplit-quantization.json").write_text(json.dumps(report, indent=2))
-            info = json.loads((fp16_dir / "speedsplit-model.json").read_text()) if (
-                fp16_dir / "speedsplit-model.json").exists() else {}
+            info = (
+                json.loads((fp16_dir / "speedsplit-model.json").read_text())
+                if (fp16_dir / "speedsplit-model.json").exists()
+                else {}
+            )
             (tmp / "speedsplit-model.json").write_text(json.dumps({**info, "variant": "gptq"}, indent=2))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -88,8 +116,10 @@ def _dummy_gptq(fp16_dir: Path, out_dir: Path, settings: dict) -> dict:
     """A GPTQ config over dummy weights: vLLM initialises real INT4 tensors itself. The
     explicit module list keeps vLLM from silently running every layer unquantized."""
     cfg = read_model_config(fp16_dir)
-    cfg["quantization_config"] = {**gptq_config_block(settings["bits"], settings["group_size"], settings["desc_act"]),
-                                  "modules_in_block_to_quantize": GPTQ_MODULES}
+    cfg["quantization_config"] = {
+        **gptq_config_block(settings["bits"], settings["group_size"], settings["desc_act"]),
+        "modules_in_block_to_quantize": GPTQ_MODULES,
+    }
     with atomic_dir(out_dir) as tmp:
         for f in fp16_dir.iterdir():
             if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", "speedsplit-model.json"):
@@ -97,8 +127,12 @@ def _dummy_gptq(fp16_dir: Path, out_dir: Path, settings: dict) -> dict:
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
         info = {**model_info(fp16_dir), "weights": "dummy", "variant": "gptq"}
         (tmp / "speedsplit-model.json").write_text(json.dumps(info, indent=2))
-        report = {"method": "dummy", "settings": settings, "quantize_s": 0.0,
-                  "quality": {"status": "not applicable: dummy weights are initialised by the engine"}}
+        report = {
+            "method": "dummy",
+            "settings": settings,
+            "quantize_s": 0.0,
+            "quality": {"status": "not applicable: dummy weights are initialised by the engine"},
+        }
         (tmp / "speedsplit-quantization.json").write_text(json.dumps(report, indent=2))
     return report
 
@@ -123,5 +157,10 @@ def quality_check(fp16_dir: Path, gptq_dir: Path, held_out: list[list[int]]) -> 
             total += len(target)
             nll_ref += float(torch.nn.functional.cross_entropy(lr, target, reduction="sum"))
             nll_q += float(torch.nn.functional.cross_entropy(lq, target, reduction="sum"))
-    return {"status": "measured", "tokens": total, "token_agreement": agree / total,
-            "perplexity_fp16": math.exp(nll_ref / total), "perplexity_int4": math.exp(nll_q / total)}
+    return {
+        "status": "measured",
+        "tokens": total,
+        "token_agreement": agree / total,
+        "perplexity_fp16": math.exp(nll_ref / total),
+        "perplexity_int4": math.exp(nll_q / total),
+    }

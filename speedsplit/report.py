@@ -51,45 +51,95 @@ def setup_section(result_paths: list[str | Path], config: dict) -> str:
     gpus = ", ".join(f"{g['name']} ({g['memory']}, driver {g['driver']})" for g in hw.get("gpus", [])) or "none"
     versions = ", ".join(f"{k} {v}" for k, v in sorted(prov.get("versions", {}).items()))
     cfg = html.escape(redact(json.dumps(config, indent=1, default=str)))
-    return (f"<h2>Setup</h2><ul><li>GPUs: {html.escape(gpus)}</li>"
-            f"<li>CPU: {html.escape(str(hw.get('host_cpu')))} ({hw.get('cpu_count')} cores)</li>"
-            f"<li>Versions: {html.escape(versions)} (Python {html.escape(str(prov.get('python')))})</li>"
-            f"<li>Workflow commit: <code>{html.escape(str(prov.get('workflow_commit')))}</code></li></ul>"
-            f"<details><summary>Config (validated, defaults filled)</summary><pre>{cfg}</pre></details>")
+    return (
+        f"<h2>Setup</h2><ul><li>GPUs: {html.escape(gpus)}</li>"
+        f"<li>CPU: {html.escape(str(hw.get('host_cpu')))} ({hw.get('cpu_count')} cores)</li>"
+        f"<li>Versions: {html.escape(versions)} (Python {html.escape(str(prov.get('python')))})</li>"
+        f"<li>Workflow commit: <code>{html.escape(str(prov.get('workflow_commit')))}</code></li></ul>"
+        f"<details><summary>Config (validated, defaults filled)</summary><pre>{cfg}</pre></details>"
+    )
 
 
-def build(out: str | Path, *, config: dict, result_paths: list[str | Path], cells: pl.DataFrame,
-          runs: pl.DataFrame, attribution: pl.DataFrame, crossover: pl.DataFrame, stability: pl.DataFrame,
-          svgs: dict[str, str | Path], extra_tables: dict[str, pl.DataFrame] | None = None) -> None:
+def build(
+    out: str | Path,
+    *,
+    config: dict,
+    result_paths: list[str | Path],
+    cells: pl.DataFrame,
+    runs: pl.DataFrame,
+    attribution: pl.DataFrame,
+    crossover: pl.DataFrame,
+    stability: pl.DataFrame,
+    svgs: dict[str, str | Path],
+    extra_tables: dict[str, pl.DataFrame] | None = None,
+) -> None:
     """Write the report atomically."""
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>speedsplit report</title>"
-             f"<style>{CSS}</style></head><body>",
-             "<h1>speedsplit: where did the serving speedup come from?</h1>",
-             "<p class='note'>Throughput = output tokens / wall time of the measured phase. Factors are "
-             "ratios of median throughput between neighbouring stacks of a chain; they multiply to the "
-             "total exactly. Intervals: 95% bootstrap over runs. Log share = ln(factor) / ln(total).</p>",
-             setup_section(result_paths, config)]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>speedsplit report</title>"
+        f"<style>{CSS}</style></head><body>",
+        "<h1>speedsplit: where did the serving speedup come from?</h1>",
+        "<p class='note'>Throughput = output tokens / wall time of the measured phase. Factors are "
+        "ratios of median throughput between neighbouring stacks of a chain; they multiply to the "
+        "total exactly. Intervals: 95% bootstrap over runs. Log share = ln(factor) / ln(total).</p>",
+        setup_section(result_paths, config),
+    ]
     fact = attribution.filter(pl.col("position") > 0) if attribution.height else attribution
-    parts += ["<h2>Attribution</h2>", html_table(attribution.select(
-        [c for c in ["chain", "model", "topology", "cell", "factor", "value", "lo", "hi", "log_share",
-                     "share_lo", "share_hi", "note"] if c in attribution.columns])) if fact.height else
-              "<p>No chain has measurements of all its stacks.</p>"]
-    parts += ["<h3>Runtime-share crossover</h3>", html_table(crossover) if crossover.height else "<p>—</p>",
-              "<h3>Cross-model stability</h3>", html_table(stability) if stability.height else "<p>—</p>"]
+    parts += [
+        "<h2>Attribution</h2>",
+        html_table(
+            attribution.select(
+                [
+                    c
+                    for c in [
+                        "chain",
+                        "model",
+                        "topology",
+                        "cell",
+                        "factor",
+                        "value",
+                        "lo",
+                        "hi",
+                        "log_share",
+                        "share_lo",
+                        "share_hi",
+                        "note",
+                    ]
+                    if c in attribution.columns
+                ]
+            )
+        )
+        if fact.height
+        else "<p>No chain has measurements of all its stacks.</p>",
+    ]
+    parts += [
+        "<h3>Runtime-share crossover</h3>",
+        html_table(crossover) if crossover.height else "<p>—</p>",
+        "<h3>Cross-model stability</h3>",
+        html_table(stability) if stability.height else "<p>—</p>",
+    ]
     parts.append("<h2>Plots</h2>")
     for name, svg in svgs.items():
         text = Path(svg).read_text()
-        parts.append(f"<figure id='plot-{html.escape(name)}'>{text}<figcaption>{html.escape(name)} "
-                     f"(also as <a href='plots/{html.escape(name)}.html'>interactive HTML</a> and PNG)"
-                     f"</figcaption></figure>")
-    parts += ["<h2>Cells</h2>", html_table(cells.drop([c for c in cells.columns if c.endswith(("_lo", "_hi"))]),
-                                           bad_col="failed_requests")]
+        parts.append(
+            f"<figure id='plot-{html.escape(name)}'>{text}<figcaption>{html.escape(name)} "
+            f"(also as <a href='plots/{html.escape(name)}.html'>interactive HTML</a> and PNG)"
+            f"</figcaption></figure>"
+        )
+    parts += [
+        "<h2>Cells</h2>",
+        html_table(cells.drop([c for c in cells.columns if c.endswith(("_lo", "_hi"))]), bad_col="failed_requests"),
+    ]
     for title, df in (extra_tables or {}).items():
         parts += [f"<h2>{html.escape(title)}</h2>", html_table(df)]
     failures = runs.filter((pl.col("status") != "ok") | (pl.col("failed") > 0) | (pl.col("flags") != ""))
-    parts += ["<h2>Failures and flags</h2>",
-              html_table(failures.select(["model", "stack", "topology", "cell", "run", "status", "flags",
-                                          "failures", "error"]), bad_col="status")
-              if failures.height else "<p>None: every run completed every request, unflagged.</p>"]
+    parts += [
+        "<h2>Failures and flags</h2>",
+        html_table(
+            failures.select(["model", "stack", "topology", "cell", "run", "status", "flags", "failures", "error"]),
+            bad_col="status",
+        )
+        if failures.height
+        else "<p>None: every run completed every request, unflagged.</p>",
+    ]
     parts.append("</body></html>")
     write_bytes_atomic(out, redact("\n".join(parts)).encode())

@@ -117,8 +117,9 @@ def git_commit(cwd: str | Path = ".") -> str:
         return os.environ["SPEEDSPLIT_WORKFLOW_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
         return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -131,10 +132,14 @@ def hardware() -> dict[str, Any]:
         try:
             out = subprocess.run(
                 ["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=20,
+                capture_output=True,
+                text=True,
+                timeout=20,
             ).stdout
-            info["gpus"] = [dict(zip(("index", "name", "driver", "memory"), (s.strip() for s in line.split(","))))
-                            for line in out.strip().splitlines()]
+            info["gpus"] = [
+                dict(zip(("index", "name", "driver", "memory"), (s.strip() for s in line.split(","))))
+                for line in out.strip().splitlines()
+            ]
         except (OSError, subprocess.SubprocessError):
             info["gpus"] = []
     return info

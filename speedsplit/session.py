@@ -124,8 +124,9 @@ def workflow_owner() -> int:
     return owner
 
 
-def open_session(key: str, spec: dict, log_path: Path, owner: int, idle_timeout_s: float,
-                 lease_timeout_s: float) -> tuple[Session, bool]:
+def open_session(
+    key: str, spec: dict, log_path: Path, owner: int, idle_timeout_s: float, lease_timeout_s: float
+) -> tuple[Session, bool]:
     """Find the running session for key with the same spec, or spawn one.
 
     Returns the session and whether an existing daemon was reused.
@@ -141,15 +142,29 @@ def open_session(key: str, spec: dict, log_path: Path, owner: int, idle_timeout_
         if alive:  # same key, other spec: an edited stack; replace it
             stop_daemon(sess)
         spec_path = sess.spec_path
-        write_json_atomic(spec_path, {"spec": spec, "digest": digest, "owner": owner,
-                                      "idle_timeout_s": idle_timeout_s, "lease_timeout_s": lease_timeout_s,
-                                      "log_path": str(log_path), "key": key})
+        write_json_atomic(
+            spec_path,
+            {
+                "spec": spec,
+                "digest": digest,
+                "owner": owner,
+                "idle_timeout_s": idle_timeout_s,
+                "lease_timeout_s": lease_timeout_s,
+                "log_path": str(log_path),
+                "key": key,
+            },
+        )
         write_json_atomic(sess.state_path, {"state": "spawning", "digest": digest, "pid": None})
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "speedsplit.session", str(spec_path)],
-                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, cwd=os.getcwd())
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "speedsplit.session", str(spec_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=os.getcwd(),
+            )
         write_json_atomic(sess.state_path, {"state": "starting", "digest": digest, "pid": proc.pid})
     return sess, False
 
@@ -207,6 +222,7 @@ def evict_idle(except_key: str | None = None) -> int:
 
 # --- the daemon -----------------------------------------------------------------------------
 
+
 def _daemon(spec_path: Path) -> int:
     meta = json.loads(spec_path.read_text())
     spec, key = meta["spec"], meta["key"]
@@ -223,39 +239,64 @@ def _daemon(spec_path: Path) -> int:
             platform_devices = None if stack["platform"] == "cuda" else ["cpu"]
             need = stack["tensor_parallel"] * stack["instances"] if platform_devices is None else 1
             t_lease = time.monotonic()
-            held = leases.acquire_gpus(need, timeout_s=meta["lease_timeout_s"], devices=platform_devices,
-                                       on_wait=lambda: evict_idle(except_key=key))
+            held = leases.acquire_gpus(
+                need,
+                timeout_s=meta["lease_timeout_s"],
+                devices=platform_devices,
+                on_wait=lambda: evict_idle(except_key=key),
+            )
             t_start = time.monotonic()
             log_path = Path(meta["log_path"])
             for i in range(stack["instances"]):
-                devs = held.devices[i * stack["tensor_parallel"]:(i + 1) * stack["tensor_parallel"]]
+                devs = held.devices[i * stack["tensor_parallel"] : (i + 1) * stack["tensor_parallel"]]
                 devs = devs if platform_devices is None else []
                 env_stack = dict(stack, env={**stack["env"], "VLLM_PORT": str(held.port())})
-                servers.append(stacks.launch(env_stack, Path(spec["model_dir"]), stack["model"], held.port(),
-                                             devs, Path(str(log_path).removesuffix(".log") + f".server{i}.log"),
-                                             Path(spec["cache_dir"]) / f"instance{i}"))
+                servers.append(
+                    stacks.launch(
+                        env_stack,
+                        Path(spec["model_dir"]),
+                        stack["model"],
+                        held.port(),
+                        devs,
+                        Path(str(log_path).removesuffix(".log") + f".server{i}.log"),
+                        Path(spec["cache_dir"]) / f"instance{i}",
+                    )
+                )
             for srv in servers:
                 stacks.wait_ready(srv, stack["ready_path"], stack["startup_timeout_s"])
             text = "\n".join(s.log_path.read_text(errors="replace") for s in servers)
-            state.update(state="ready", urls=[s.url for s in servers], model_id=servers[0].model_id,
-                         server_pids=[s.proc.pid for s in servers],
-                         startup_s=time.monotonic() - t_start, lease_wait_s=t_start - t_lease,
-                         devices=held.devices, facts=stacks.engine_facts(text),
-                         argv=redact(" ".join(servers[0].argv), Path.cwd()),
-                         server_logs=[str(s.log_path) for s in servers], last_used=time.time())
+            state.update(
+                state="ready",
+                urls=[s.url for s in servers],
+                model_id=servers[0].model_id,
+                server_pids=[s.proc.pid for s in servers],
+                startup_s=time.monotonic() - t_start,
+                lease_wait_s=t_start - t_lease,
+                devices=held.devices,
+                facts=stacks.engine_facts(text),
+                argv=redact(" ".join(servers[0].argv), Path.cwd()),
+                server_logs=[str(s.log_path) for s in servers],
+                last_used=time.time(),
+            )
             write_json_atomic(sess.state_path, state)
             print(f"[session {key}] ready in {state['startup_s']:.1f} s at {state['urls']}", flush=True)
             _hold(sess, servers, meta)
             state = sess.state() or state
             if not all(s.alive() for s in servers):
                 dead = next(s for s in servers if not s.alive())
-                state.update(state="died", exit_code=dead.proc.returncode,
-                             log_tail=redact(stacks.log_tail(dead.log_path), Path.cwd()))
+                state.update(
+                    state="died",
+                    exit_code=dead.proc.returncode,
+                    log_tail=redact(stacks.log_tail(dead.log_path), Path.cwd()),
+                )
                 write_json_atomic(sess.state_path, state)
                 print(f"[session {key}] a server died (exit {dead.proc.returncode})", flush=True)
         except (stacks.StartupFailed, leases.LeaseError, ModelError, ValueError, OSError) as exc:
-            state.update(state="startup_failed", error=redact(str(exc), Path.cwd()),
-                         log_tail=redact(getattr(exc, "log_tail", ""), Path.cwd()))
+            state.update(
+                state="startup_failed",
+                error=redact(str(exc), Path.cwd()),
+                log_tail=redact(getattr(exc, "log_tail", ""), Path.cwd()),
+            )
             write_json_atomic(sess.state_path, state)
             print(f"[session {key}] startup failed: {exc}", flush=True)
         except Stop as why:

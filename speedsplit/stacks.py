@@ -69,19 +69,33 @@ def render_args(args: list[str], values: dict) -> list[str]:
     return out
 
 
-def launch(stack: dict, model_dir: Path, served_name: str, port: int, devices: list[str],
-           log_path: Path, cache_dir: Path | None = None) -> Server:
+def launch(
+    stack: dict,
+    model_dir: Path,
+    served_name: str,
+    port: int,
+    devices: list[str],
+    log_path: Path,
+    cache_dir: Path | None = None,
+) -> Server:
     """Start one server instance in its own process group; returns at once."""
     values = {
-        "python": sys.executable, "model_dir": str(model_dir), "served_name": served_name,
-        "host": HOST, "port": port, "tp": stack["tensor_parallel"],
-        "max_model_len": stack["max_model_len"], "dtype": stack["dtype"],
+        "python": sys.executable,
+        "model_dir": str(model_dir),
+        "served_name": served_name,
+        "host": HOST,
+        "port": port,
+        "tp": stack["tensor_parallel"],
+        "max_model_len": stack["max_model_len"],
+        "dtype": stack["dtype"],
     }
     argv = render_args(stack["args"], values)
     if is_dummy(model_dir):
         if stack["dialect"] != "vllm":
-            raise ValueError(f"stack {stack['stack']} cannot serve {model_dir}: it has dummy weights, "
-                             "which only vLLM initialises itself")
+            raise ValueError(
+                f"stack {stack['stack']} cannot serve {model_dir}: it has dummy weights, "
+                "which only vLLM initialises itself"
+            )
         if "--load-format" not in argv:
             argv += ["--load-format", "dummy"]
     env = dict(os.environ)
@@ -99,12 +113,20 @@ def launch(stack: dict, model_dir: Path, served_name: str, port: int, devices: l
     log = open(log_path, "ab")
     log.write(f"[speedsplit] launching: {' '.join(argv)}\n".encode())
     log.flush()
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=env, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(
+        argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, preexec_fn=_die_with_parent
+    )
     log.close()
-    return Server(proc=proc, url=f"http://{HOST}:{port}", port=port, log_path=log_path,
-                  devices=devices, launched_at=time.monotonic(),
-                  model_id=stack.get("request_model", "{served_name}").format(**values), argv=argv)
+    return Server(
+        proc=proc,
+        url=f"http://{HOST}:{port}",
+        port=port,
+        log_path=log_path,
+        devices=devices,
+        launched_at=time.monotonic(),
+        model_id=stack.get("request_model", "{served_name}").format(**values),
+        argv=argv,
+    )
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
@@ -119,8 +141,9 @@ def wait_ready(server: Server, ready_path: str, timeout_s: float) -> float:
     deadline = server.launched_at + timeout_s
     while True:
         if not server.alive():
-            raise StartupFailed(f"server exited with code {server.proc.returncode} before it was ready",
-                                log_tail(server.log_path))
+            raise StartupFailed(
+                f"server exited with code {server.proc.returncode} before it was ready", log_tail(server.log_path)
+            )
         try:
             with urllib.request.urlopen(server.url + ready_path, timeout=5) as resp:
                 if resp.status == 200:
@@ -188,7 +211,10 @@ def _group_alive(pgid: int) -> bool:
 
 _FACTS = {
     "linear_kernel": [r"Using (\w+LinearKernel) for", r"Using (\w*[Mm]arlin\w*) kernel", r"(\w+LinearKernel)"],
-    "attention_backend": [r"Using (?:AttentionBackendEnum\.)?(\w+) (?:attention )?backend", r"attn_implementation[=: ]+['\"]?(\w+)"],
+    "attention_backend": [
+        r"Using (?:AttentionBackendEnum\.)?(\w+) (?:attention )?backend",
+        r"attn_implementation[=: ]+['\"]?(\w+)",
+    ],
     "weight_memory_gib": [r"Model loading took ([\d.]+) ?GiB", r"model weights take ([\d.]+) ?GiB"],
     "kv_cache_tokens": [r"KV cache size: ([\d,]+) tokens"],
     "max_concurrency": [r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x"],
@@ -206,8 +232,11 @@ def engine_facts(log_text: str) -> dict:
             m = re.search(pat, log_text)
             if m:
                 value = m.group(1).replace(",", "")
-                facts[key] = float(value) if key in ("weight_memory_gib", "max_concurrency") else (
-                    int(value) if key == "kv_cache_tokens" else value)
+                facts[key] = (
+                    float(value)
+                    if key in ("weight_memory_gib", "max_concurrency")
+                    else (int(value) if key == "kv_cache_tokens" else value)
+                )
                 break
     return facts
 

@@ -34,10 +34,13 @@ def snakemake_bin() -> str:
     return str(exe) if exe.exists() else shutil.which("snakemake")
 
 
-def run_snakemake(args: list[str], cwd: Path, timeout: float = 900, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_snakemake(
+    args: list[str], cwd: Path, timeout: float = 900, env: dict | None = None
+) -> subprocess.CompletedProcess:
     cmd = [snakemake_bin(), "--snakefile", str(REPO / "Snakefile"), "--directory", str(cwd), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env={**os.environ, **(env or {})}
+    )
 
 
 def planned_outputs(dry_run_stdout: str, prefix: str = "results/bench/") -> list[str]:
@@ -46,6 +49,9 @@ def planned_outputs(dry_run_stdout: str, prefix: str = "results/bench/") -> list
     for line in dry_run_stdout.splitlines():
         line = line.strip()
         if line.startswith("output:"):
-            outs += [p.strip() for p in line[len("output:"):].split(",") if p.strip().startswith(prefix)
-                     and p.strip().endswith(".json")]
+            outs += [
+                p.strip()
+                for p in line[len("output:") :].split(",")
+                if p.strip().startswith(prefix) and p.strip().endswith(".json")
+            ]
     return sorted(set(outs))

@@ -19,24 +19,37 @@ def test_default_and_study_configs_validate():
 
 
 def test_defaults_are_filled():
-    cfg = C.validate({"models": {"m": {}}, "stacks": {"s": {"args": ["x"]}},
-                      "workloads": {"w": {"prompt_tokens": 8, "output_tokens": 8}},
-                      "sampling": {"greedy": {}}})
+    cfg = C.validate(
+        {
+            "models": {"m": {}},
+            "stacks": {"s": {"args": ["x"]}},
+            "workloads": {"w": {"prompt_tokens": 8, "output_tokens": 8}},
+            "sampling": {"greedy": {}},
+        }
+    )
     assert cfg["models"]["m"]["shape"] == "tiny"
     assert cfg["stacks"]["s"]["on_cpu"]["dtype"] == "bfloat16"
     assert cfg["grid"]["workloads"] == ["w"] and cfg["grid"]["runs"] == 3
     assert cfg["topologies"] == {"tp1": {"tensor_parallel": 1, "instances": 1}}
 
 
-@pytest.mark.parametrize("edit, expect", [
-    (lambda c: c["models"]["tiny"].update(shap="tiny"), "config error at models.tiny: unknown key 'shap'"),
-    (lambda c: c["grid"].update(users=[-3]), "config error at grid.users[0]: -3 is less than the minimum of 1"),
-    (lambda c: c["chains"].update(study=["hf-fp16", "nope"]), "config error at chains.study[1]: unknown stack 'nope'"),
-    (lambda c: c["workloads"]["wide"].update(output_tokens=5000), "exceeds models.tiny.max_model_len"),
-    (lambda c: c.update(platform="cuda", topologies={"tp1": {"tensor_parallel": 8}}),
-     "config error at topologies.tp1: needs 8 GPUs but gpus_available is 1"),
-    (lambda c: c["stacks"]["hf-fp16"].update(variant="int3"), "config error at stacks.hf-fp16.variant"),
-])
+@pytest.mark.parametrize(
+    "edit, expect",
+    [
+        (lambda c: c["models"]["tiny"].update(shap="tiny"), "config error at models.tiny: unknown key 'shap'"),
+        (lambda c: c["grid"].update(users=[-3]), "config error at grid.users[0]: -3 is less than the minimum of 1"),
+        (
+            lambda c: c["chains"].update(study=["hf-fp16", "nope"]),
+            "config error at chains.study[1]: unknown stack 'nope'",
+        ),
+        (lambda c: c["workloads"]["wide"].update(output_tokens=5000), "exceeds models.tiny.max_model_len"),
+        (
+            lambda c: c.update(platform="cuda", topologies={"tp1": {"tensor_parallel": 8}}),
+            "config error at topologies.tp1: needs 8 GPUs but gpus_available is 1",
+        ),
+        (lambda c: c["stacks"]["hf-fp16"].update(variant="int3"), "config error at stacks.hf-fp16.variant"),
+    ],
+)
 def test_bad_values_fail_with_one_line_naming_the_key(edit, expect):
     cfg = base()
     edit(cfg)
@@ -52,8 +65,13 @@ def test_misspelled_key_fails_fast_in_snakemake(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(bad))
     t0 = time.monotonic()
-    out = subprocess.run([snakemake_bin(), "-n", "--configfile", str(path), "--cores", "1"],
-                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [snakemake_bin(), "-n", "--configfile", str(path), "--cores", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     elapsed = time.monotonic() - t0
     assert out.returncode != 0
     lines = [ln for ln in (out.stdout + out.stderr).splitlines() if "config error" in ln]

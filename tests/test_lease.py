@@ -29,7 +29,7 @@ def test_concurrent_jobs_get_distinct_cards_all_or_nothing(tmp_path):
     assert all(len(d) == 2 for d, _, _ in spans)
     # any two holders overlapping in time hold disjoint cards; never more than 4 cards at once
     for i, (d1, s1, e1) in enumerate(spans):
-        for d2, s2, e2 in spans[i + 1:]:
+        for d2, s2, e2 in spans[i + 1 :]:
             if s1 < e2 and s2 < e1:
                 assert not set(d1) & set(d2)
 

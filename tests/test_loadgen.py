@@ -13,8 +13,16 @@ def server_url():
 
 
 def spec(url, **kw) -> loadgen.LoadSpec:
-    base = dict(urls=[url], model="m", prompts=["w1 w2 w3 w4"] * 4, users=3, prompt_tokens=4,
-                output_tokens=5, requests_per_user=2, warmup_requests=1)
+    base = dict(
+        urls=[url],
+        model="m",
+        prompts=["w1 w2 w3 w4"] * 4,
+        users=3,
+        prompt_tokens=4,
+        output_tokens=5,
+        requests_per_user=2,
+        warmup_requests=1,
+    )
     base.update(kw)
     return loadgen.LoadSpec(**base)
 
@@ -59,8 +67,19 @@ def test_request_bodies_force_the_output_length():
 def test_wrong_output_length_is_counted(server_url):
     s = spec(server_url)
     s.output_tokens = 5
-    records = [loadgen.RequestRecord(user=0, index=0, phase="measured", url="", sent=0.0, first_token=0.1,
-                                     end=1.0, output_tokens=4, prompt_tokens=4)]
+    records = [
+        loadgen.RequestRecord(
+            user=0,
+            index=0,
+            phase="measured",
+            url="",
+            sent=0.0,
+            first_token=0.1,
+            end=1.0,
+            output_tokens=4,
+            prompt_tokens=4,
+        )
+    ]
     assert loadgen.summarize(records, 1.0, s)["wrong_output_length"] == 1
 
 
@@ -79,6 +98,8 @@ def test_unreachable_server_is_a_connection_failure():
 def test_every_request_of_a_run_gets_its_own_prompt(server_url):
     prompts = [f"w{i}" for i in range(3 * (2 + 1))]
     out = loadgen.run(spec(server_url, prompts=prompts))
-    used = [loadgen._prompt_index(spec(server_url, prompts=prompts), r["phase"], r["user"], r["index"])
-            for r in out["records"]]
+    used = [
+        loadgen._prompt_index(spec(server_url, prompts=prompts), r["phase"], r["user"], r["index"])
+        for r in out["records"]
+    ]
     assert sorted(used) == list(range(len(prompts)))  # no prompt twice: no prefix-cache hits

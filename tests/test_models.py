@@ -16,10 +16,15 @@ def test_tiny_shape_suits_vllm_cpu(tiny_model):
     assert M.model_info(tiny_model) == {"source": "synthetic", "shape": "tiny", "weights": "random", "seed": 0}
 
 
-@pytest.mark.parametrize("shape, hidden, layers, vocab", [
-    ("llama-3.1-8b", 4096, 32, 128256), ("mistral-7b", 4096, 32, 32768),
-    ("qwen2.5-7b", 3584, 28, 152064), ("llama-3.1-70b", 8192, 80, 128256),
-])
+@pytest.mark.parametrize(
+    "shape, hidden, layers, vocab",
+    [
+        ("llama-3.1-8b", 4096, 32, 128256),
+        ("mistral-7b", 4096, 32, 32768),
+        ("qwen2.5-7b", 3584, 28, 152064),
+        ("llama-3.1-70b", 8192, 80, 128256),
+    ],
+)
 def test_published_shapes(shape, hidden, layers, vocab):
     cfg = M.shape_config(shape)
     assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]) == (hidden, layers, vocab)

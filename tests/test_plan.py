@@ -64,7 +64,10 @@ def test_variant_dirs(cfg):
 def test_topology_stack_lists_and_unknown_jobs():
     cfg = C.load(REPO / "config" / "study.yaml")
     stacks_by_topo = {t: {j.stack for j in P.bench_jobs(cfg) if j.topology == t} for t in cfg["topologies"]}
-    assert stacks_by_topo == {"tp1": {"hf-fp16", "vllm-fp16", "vllm-marlin"},
-                              "tp4": {"vllm-fp16", "vllm-marlin"}, "4x1": {"vllm-fp16", "vllm-marlin"}}
+    assert stacks_by_topo == {
+        "tp1": {"hf-fp16", "vllm-fp16", "vllm-marlin"},
+        "tp4": {"vllm-fp16", "vllm-marlin"},
+        "4x1": {"vllm-fp16", "vllm-marlin"},
+    }
     with pytest.raises(C.ConfigError, match="no benchmark job"):
         P.find_job(cfg, "llama-3.1-8b", "hf-fp16", "tp4", "u8-study-wide-greedy", 0)

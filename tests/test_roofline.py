@@ -11,8 +11,10 @@ def test_llama_8b_parameter_count_and_weight_bytes():
     assert p["linear"] + p["embedding"] + p["norms"] == pytest.approx(8.03e9, rel=0.005)
     fp16 = R.weight_bytes(cfg, "fp16") / 2**30
     assert fp16 == pytest.approx(14.96, rel=0.01)  # what vLLM reports loading for this shape
-    int4 = R.weight_bytes({**cfg, "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128}},
-                          "gptq") / 2**30
+    int4 = (
+        R.weight_bytes({**cfg, "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128}}, "gptq")
+        / 2**30
+    )
     assert 5.0 < int4 < 5.6  # vLLM reported 5.3 GiB for the GPTQ INT4 model
 
 

@@ -1,5 +1,4 @@
 import os
-import sys
 import time
 
 import pytest
@@ -37,8 +36,16 @@ def test_render_args_names_an_unknown_placeholder():
 
 
 def _stack(args):
-    return {"stack": "s", "args": args, "env": {}, "tensor_parallel": 1, "max_model_len": 64,
-            "dtype": "float16", "dialect": "vllm", "request_model": "{served_name}"}
+    return {
+        "stack": "s",
+        "args": args,
+        "env": {},
+        "tensor_parallel": 1,
+        "max_model_len": 64,
+        "dtype": "float16",
+        "dialect": "vllm",
+        "request_model": "{served_name}",
+    }
 
 
 def test_stop_takes_down_the_whole_process_group(tmp_path, tiny_model):
@@ -54,8 +61,14 @@ def test_stop_takes_down_the_whole_process_group(tmp_path, tiny_model):
 
 
 def test_a_server_that_exits_is_a_startup_failure_with_its_log(tmp_path, tiny_model):
-    srv = stacks.launch(_stack(["{python}", "-c", "import sys; print('boom: no such model'); sys.exit(3)"]),
-                        tiny_model, "m", 1, [], tmp_path / "s.log")
+    srv = stacks.launch(
+        _stack(["{python}", "-c", "import sys; print('boom: no such model'); sys.exit(3)"]),
+        tiny_model,
+        "m",
+        1,
+        [],
+        tmp_path / "s.log",
+    )
     with pytest.raises(stacks.StartupFailed) as err:
         stacks.wait_ready(srv, "/health", 30)
     assert "exited with code 3" in str(err.value)
@@ -63,8 +76,9 @@ def test_a_server_that_exits_is_a_startup_failure_with_its_log(tmp_path, tiny_mo
 
 
 def test_a_server_that_never_gets_ready_times_out(tmp_path, tiny_model):
-    srv = stacks.launch(_stack(["{python}", "-c", "import time; time.sleep(60)"]), tiny_model, "m", 1, [],
-                        tmp_path / "s.log")
+    srv = stacks.launch(
+        _stack(["{python}", "-c", "import time; time.sleep(60)"]), tiny_model, "m", 1, [], tmp_path / "s.log"
+    )
     t0 = time.monotonic()
     with pytest.raises(stacks.StartupFailed, match="not ready within 2 s"):
         stacks.wait_ready(srv, "/health", 2)

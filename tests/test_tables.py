@@ -13,13 +13,29 @@ def fake_result(stack, users, run, tok_s, status="ok", workload="wide"):
     """A result record as bench.measure writes it (numbers given by the test)."""
     dist = {"mean": 0.1, "median": 0.1, "p90": 0.2, "p99": 0.3}
     return {
-        "schema_version": SCHEMA_VERSION, "model": "tiny", "stack": stack, "topology": "tp1",
-        "cell": f"u{users}-{workload}-greedy", "run": run, "status": status, "flags": [],
-        "params": {"users": users, "workload": workload, "sampling": "greedy", "prompt_tokens": 8,
-                   "output_tokens": 16},
-        "summary": {"output_tok_s": tok_s, "request_s": 1.0, "completed": 4, "failed": 0, "failures": {},
-                    "wall_s": 2.0, "ttft_s": dist, "tpot_s": dist, "itl_s": dist, "e2e_s": dist}
-        if status == "ok" else {},
+        "schema_version": SCHEMA_VERSION,
+        "model": "tiny",
+        "stack": stack,
+        "topology": "tp1",
+        "cell": f"u{users}-{workload}-greedy",
+        "run": run,
+        "status": status,
+        "flags": [],
+        "params": {"users": users, "workload": workload, "sampling": "greedy", "prompt_tokens": 8, "output_tokens": 16},
+        "summary": {
+            "output_tok_s": tok_s,
+            "request_s": 1.0,
+            "completed": 4,
+            "failed": 0,
+            "failures": {},
+            "wall_s": 2.0,
+            "ttft_s": dist,
+            "tpot_s": dist,
+            "itl_s": dist,
+            "e2e_s": dist,
+        }
+        if status == "ok"
+        else {},
         "server": {"startup_s": 10.0, "reused": run > 0, "devices": ["cpu"]},
         "engine": {"linear_kernel": "CPUWNA16LinearKernel" if "marlin" in stack else None},
         "kernel_ok": True if "marlin" in stack else None,
@@ -97,7 +113,16 @@ def test_plots_and_report_render_offline(result_files, tmp_path):
         svgs[name] = out["svg"]
     assert set(svgs) == {"throughput", "latency", "factors-study", "shares-study"}
     html = tmp_path / "report.html"
-    report.build(html, config={"models": {"tiny": {}}}, result_paths=result_files, cells=cells, runs=runs,
-                 attribution=att, crossover=T.crossover_frame(att), stability=T.stability_frame(att), svgs=svgs)
+    report.build(
+        html,
+        config={"models": {"tiny": {}}},
+        result_paths=result_files,
+        cells=cells,
+        runs=runs,
+        attribution=att,
+        crossover=T.crossover_frame(att),
+        stability=T.stability_frame(att),
+        svgs=svgs,
+    )
     text = html.read_text()
     assert text.count("<svg") >= 4 and "startup_failed" in text and "Test CPU" in text

@@ -23,9 +23,22 @@ def test_snakemake_lint_is_clean():
 
 
 def test_study_dry_run_builds_the_full_dag_without_gpu_or_network(tmp_path):
-    out = run_snakemake(["-n", "--configfile", str(REPO / "config/study.yaml"), "--cores", "all",
-                         "--resources", "gpu=4", "--quiet", "rules"], tmp_path, timeout=300,
-                        env={"HF_HUB_OFFLINE": "1"})
+    out = run_snakemake(
+        [
+            "-n",
+            "--configfile",
+            str(REPO / "config/study.yaml"),
+            "--cores",
+            "all",
+            "--resources",
+            "gpu=4",
+            "--quiet",
+            "rules",
+        ],
+        tmp_path,
+        timeout=300,
+        env={"HF_HUB_OFFLINE": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     counts = {}
     for line in out.stdout.splitlines():
@@ -44,8 +57,12 @@ def workdir(tmp_path_factory):
     """Run the whole DAG once on tests/config/ci.yaml in a fresh folder."""
     wd = tmp_path_factory.mktemp("wf")
     shutil.copy(REPO / "tests/config/ci.yaml", wd / "ci.yaml")
-    out = run_snakemake(["--configfile", "ci.yaml", "--cores", "2", "--resources", "gpu=1"], wd,
-                        timeout=1200, env={"HF_TOKEN": PLANTED_TOKEN})
+    out = run_snakemake(
+        ["--configfile", "ci.yaml", "--cores", "2", "--resources", "gpu=1"],
+        wd,
+        timeout=1200,
+        env={"HF_TOKEN": PLANTED_TOKEN},
+    )
     (wd / "snakemake.out").write_text(out.stdout + out.stderr)
     assert out.returncode == 0, (out.stdout + out.stderr)[-5000:]
     return wd
@@ -116,13 +133,18 @@ def test_editing_one_cell_reruns_exactly_that_cell(workdir):
     cfg = yaml.safe_load((workdir / "ci.yaml").read_text())
     cfg["workloads"]["ci-narrow"]["output_tokens"] = 40
     (workdir / "edited.yaml").write_text(yaml.safe_dump(cfg))
-    out = run_snakemake(["-n", "--configfile", "edited.yaml", "--cores", "2", "--resources", "gpu=1"], workdir,
-                        timeout=300)
+    out = run_snakemake(
+        ["-n", "--configfile", "edited.yaml", "--cores", "2", "--resources", "gpu=1"], workdir, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert planned_outputs(out.stdout) == sorted(f"results/bench/tiny/{s}/tp1/u2-ci-narrow-greedy/run{r}.json"
-                                                 for s in ("hf-fp16", "vllm-fp16", "vllm-marlin") for r in (0, 1))
-    unchanged = run_snakemake(["-n", "--configfile", "ci.yaml", "--cores", "2", "--resources", "gpu=1"], workdir,
-                              timeout=300)
+    assert planned_outputs(out.stdout) == sorted(
+        f"results/bench/tiny/{s}/tp1/u2-ci-narrow-greedy/run{r}.json"
+        for s in ("hf-fp16", "vllm-fp16", "vllm-marlin")
+        for r in (0, 1)
+    )
+    unchanged = run_snakemake(
+        ["-n", "--configfile", "ci.yaml", "--cores", "2", "--resources", "gpu=1"], workdir, timeout=300
+    )
     assert "Nothing to be done" in unchanged.stdout + unchanged.stderr
 
 
@@ -135,11 +157,26 @@ def test_report_opens_offline_in_a_browser(workdir, tmp_path):
     text = report.read_text()
     assert "<script src=" not in text and text.count("<svg") >= 4
     shot = tmp_path / "report.png"
-    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                    f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,3000",
-                    f"--screenshot={shot}", report.as_uri()], capture_output=True, timeout=120,
-                   env={**os.environ, "HOME": str(tmp_path)})
+    subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--window-size=1400,3000",
+            f"--screenshot={shot}",
+            report.as_uri(),
+        ],
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, "HOME": str(tmp_path)},
+    )
     assert shot.stat().st_size > 50_000
     from PIL import Image
 

@@ -16,12 +16,18 @@ spec = json.loads(Path(sm.input.spec).read_text())
 w = sm.wildcards
 job = ss_plan.find_job(cfg, w.model, w.stack, w.topology, w.cell, w.run)
 measure(
-    session_key=spec["session"], stack=spec["stack"], cell=spec["cell"], run=int(w.run),
-    model_dir=sm.input.model, tokenizer_dir=sm.input.tokenizer,
-    out_json=sm.output.result, out_requests=sm.output.requests,
+    session_key=spec["session"],
+    stack=spec["stack"],
+    cell=spec["cell"],
+    run=int(w.run),
+    model_dir=sm.input.model,
+    tokenizer_dir=sm.input.tokenizer,
+    out_json=sm.output.result,
+    out_requests=sm.output.requests,
     session_log=Path("results/logs/sessions") / (spec["session"].replace("/", "__") + ".log"),
     cache_dir=Path("results/cache") / w.stack,
     last_in_session=ss_plan.last_in_session(cfg, job),
-    idle_timeout_s=cfg["benchmark"]["idle_timeout_s"], lease_timeout_s=cfg["benchmark"]["lease_timeout_s"],
+    idle_timeout_s=cfg["benchmark"]["idle_timeout_s"],
+    lease_timeout_s=cfg["benchmark"]["lease_timeout_s"],
     progress=log_progress(f"{w.stack} {w.cell} run{w.run}"),
 )

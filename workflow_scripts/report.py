@@ -8,6 +8,11 @@ from speedsplit.aggregate import write_report
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
 to_log(sm)
-write_report(sm.output[0], config=sm.params.config, result_paths=list(sm.input.results),
-             tables_dir=Path(sm.input.cells).parent, plots_dir=sm.input.plots)
+write_report(
+    sm.output[0],
+    config=sm.params.config,
+    result_paths=list(sm.input.results),
+    tables_dir=Path(sm.input.cells).parent,
+    plots_dir=sm.input.plots,
+)
 print(f"report: {Path(sm.output[0]).resolve()}")

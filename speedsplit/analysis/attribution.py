@@ -64,8 +64,13 @@ def log_shares(factors: list[float]) -> tuple[list[float | None], str]:
     return [math.log(f) / lt for f in factors], ""
 
 
-def attribute(chain: list[str], throughput: dict[str, list[float]], n_boot: int = N_BOOT,
-              seed: int = 0, missing: dict[str, str] | None = None) -> Attribution:
+def attribute(
+    chain: list[str],
+    throughput: dict[str, list[float]],
+    n_boot: int = N_BOOT,
+    seed: int = 0,
+    missing: dict[str, str] | None = None,
+) -> Attribution:
     """Factors between neighbours of `chain` from per-run throughputs of each stack.
 
     Factor i is median(T[i+1]) / median(T[i]), so the factors telescope and their product is
@@ -78,8 +83,9 @@ def attribute(chain: list[str], throughput: dict[str, list[float]], n_boot: int 
             missing[stack] = "no successful run"
     if missing:
         factors = [Factor(f"{b}/{a}", a, b, None) for a, b in zip(chain, chain[1:])]
-        return Attribution(chain, factors, None, share_note="a stack of the chain has no successful run",
-                           missing=missing)
+        return Attribution(
+            chain, factors, None, share_note="a stack of the chain has no successful run", missing=missing
+        )
     med = [_median(throughput[s]) for s in chain]
     values = [med[i + 1] / med[i] for i in range(len(chain) - 1)]
     shares, note = log_shares(values)
@@ -100,10 +106,17 @@ def attribute(chain: list[str], throughput: dict[str, list[float]], n_boot: int 
 
     factors = []
     for i, (a, b) in enumerate(zip(chain, chain[1:])):
-        factors.append(Factor(
-            name=f"{b}/{a}", frm=a, to=b, value=values[i], ci=_pct(boot_f[:, i]),
-            share=shares[i], share_ci=_pct(boot_share[:, i]) if shares[i] is not None else (None, None),
-        ))
+        factors.append(
+            Factor(
+                name=f"{b}/{a}",
+                frm=a,
+                to=b,
+                value=values[i],
+                ci=_pct(boot_f[:, i]),
+                share=shares[i],
+                share_ci=_pct(boot_share[:, i]) if shares[i] is not None else (None, None),
+            )
+        )
     return Attribution(chain, factors, total, _pct(boot_total), note)
 
 

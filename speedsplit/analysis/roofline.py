@@ -40,16 +40,26 @@ def kv_bytes_per_token(cfg: dict, dtype_bytes: int = 2) -> int:
     return 2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", heads) * hd * dtype_bytes
 
 
-def decode_step_bytes(cfg: dict, variant: str, batch: float, mean_context: float,
-                      weight_gib: float | None = None) -> float:
+def decode_step_bytes(
+    cfg: dict, variant: str, batch: float, mean_context: float, weight_gib: float | None = None
+) -> float:
     """Bytes one decode step reads: the weights once plus the KV of `batch` sequences."""
     w = weight_gib * GIB if weight_gib else weight_bytes(cfg, variant)
     return w + batch * mean_context * kv_bytes_per_token(cfg)
 
 
-def mbu(cfg: dict, variant: str, users: int, prompt_tokens: int, output_tokens: int, step_s: float | None,
-        bandwidth_gb_s: float | None, tensor_parallel: int = 1, instances: int = 1,
-        weight_gib: float | None = None) -> float | None:
+def mbu(
+    cfg: dict,
+    variant: str,
+    users: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    step_s: float | None,
+    bandwidth_gb_s: float | None,
+    tensor_parallel: int = 1,
+    instances: int = 1,
+    weight_gib: float | None = None,
+) -> float | None:
     """Model-bandwidth utilisation of one card during decode (0..1), None if unknown.
 
     step_s is the median inter-token latency; each instance serves users / instances

@@ -36,20 +36,32 @@ def runs_frame(paths: list[str | Path]) -> pl.DataFrame:
         p, s = res["params"], res.get("summary") or {}
         server, engine = res.get("server") or {}, res.get("engine") or {}
         row = {
-            "model": res["model"], "stack": res["stack"], "topology": res["topology"], "cell": res["cell"],
-            "users": p["users"], "workload": p["workload"], "sampling": p["sampling"],
-            "prompt_tokens": p["prompt_tokens"], "output_tokens": p["output_tokens"], "run": res["run"],
-            "status": res["status"], "flags": ",".join(res.get("flags") or []),
+            "model": res["model"],
+            "stack": res["stack"],
+            "topology": res["topology"],
+            "cell": res["cell"],
+            "users": p["users"],
+            "workload": p["workload"],
+            "sampling": p["sampling"],
+            "prompt_tokens": p["prompt_tokens"],
+            "output_tokens": p["output_tokens"],
+            "run": res["run"],
+            "status": res["status"],
+            "flags": ",".join(res.get("flags") or []),
             "output_tok_s": s.get("output_tok_s") if res["status"] == "ok" else None,
             "request_s": s.get("request_s") if res["status"] == "ok" else None,
-            "completed": s.get("completed", 0), "failed": s.get("failed", 0),
+            "completed": s.get("completed", 0),
+            "failed": s.get("failed", 0),
             "failures": json.dumps(s.get("failures") or {}, sort_keys=True),
             "wall_s": s.get("wall_s"),
-            "linear_kernel": engine.get("linear_kernel"), "kernel_ok": res.get("kernel_ok"),
+            "linear_kernel": engine.get("linear_kernel"),
+            "kernel_ok": res.get("kernel_ok"),
             "attention_backend": engine.get("attention_backend"),
             "weight_memory_gib": engine.get("weight_memory_gib"),
-            "startup_s": server.get("startup_s"), "reused": bool(server.get("reused")),
-            "platform": res["stack_def"]["platform"], "hardware": _gpu_name(res),
+            "startup_s": server.get("startup_s"),
+            "reused": bool(server.get("reused")),
+            "platform": res["stack_def"]["platform"],
+            "hardware": _gpu_name(res),
             "error": server.get("error"),
             "variant": res["stack_def"].get("variant"),
             "tensor_parallel": res["stack_def"].get("tensor_parallel", 1),
@@ -61,14 +73,24 @@ def runs_frame(paths: list[str | Path]) -> pl.DataFrame:
             for q in ("median", "p90", "p99"):
                 row[f"{metric}_{q}"] = dist.get(q) if res["status"] == "ok" else None
         rows.append(row)
-    schema_overrides = {"kernel_ok": pl.Boolean, "output_tok_s": pl.Float64, "request_s": pl.Float64,
-                        "startup_s": pl.Float64, "weight_memory_gib": pl.Float64, "wall_s": pl.Float64,
-                        "linear_kernel": pl.Utf8, "attention_backend": pl.Utf8, "error": pl.Utf8}
+    schema_overrides = {
+        "kernel_ok": pl.Boolean,
+        "output_tok_s": pl.Float64,
+        "request_s": pl.Float64,
+        "startup_s": pl.Float64,
+        "weight_memory_gib": pl.Float64,
+        "wall_s": pl.Float64,
+        "linear_kernel": pl.Utf8,
+        "attention_backend": pl.Utf8,
+        "error": pl.Utf8,
+    }
     schema_overrides.update({f"{m}_{q}": pl.Float64 for m in LATENCY for q in ("median", "p90", "p99")})
     return pl.DataFrame(rows, schema_overrides=schema_overrides, infer_schema_length=None)
 
 
-def bootstrap_median(values: list[float], n_boot: int = attr.N_BOOT, seed: int = 0) -> tuple[float | None, float | None, float | None]:
+def bootstrap_median(
+    values: list[float], n_boot: int = attr.N_BOOT, seed: int = 0
+) -> tuple[float | None, float | None, float | None]:
     v = np.asarray([x for x in values if x is not None], dtype=float)
     if v.size == 0:
         return None, None, None
@@ -89,7 +111,8 @@ def cells_frame(runs: pl.DataFrame) -> pl.DataFrame:
             med, lo, hi = bootstrap_median(ok[metric].to_list())
             row[metric], row[f"{metric}_lo"], row[f"{metric}_hi"] = med, lo, hi
         row.update(
-            runs=df.height, runs_ok=ok.height,
+            runs=df.height,
+            runs_ok=ok.height,
             statuses=",".join(sorted(set(df["status"].to_list()))),
             failed_requests=int(df["failed"].sum()),
             failures=_merge_counts(df["failures"].to_list()),
@@ -97,9 +120,12 @@ def cells_frame(runs: pl.DataFrame) -> pl.DataFrame:
             linear_kernel=",".join(sorted({k for k in df["linear_kernel"].to_list() if k})) or None,
             kernel_ok=None if df["kernel_ok"].null_count() == df.height else bool(df["kernel_ok"].drop_nulls().all()),
             startup_s=_median_or_none(df["startup_s"].drop_nulls().to_list()),
-            hardware=df["hardware"][0], platform=df["platform"][0],
+            hardware=df["hardware"][0],
+            platform=df["platform"][0],
             weight_memory_gib=_median_or_none(df["weight_memory_gib"].drop_nulls().to_list()),
-            variant=df["variant"][0], tensor_parallel=df["tensor_parallel"][0], instances=df["instances"][0],
+            variant=df["variant"][0],
+            tensor_parallel=df["tensor_parallel"][0],
+            instances=df["instances"][0],
             model_config=df["model_config"][0],
         )
         rows.append(row)
@@ -112,11 +138,25 @@ def with_mbu(cells: pl.DataFrame, bandwidth_gb_s: float | None) -> pl.DataFrame:
     values = []
     for row in cells.iter_rows(named=True):
         cfg = json.loads(row["model_config"] or "{}")
-        values.append(None if not cfg else roofline.mbu(
-            cfg, row["variant"], row["users"], row["prompt_tokens"], row["output_tokens"], row["itl_s_median"],
-            bandwidth_gb_s, row["tensor_parallel"], row["instances"], row["weight_memory_gib"]))
-    return cells.with_columns(pl.Series("mbu", values, dtype=pl.Float64),
-                              pl.lit(bandwidth_gb_s, dtype=pl.Float64).alias("bandwidth_gb_s"))
+        values.append(
+            None
+            if not cfg
+            else roofline.mbu(
+                cfg,
+                row["variant"],
+                row["users"],
+                row["prompt_tokens"],
+                row["output_tokens"],
+                row["itl_s_median"],
+                bandwidth_gb_s,
+                row["tensor_parallel"],
+                row["instances"],
+                row["weight_memory_gib"],
+            )
+        )
+    return cells.with_columns(
+        pl.Series("mbu", values, dtype=pl.Float64), pl.lit(bandwidth_gb_s, dtype=pl.Float64).alias("bandwidth_gb_s")
+    )
 
 
 def _median_or_none(v: list[float]) -> float | None:
@@ -150,18 +190,50 @@ def attribution_frame(runs: pl.DataFrame, chains: dict[str, list[str]]) -> pl.Da
             if all(m == "not measured" for m in missing.values()) and len(missing) == len(chain):
                 continue
             a = attr.attribute(chain, tp, missing=missing)
-            note = a.share_note + ("; " if a.share_note and a.missing else "") + (
-                "; ".join(f"{s}: {why}" for s, why in a.missing.items()))
+            note = (
+                a.share_note
+                + ("; " if a.share_note and a.missing else "")
+                + ("; ".join(f"{s}: {why}" for s, why in a.missing.items()))
+            )
             for i, f in enumerate(a.factors):
-                rows.append({**base, "chain": chain_name, "position": i + 1, "factor": f.name,
-                             "value": f.value, "lo": f.ci[0], "hi": f.ci[1], "log_share": f.share,
-                             "share_lo": f.share_ci[0], "share_hi": f.share_ci[1], "note": note})
-            rows.append({**base, "chain": chain_name, "position": 0, "factor": "total",
-                         "value": a.total, "lo": a.total_ci[0], "hi": a.total_ci[1],
-                         "log_share": 1.0 if a.total is not None and not a.share_note else None,
-                         "share_lo": None, "share_hi": None, "note": note})
-    schema = {"value": pl.Float64, "lo": pl.Float64, "hi": pl.Float64, "log_share": pl.Float64,
-              "share_lo": pl.Float64, "share_hi": pl.Float64}
+                rows.append(
+                    {
+                        **base,
+                        "chain": chain_name,
+                        "position": i + 1,
+                        "factor": f.name,
+                        "value": f.value,
+                        "lo": f.ci[0],
+                        "hi": f.ci[1],
+                        "log_share": f.share,
+                        "share_lo": f.share_ci[0],
+                        "share_hi": f.share_ci[1],
+                        "note": note,
+                    }
+                )
+            rows.append(
+                {
+                    **base,
+                    "chain": chain_name,
+                    "position": 0,
+                    "factor": "total",
+                    "value": a.total,
+                    "lo": a.total_ci[0],
+                    "hi": a.total_ci[1],
+                    "log_share": 1.0 if a.total is not None and not a.share_note else None,
+                    "share_lo": None,
+                    "share_hi": None,
+                    "note": note,
+                }
+            )
+    schema = {
+        "value": pl.Float64,
+        "lo": pl.Float64,
+        "hi": pl.Float64,
+        "log_share": pl.Float64,
+        "share_lo": pl.Float64,
+        "share_hi": pl.Float64,
+    }
     if not rows:
         return pl.DataFrame(schema={**{k: pl.Utf8 for k in keys + ["chain", "factor", "note"]}, **schema})
     return pl.DataFrame(rows, schema_overrides=schema, infer_schema_length=None)
@@ -171,12 +243,19 @@ def crossover_frame(attribution: pl.DataFrame) -> pl.DataFrame:
     """Per chain, model, topology, workload and sampling: users where factor 1's share crosses 50%."""
     rows = []
     first = attribution.filter(pl.col("position") == 1)
-    for group, df in first.group_by(["chain", "model", "topology", "workload", "sampling", "factor"], maintain_order=True):
+    for group, df in first.group_by(
+        ["chain", "model", "topology", "workload", "sampling", "factor"], maintain_order=True
+    ):
         df = df.sort("users")
         u = attr.crossover(df["users"].to_list(), df["log_share"].to_list())
-        rows.append({**dict(zip(["chain", "model", "topology", "workload", "sampling", "factor"], group)),
-                     "users_range": f"{df['users'].min()}-{df['users'].max()}",
-                     "crossover_users": u, "crossover": f"{u:.1f} users" if u is not None else "none in range"})
+        rows.append(
+            {
+                **dict(zip(["chain", "model", "topology", "workload", "sampling", "factor"], group)),
+                "users_range": f"{df['users'].min()}-{df['users'].max()}",
+                "crossover_users": u,
+                "crossover": f"{u:.1f} users" if u is not None else "none in range",
+            }
+        )
     return pl.DataFrame(rows, schema_overrides={"crossover_users": pl.Float64}, infer_schema_length=None)
 
 
@@ -185,10 +264,18 @@ def stability_frame(attribution: pl.DataFrame) -> pl.DataFrame:
     rows = []
     for group, df in attribution.group_by(["chain", "topology", "cell", "factor"], maintain_order=True):
         s = attr.spread(df["value"].to_list())
-        rows.append({**dict(zip(["chain", "topology", "cell", "factor"], group)),
-                     "models": ",".join(df["model"].to_list()), **s})
-    return pl.DataFrame(rows, schema_overrides={"min": pl.Float64, "max": pl.Float64, "spread_pct": pl.Float64},
-                        infer_schema_length=None)
+        rows.append(
+            {
+                **dict(zip(["chain", "topology", "cell", "factor"], group)),
+                "models": ",".join(df["model"].to_list()),
+                **s,
+            }
+        )
+    return pl.DataFrame(
+        rows,
+        schema_overrides={"min": pl.Float64, "max": pl.Float64, "spread_pct": pl.Float64},
+        infer_schema_length=None,
+    )
 
 
 def read_table(path: str | Path) -> pl.DataFrame:
@@ -216,8 +303,9 @@ def to_markdown(df: pl.DataFrame, digits: int = 3) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_table(df: pl.DataFrame, csv: str | Path, parquet: str | Path | None = None,
-                markdown: str | Path | None = None) -> None:
+def write_table(
+    df: pl.DataFrame, csv: str | Path, parquet: str | Path | None = None, markdown: str | Path | None = None
+) -> None:
     """Write a table atomically as CSV (and parquet / markdown)."""
     write_bytes_atomic(csv, df.write_csv().encode())
     if parquet is not None:

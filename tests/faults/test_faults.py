@@ -44,10 +44,20 @@ def cell(cfg, **kw):
 
 
 def run_cell(tmp_path, stack, cell_params, model_dir, tokenizer_dir, key, **kw):
-    return bench.measure(session_key=key, stack=stack, cell=cell_params, run=0, model_dir=model_dir,
-                         tokenizer_dir=tokenizer_dir, out_json=tmp_path / "r.json",
-                         out_requests=tmp_path / "r.requests.jsonl", session_log=tmp_path / "session.log",
-                         cache_dir=tmp_path / "cache", owner=os.getpid(), **kw)
+    return bench.measure(
+        session_key=key,
+        stack=stack,
+        cell=cell_params,
+        run=0,
+        model_dir=model_dir,
+        tokenizer_dir=tokenizer_dir,
+        out_json=tmp_path / "r.json",
+        out_requests=tmp_path / "r.requests.jsonl",
+        session_log=tmp_path / "session.log",
+        cache_dir=tmp_path / "cache",
+        owner=os.getpid(),
+        **kw,
+    )
 
 
 def wait_state(key, want, timeout=300):
@@ -172,8 +182,9 @@ def test_port_already_taken(cfg, tmp_path, tiny_model):
 def test_hanging_server_is_server_hung(cfg, tmp_path, tiny_model):
     """transformers serve frozen (SIGSTOP) mid-run: requests stall, status server_hung."""
     stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
-    params = cell(cfg, users=2, output_tokens=400, requests_per_user=2, warmup_requests=1, prompt_tokens=16,
-                  stall_timeout_s=3.0)
+    params = cell(
+        cfg, users=2, output_tokens=400, requests_per_user=2, warmup_requests=1, prompt_tokens=16, stall_timeout_s=3.0
+    )
     key = "faults/hang/run0"
     seen = {}
 
@@ -212,9 +223,19 @@ def test_interrupted_workflow_leaves_nothing_and_resumes(tmp_path_factory):
     cfg["benchmark"]["stacks"] = ["hf-fp16"]
     cfg["chains"] = {"study": ["hf-fp16", "vllm-fp16"]}
     (wd / "c.yaml").write_text(yaml.safe_dump(cfg))
-    cmd = [str(Path(REPO / ".venv/bin/snakemake")) if (REPO / ".venv/bin/snakemake").exists() else "snakemake",
-           "--snakefile", str(REPO / "Snakefile"), "--directory", str(wd), "--configfile", "c.yaml",
-           "--cores", "2", "--resources", "gpu=1"]
+    cmd = [
+        str(Path(REPO / ".venv/bin/snakemake")) if (REPO / ".venv/bin/snakemake").exists() else "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(wd),
+        "--configfile",
+        "c.yaml",
+        "--cores",
+        "2",
+        "--resources",
+        "gpu=1",
+    ]
     proc = subprocess.Popen(cmd, cwd=wd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     first = wd / "results/bench/tiny/hf-fp16/tp1/u4-ci-wide-greedy/run0.json"
     deadline = time.monotonic() + 600
@@ -237,8 +258,11 @@ def test_interrupted_workflow_leaves_nothing_and_resumes(tmp_path_factory):
     out = run_snakemake(["-n", "--configfile", "c.yaml", "--cores", "2", "--resources", "gpu=1"], wd, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     planned = planned_outputs(out.stdout)
-    every = {f"results/bench/tiny/hf-fp16/tp1/{c}/run{r}.json"
-             for c in ("u4-ci-wide-greedy", "u2-ci-narrow-greedy") for r in (0, 1)}
+    every = {
+        f"results/bench/tiny/hf-fp16/tp1/{c}/run{r}.json"
+        for c in ("u4-ci-wide-greedy", "u2-ci-narrow-greedy")
+        for r in (0, 1)
+    }
     finished = {p for p in every if (wd / p).exists()}
     assert "results/bench/tiny/hf-fp16/tp1/u4-ci-wide-greedy/run0.json" in finished
     assert set(planned) == every - finished  # finished cells are kept, the rest is rerun
@@ -260,7 +284,7 @@ import os, sys
 sys.path.insert(0, {str(REPO)!r})
 from pathlib import Path
 from speedsplit import bench, config as C
-cfg = C.load({str(REPO / 'config/config.yaml')!r})
+cfg = C.load({str(REPO / "config/config.yaml")!r})
 stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
 cell = C.cell_params(cfg, "tiny", "hf-fp16", "tp1", C.cells(cfg)[0])
 cell.update(users=2, output_tokens=400, requests_per_user=4, warmup_requests=1, prompt_tokens=16)
