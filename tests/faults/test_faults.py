@@ -90,27 +90,32 @@ def test_server_killed_mid_cell(cfg, tmp_path, tiny_model, gptq_model):
     The stack claims Marlin, which vLLM's CPU build does not have: the kernel check flags it."""
     stack = C.stack_params(cfg, "tiny", "vllm-marlin", "tp1")
     stack["expect_kernel"] = "Marlin"
-    params = cell(cfg, users=2, output_tokens=400, requests_per_user=3, warmup_requests=1, prompt_tokens=16)
+    params = cell(cfg, users=2, output_tokens=400, requests_per_user=8, warmup_requests=1, prompt_tokens=16)
     key = "faults/kill/run0"
     seen = {}
+    measuring = threading.Event()
+
+    def progress(msg):
+        if msg.startswith("measured"):  # first report: 2 s into the measured phase
+            measuring.set()
 
     def killer():
         st = wait_state(key, ("ready",))
         seen["listen"] = listening_addresses(st["server_pids"][0])
         seen["pids"] = st["server_pids"] + [st["pid"]]
         seen["children"] = [p.pid for p in psutil.Process(st["server_pids"][0]).children(recursive=True)]
-        time.sleep(8.0)  # past the warm-up, into the measured phase
+        measuring.wait(300)
         os.killpg(st["server_pids"][0], signal.SIGKILL)
 
     t = threading.Thread(target=killer)
     t.start()
-    res = run_cell(tmp_path, stack, params, gptq_model, tiny_model, key)
+    res = run_cell(tmp_path, stack, params, gptq_model, tiny_model, key, progress=progress)
     t.join()
     assert res["status"] == "server_died"
     assert seen["listen"] == {"127.0.0.1"}  # servers bind loopback only
     assert res["summary"]["failed"] > 0 and res["summary"]["failures"].get("connection")
     records = [json.loads(x) for x in (tmp_path / "r.requests.jsonl").read_text().splitlines()]
-    assert len(records) == 2 * 1 + res["summary"]["requests"]  # every request kept, done or not
+    assert len(records) == 2 * 1 + 2 * 8 == 2 + res["summary"]["requests"]  # every request kept, done or not
     assert "kernel_mismatch" in res["flags"] and res["engine"]["linear_kernel"] == "CPUWNA16LinearKernel"
     assert read_result(tmp_path / "r.json")["status"] == "server_died"
     time.sleep(1.0)
@@ -183,7 +188,7 @@ def test_hanging_server_is_server_hung(cfg, tmp_path, tiny_model):
     """transformers serve frozen (SIGSTOP) mid-run: requests stall, status server_hung."""
     stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
     params = cell(
-        cfg, users=2, output_tokens=400, requests_per_user=2, warmup_requests=1, prompt_tokens=16, stall_timeout_s=3.0
+        cfg, users=2, output_tokens=400, requests_per_user=6, warmup_requests=1, prompt_tokens=16, stall_timeout_s=3.0
     )
     key = "faults/hang/run0"
     seen = {}
@@ -264,8 +269,11 @@ def test_interrupted_workflow_leaves_nothing_and_resumes(tmp_path_factory):
         for r in (0, 1)
     }
     finished = {p for p in every if (wd / p).exists()}
-    assert "results/bench/tiny/hf-fp16/tp1/u4-ci-wide-greedy/run0.json" in finished
-    assert set(planned) == every - finished  # finished cells are kept, the rest is rerun
+    first_cell = "results/bench/tiny/hf-fp16/tp1/u4-ci-wide-greedy/run0.json"
+    assert first_cell in finished and first_cell not in planned  # finished before Ctrl-C: kept
+    # every missing cell is rerun (a job stopped while it was writing its result counts as
+    # unfinished for Snakemake and reruns too)
+    assert every - finished <= set(planned)
 
 
 def _in(proc, wd) -> bool:
