@@ -25,79 +25,24 @@ GPTQ_MODULES = [
     "mlp.down_proj",
 ]
 
+def _shape(arch: str, model_type: str, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int,
+           vocab: int, max_positions: int, rope_theta: float, rms_eps: float = 1e-5, **extra) -> dict:
+    return dict(architectures=[arch], model_type=model_type, hidden_size=hidden, intermediate_size=intermediate,
+                num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                vocab_size=vocab, max_position_embeddings=max_positions, rope_theta=rope_theta,
+                rms_norm_eps=rms_eps, tie_word_embeddings=False, **extra)
+
+
 # Published architecture shapes (config.json of the public checkpoints), without weights.
 SHAPES: dict[str, dict] = {
-    "tiny": dict(  # head_dim 32: vLLM's CPU attention needs head_dim in {32, 64, 80, ...}
-        architectures=["LlamaForCausalLM"],
-        model_type="llama",
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=1024,
-        max_position_embeddings=4096,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
+    # head_dim 32: vLLM's CPU attention needs head_dim in {32, 64, 80, ...}
+    "tiny": _shape("LlamaForCausalLM", "llama", 128, 256, 2, 4, 2, 1024, 4096, 10000.0),
+    "llama-3.1-8b": _shape("LlamaForCausalLM", "llama", 4096, 14336, 32, 32, 8, 128256, 131072, 500000.0),
+    "mistral-7b": _shape(
+        "MistralForCausalLM", "mistral", 4096, 14336, 32, 32, 8, 32768, 32768, 1000000.0, sliding_window=None
     ),
-    "llama-3.1-8b": dict(
-        architectures=["LlamaForCausalLM"],
-        model_type="llama",
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        max_position_embeddings=131072,
-        rope_theta=500000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-    ),
-    "mistral-7b": dict(
-        architectures=["MistralForCausalLM"],
-        model_type="mistral",
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=32768,
-        max_position_embeddings=32768,
-        rope_theta=1000000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        sliding_window=None,
-    ),
-    "qwen2.5-7b": dict(
-        architectures=["Qwen2ForCausalLM"],
-        model_type="qwen2",
-        hidden_size=3584,
-        intermediate_size=18944,
-        num_hidden_layers=28,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        vocab_size=152064,
-        max_position_embeddings=32768,
-        rope_theta=1000000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-    ),
-    "llama-3.1-70b": dict(
-        architectures=["LlamaForCausalLM"],
-        model_type="llama",
-        hidden_size=8192,
-        intermediate_size=28672,
-        num_hidden_layers=80,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        max_position_embeddings=131072,
-        rope_theta=500000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-    ),
+    "qwen2.5-7b": _shape("Qwen2ForCausalLM", "qwen2", 3584, 18944, 28, 28, 4, 152064, 32768, 1000000.0, 1e-6),
+    "llama-3.1-70b": _shape("LlamaForCausalLM", "llama", 8192, 28672, 80, 64, 8, 128256, 131072, 500000.0),
 }
 
 
