@@ -40,7 +40,7 @@ def bench_results():
 
 
 def _job(wc):
-    return ss_plan.find_job(CFG, wc.model, wc.stack, wc.topology, wc.cell, wc.run)
+    return ss_plan.find_job(CFG, wc.model, wc.stack, wc.topology, wc.cell, wc.run, known=PREV)
 
 
 def bench_inputs(wc):

@@ -8,6 +8,7 @@ drift of the machine spreads over all stacks instead of biasing one.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from speedsplit import config as cfgmod
@@ -93,8 +94,12 @@ def variant_dir(config: dict, stack: str) -> str:
     return f"gptq-w{q['bits']}g{group}"
 
 
-def find_job(config: dict, model: str, stack: str, topology: str, cell: str, run: int) -> BenchJob:
+def find_job(
+    config: dict, model: str, stack: str, topology: str, cell: str, run: int, known: Collection[BenchJob] | None = None
+) -> BenchJob:
+    """The job with these wildcards; `known` (e.g. the planned jobs, computed once) saves
+    re-planning the whole grid on every lookup."""
     job = BenchJob(model, stack, topology, cell, int(run))
-    if job not in predecessors(config):
+    if job not in (known if known is not None else set(bench_jobs(config))):
         raise cfgmod.ConfigError(f"no benchmark job {job} in this config")
     return job
