@@ -24,6 +24,7 @@ rule tables:
         stability="results/tables/stability.csv",
     params:
         chains=CFG["chains"],
+        tolerate_flags=CFG["analysis"]["tolerate_flags"],
     log:
         "results/logs/tables.log",
     conda:

@@ -31,11 +31,12 @@ def write_tables(
     chains: dict[str, list[str]],
     out_dir: str | Path,
     bandwidth_json: str | Path | None = None,
+    tolerate_flags: list[str] | tuple[str, ...] = (),
 ) -> dict[str, Path]:
     out_dir = Path(out_dir)
     runs = t.runs_frame(result_paths)
     cells = t.with_mbu(t.cells_frame(runs), bandwidth_gb_s(bandwidth_json))
-    attribution = t.attribution_frame(runs, chains)
+    attribution = t.attribution_frame(runs, chains, tolerate_flags)
     paths = {name: out_dir / f"{name}.csv" for name in TABLES}
     t.write_table(runs, paths["runs"])
     t.write_table(cells, paths["cells"], parquet=out_dir / "cells.parquet")
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     if not paths:
         raise SystemExit(f"no result files match {' '.join(args.results)}")
     out = Path(args.out)
-    tables = write_tables(paths, cfg["chains"], out / "tables", args.bandwidth)
+    tables = write_tables(paths, cfg["chains"], out / "tables", args.bandwidth, cfg["analysis"]["tolerate_flags"])
     write_plots(tables["cells"], tables["attribution"], list(cfg["chains"]), out / "plots")
     write_report(
         out / "report.html", config=cfg, result_paths=paths, tables_dir=out / "tables", plots_dir=out / "plots"

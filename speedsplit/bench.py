@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import json
 import random
-import zlib
+import signal
 import sys
 import urllib.request
+import zlib
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from speedsplit import loadgen, stacks
-from speedsplit.models import ModelError, model_info, read_model_config
+from speedsplit import loadgen, procs, stacks
 from speedsplit import session as sessions
+from speedsplit.models import ModelError, model_identity, model_info, read_model_config
 from speedsplit.results import SCHEMA_VERSION, provenance, redact, write_json_atomic, write_lines_atomic
 
 
@@ -85,11 +86,16 @@ def measure(
     last_in_session: bool = True,
     idle_timeout_s: float = 120.0,
     lease_timeout_s: float = 3600.0,
-    owner: int | None = None,
+    owner: procs.Proc | None = None,
     workdir: str | Path = ".",
     progress: Callable[[str], None] | None = None,
 ) -> dict:
-    """Measure one cell run; writes out_json and out_requests atomically, returns the result."""
+    """Measure one cell run; writes out_json and out_requests atomically, returns the result.
+
+    Whatever fails ends in a result file (status error with the exception's class and a
+    redacted message when nothing more specific fits), so the lane after it goes on. Only a
+    stop signal ends the job without one: the cell was not measured and reruns.
+    """
     result = {
         "schema_version": SCHEMA_VERSION,
         "model": stack["model"],
@@ -103,8 +109,6 @@ def measure(
             k: stack[k]
             for k in ("variant", "dialect", "dtype", "platform", "tensor_parallel", "instances", "expect_kernel")
         },
-        "weights": model_info(model_dir),
-        "model_config": _model_config(model_dir),
         "summary": {},
         "flags": [],
         "started": _now(),
@@ -112,55 +116,125 @@ def measure(
         "kernel_ok": None,
     }
     records: list[dict] = []
-    spec = {"stack": stack, "model_dir": str(model_dir), "cache_dir": str(cache_dir)}
-    owner = owner or sessions.workflow_owner()
-    sess = None
-    finished = False
+    # A file-size limit (RLIMIT_FSIZE) must surface as an error we can record, not kill us mid-write.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     with sessions.stop_on_signals():
         try:
-            for attempt in range(2):
-                sess, reused = sessions.open_session(
-                    session_key, spec, Path(session_log), owner, idle_timeout_s, lease_timeout_s
-                )
-                state = sessions.wait_ready(sess, stack["startup_timeout_s"] + lease_timeout_s)
-                if state.get("state") != "stopped":
-                    break
-            result["server"] = {
-                k: state.get(k)
-                for k in ("startup_s", "lease_wait_s", "devices", "argv", "model_id", "error", "log_tail", "exit_code")
+            result["weights"] = model_info(model_dir)
+            result["model_config"] = _model_config(model_dir)
+            spec = {
+                "stack": stack,
+                "model_dir": str(Path(model_dir).resolve()),
+                "model": model_identity(model_dir),
+                "cache_dir": str(Path(cache_dir).resolve()),
             }
-            result["engine"] = state.get("facts") or {}
-            if state.get("state") != "ready":
-                # died before this cell: server_died; never ready (or stopped twice): startup_failed
-                result["status"] = "server_died" if state.get("state") == "died" else "startup_failed"
-                result["server"]["reused"] = reused
-                result["server"]["error"] = result["server"]["error"] or f"server session {state.get('state')}"
-            else:
-                _run_load(result, state, sess, stack, cell, run, tokenizer_dir, progress)
-                records = result.pop("_records")
-            finished = True
-        finally:
-            # The last cell of a session, or any interrupted cell, takes its servers down.
-            if sess is not None and (last_in_session or not finished):
-                sessions.stop_daemon(sess)
-    result["finished"] = _now()
-    result["provenance"] = provenance(workdir)
+            records = _measure_on_session(
+                result,
+                spec,
+                session_key,
+                stack,
+                cell,
+                run,
+                tokenizer_dir,
+                Path(session_log),
+                owner or sessions.workflow_owner(),
+                idle_timeout_s,
+                lease_timeout_s,
+                last_in_session,
+                progress,
+            )
+        except sessions.Stop:
+            raise
+        except Exception as exc:  # anything unforeseen: recorded, and the lane goes on
+            _record_error(result, exc, workdir)
+        result["finished"] = _now()
+        result["provenance"] = provenance(workdir)
+        try:
+            return _write(result, records, out_json, out_requests, workdir)
+        except OSError as exc:  # e.g. a full disk: a small error result may still fit
+            _record_error(result, exc, workdir, "writing the result failed: ")
+            return _write(result, [], out_json, out_requests, workdir)
+
+
+def _record_error(result: dict, exc: BaseException, workdir, prefix: str = "") -> None:
+    result["status"] = "error"
+    result["error"] = {"type": type(exc).__name__, "message": redact(prefix + str(exc), workdir)}
+
+
+def _write(result: dict, records: list[dict], out_json, out_requests, workdir) -> dict:
     clean = json.loads(redact(json.dumps(result, default=str), workdir))
     write_lines_atomic(out_requests, [json.loads(redact(json.dumps(r), workdir)) for r in records])
     write_json_atomic(out_json, clean)
     return clean
 
 
-def _run_load(
+ATTACH_TRIES = 3
+
+
+def _measure_on_session(
     result: dict,
-    state: dict,
-    sess: sessions.Session,
+    spec: dict,
+    session_key: str,
     stack: dict,
     cell: dict,
     run: int,
-    tokenizer_dir: str | Path,
+    tokenizer_dir,
+    session_log: Path,
+    owner: procs.Proc,
+    idle_timeout_s: float,
+    lease_timeout_s: float,
+    last_in_session: bool,
     progress,
-) -> None:
+) -> list[dict]:
+    """Find or start the session's servers, hold them for this cell, run the load; returns the
+    request records. The last cell of a session, or any interrupted cell, stops its servers."""
+    sess = generation = None
+    finished = False
+    try:
+        for _ in range(ATTACH_TRIES):
+            sess, reused, generation = sessions.open_session(
+                session_key, spec, session_log, owner, idle_timeout_s, lease_timeout_s
+            )
+            state = sessions.wait_ready(sess, generation, stack["startup_timeout_s"] + lease_timeout_s)
+            _server_facts(result, state, reused)
+            if state["state"] in (sessions.STOPPING, sessions.STOPPED):
+                continue  # stopped before we attached (evicted, idle, replaced): start again
+            if state["state"] != sessions.READY:
+                # died before this cell: server_died; never ready: startup_failed
+                result["status"] = "server_died" if state["state"] == sessions.DIED else "startup_failed"
+                result["server"]["error"] = result["server"]["error"] or f"server session {state['state']}"
+                finished = True
+                return []
+            with sessions.attached(sess, generation) as held:
+                if held is None:
+                    continue  # evicted between finding it and taking the cell lock
+                _server_facts(result, held, reused)
+                records = _run_load(result, held, stack, cell, run, tokenizer_dir, progress)
+                sessions.transition(sess, generation, sessions.READY, cells_measured=held["cells_measured"] + 1)
+            _check_servers(result, sess, generation, held, stack)
+            result["flags"] = honesty_flags(result, stack, cell)
+            finished = True
+            return records
+        result["status"] = "startup_failed"
+        result["server"]["error"] = f"the session was stopped {ATTACH_TRIES} times before this cell could attach"
+        finished = True
+        return []
+    finally:
+        if sess is not None and (last_in_session or not finished):
+            sessions.stop_daemon(sess, generation)
+
+
+def _server_facts(result: dict, state: dict, reused: bool) -> None:
+    keys = ("startup_s", "lease_wait_s", "devices", "argv", "model_id", "error", "log_tail", "exit_code")
+    result["server"] = {k: state.get(k) for k in keys}
+    result["server"]["reused"] = reused
+    result["server"]["cells_before"] = state.get("cells_measured", 0)
+    if state.get("cells_measured"):
+        result["server"]["reused"] = True
+    result["engine"] = state.get("facts") or {}
+
+
+def _run_load(result: dict, state: dict, stack: dict, cell: dict, run: int, tokenizer_dir, progress) -> list[dict]:
     n_prompts = cell["users"] * (cell["requests_per_user"] + cell["warmup_requests"])
     prompts = build_prompts(tokenizer_dir, n_prompts, cell["prompt_tokens"], prompt_seed(cell, run))
     spec = loadgen.LoadSpec(
@@ -179,32 +253,27 @@ def _run_load(
         request_timeout_s=cell["request_timeout_s"],
         stall_timeout_s=cell["stall_timeout_s"],
     )
-    with sess.locked(sess.cell_lock):
-        st = sess.state()
-        cells_before = st.get("cells_measured", 0)
-        result["server"]["reused"] = cells_before > 0
-        result["server"]["cells_before"] = cells_before
-        out = loadgen.run(spec, progress=progress)
-        st = sess.state()
-        if st.get("state") == "ready":
-            st["cells_measured"] = cells_before + 1
-            write_json_atomic(sess.state_path, st)
-    result["_records"] = out["records"]
-    s = result["summary"] = out["summary"]
-    answering = all(healthy(u, stack["ready_path"]) for u in state["urls"])
-    if not answering:
-        running = all(sessions.pid_alive(p) for p in state.get("server_pids", []))
+    out = loadgen.run(spec, progress=progress)
+    result["summary"] = out["summary"]
+    return out["records"]
+
+
+def _check_servers(result: dict, sess, generation: str, state: dict, stack: dict) -> None:
+    """Set the run's status from the load's outcome and whether its servers still answer."""
+    s = result["summary"]
+    if not all(healthy(u, stack["ready_path"]) for u in state["urls"]):
+        servers = [procs.Proc.from_record(r) for r in state.get("servers") or []]
+        running = all(p is not None and p.alive() for p in servers)
         # a server that is still there but answers nothing hangs; one that is gone died
         result["status"] = "server_hung" if running else "server_died"
         if not running:
-            died = sessions.wait_ready(sess, 5.0)
+            died = sessions.wait_ready(sess, generation, 5.0)
             result["server"]["log_tail"] = died.get("log_tail", "")
             result["server"]["exit_code"] = died.get("exit_code")
     elif s["completed"] == 0:
         result["status"] = "failed"
     else:
         result["status"] = "ok"
-    result["flags"] = honesty_flags(result, stack, cell)
 
 
 def honesty_flags(result: dict, stack: dict, cell: dict) -> list[str]:

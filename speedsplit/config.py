@@ -13,6 +13,8 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator, validators
 
+from speedsplit.results import looks_secret
+
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "config" / "schema.yaml"
 
 
@@ -112,6 +114,18 @@ def merge(base: dict, top: dict) -> dict:
 
 def _check_references(config: dict) -> None:
     stacks, workloads = config["stacks"], config["workloads"]
+    for stack, spec in stacks.items():
+        for where, env in (
+            ("env", spec["env"]),
+            ("on_cpu.env", spec["on_cpu"].get("env", {})),
+            ("on_gpu.env", spec["on_gpu"].get("env", {})),
+        ):
+            for key in env:
+                if looks_secret(key):
+                    raise ConfigError(
+                        f"config error at stacks.{stack}.{where}.{key}: a secret never goes into the config (it would "
+                        f"be copied into specs, results and the report); export {key} instead: servers inherit it"
+                    )
     for chain, members in config["chains"].items():
         for i, stack in enumerate(members):
             if stack not in stacks:

@@ -8,11 +8,13 @@ leaves a card or port taken.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import random
 import shutil
 import socket
+import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -23,10 +25,45 @@ class LeaseError(RuntimeError):
     """Cards or ports could not be had in time; one-line message."""
 
 
-def lock_dir() -> Path:
-    path = Path(os.environ.get("SPEEDSPLIT_LOCK_DIR", f"/tmp/speedsplit-locks-{os.getuid()}"))
-    path.mkdir(parents=True, exist_ok=True)
+def private_dir(path: Path) -> Path:
+    """Create path mode 0700, or accept it only if it is a real folder of ours that nobody else
+    can write or read; anything else is refused with a one-line LeaseError.
+
+    Lock and session files live there: another local user who could create or change them
+    could redirect our writes, forge a session state or swap what a daemon executes.
+    """
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:  # a parent is missing
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return private_dir(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise LeaseError(f"lock folder {path} is not a plain folder (a link?): refusing it; set SPEEDSPLIT_LOCK_DIR")
+    if st.st_uid != os.getuid():
+        raise LeaseError(
+            f"lock folder {path} belongs to uid {st.st_uid}, not to you (uid {os.getuid()}): refusing it; "
+            "set SPEEDSPLIT_LOCK_DIR to a folder of your own"
+        )
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)  # ours, but made by an older version or a umask: close it
     return path
+
+
+def lock_dir() -> Path:
+    return private_dir(Path(os.environ.get("SPEEDSPLIT_LOCK_DIR", f"/tmp/speedsplit-locks-{os.getuid()}")))
+
+
+def open_private(path: Path, flags: int = os.O_RDWR | os.O_CREAT):
+    """Open a file in a private folder for reading and writing, never through a link."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LeaseError(f"{path} is a link: refusing to open it") from None
+        raise
+    return os.fdopen(fd, "r+")
 
 
 def visible_devices() -> list[str]:
@@ -45,7 +82,7 @@ def visible_devices() -> list[str]:
 
 
 def _try_lock(path: Path):
-    f = open(path, "a+")
+    f = open_private(path)
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -63,7 +100,6 @@ class Lease:
     """Cards and ports held by this process until release()."""
 
     devices: list[str] = field(default_factory=list)
-    ports: list[int] = field(default_factory=list)
     _files: list = field(default_factory=list, repr=False)
 
     @property
@@ -72,9 +108,12 @@ class Lease:
 
     def port(self) -> int:
         """Take one more free loopback port for this lease."""
-        p = free_port(self)
-        self.ports.append(p)
-        return p
+        return free_port(self)
+
+    def fds(self) -> list[int]:
+        """The lock files' descriptors: a server that inherits them keeps its cards and ports
+        locked until it exits, even if the process that leased them is killed first."""
+        return [f.fileno() for f in self._files]
 
     def release(self) -> None:
         for f in self._files:
@@ -154,12 +193,3 @@ def free_port(lease: Lease) -> int:
             lease._files.append(f)
             return port
     raise LeaseError("no free loopback port found")
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True

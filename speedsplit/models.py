@@ -6,6 +6,8 @@ stack loads like a downloaded one; throughput does not depend on weight values.
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import random
@@ -25,12 +27,36 @@ GPTQ_MODULES = [
     "mlp.down_proj",
 ]
 
-def _shape(arch: str, model_type: str, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int,
-           vocab: int, max_positions: int, rope_theta: float, rms_eps: float = 1e-5, **extra) -> dict:
-    return dict(architectures=[arch], model_type=model_type, hidden_size=hidden, intermediate_size=intermediate,
-                num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                vocab_size=vocab, max_position_embeddings=max_positions, rope_theta=rope_theta,
-                rms_norm_eps=rms_eps, tie_word_embeddings=False, **extra)
+
+def _shape(
+    arch: str,
+    model_type: str,
+    hidden: int,
+    intermediate: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    vocab: int,
+    max_positions: int,
+    rope_theta: float,
+    rms_eps: float = 1e-5,
+    **extra,
+) -> dict:
+    return dict(
+        architectures=[arch],
+        model_type=model_type,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        vocab_size=vocab,
+        max_position_embeddings=max_positions,
+        rope_theta=rope_theta,
+        rms_norm_eps=rms_eps,
+        tie_word_embeddings=False,
+        **extra,
+    )
 
 
 # Published architecture shapes (config.json of the public checkpoints), without weights.
@@ -170,6 +196,27 @@ def model_info(model_dir: str | Path) -> dict:
         return json.loads(info.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
+
+
+def model_identity(model_dir: str | Path) -> dict:
+    """What makes a model folder this model: its absolute path, what speedsplit wrote about it
+    (source, seed, revision) and a digest of its files' names, sizes and modification times.
+    A server session serves one identity; another one (a re-synthesised seed, a new revision,
+    another checkout's folder) gets its own server."""
+    import hashlib
+
+    path = Path(model_dir).resolve()
+    listing = []
+    with contextlib.suppress(OSError):
+        for f in sorted(path.iterdir()):
+            with contextlib.suppress(OSError):
+                st = f.stat()
+                listing.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
+    return {
+        "path": str(path),
+        "info": model_info(path),
+        "files": hashlib.sha256("\n".join(listing).encode()).hexdigest()[:16],
+    }
 
 
 def is_dummy(model_dir: str | Path) -> bool:

@@ -102,6 +102,9 @@ def build(
                         "log_share",
                         "share_lo",
                         "share_hi",
+                        "runs_used",
+                        "runs_excluded",
+                        "excluded",
                         "note",
                     ]
                     if c in attribution.columns

@@ -17,15 +17,18 @@ from pathlib import Path
 from typing import Any, Iterator
 
 SCHEMA_VERSION = 1
-STATUSES = ("ok", "startup_failed", "server_died", "server_hung", "failed")
+# error: the job itself failed unexpectedly (its exception's class and redacted message are
+# recorded), so a lane and the tables go on.
+STATUSES = ("ok", "startup_failed", "server_died", "server_hung", "failed", "error")
 
 
 class ResultError(ValueError):
     """A result file is missing, truncated or not a speedsplit result; one-line message."""
 
 
-def write_bytes_atomic(path: str | Path, data: bytes) -> None:
-    """Write to a temp file in the same folder, fsync, then rename over the target."""
+def write_bytes_atomic(path: str | Path, data: bytes, mode: int = 0o644) -> None:
+    """Write to a temp file in the same folder, fsync, then rename over the target: the target
+    is either the old file or the whole new one, never a part (a full disk leaves no temp)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -34,7 +37,7 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -42,8 +45,8 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
         raise
 
 
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode())
+def write_json_atomic(path: str | Path, data: Any, mode: int = 0o644) -> None:
+    write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode(), mode)
 
 
 def write_lines_atomic(path: str | Path, rows: list[dict]) -> None:
@@ -164,19 +167,42 @@ def provenance(workdir: str | Path = ".") -> dict[str, Any]:
 
 # --- secrets and paths never reach a file -------------------------------------------------
 
-_SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_API_TOKEN")
+# A name "looks secret" when one of its _/- separated words is one of these (HF_TOKEN,
+# OPENAI_API_KEY, --api-key, db-password); "tokenizer" or "output_tokens" do not.
+_SECRET_WORD = re.compile(r"(?:^|[_-])(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIALS?|APIKEY)(?:$|[_-])", re.I)
+_SECRET_OPTION = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)(=|\s+)(?!-)([^\s\"']+)")
+
+
+def looks_secret(name: str) -> bool:
+    return bool(_SECRET_WORD.search(name))
+
+
+def _secret_values() -> dict[str, str]:
+    """Values of the environment's secret-looking variables worth searching for."""
+    out = {}
+    for name, value in os.environ.items():
+        if looks_secret(name) and len(value) >= 6 and value.lower() not in ("true", "false") and not value.isdigit():
+            out[name] = value
+    return out
 
 
 def redact(text: str, workdir: str | Path | None = None) -> str:
-    """Remove secrets from the environment and absolute paths outside the workflow folder."""
-    for name in _SECRET_ENV:
-        value = os.environ.get(name)
-        if value and len(value) >= 4:
-            text = text.replace(value, f"<{name}>")
+    """Remove secrets (values of secret-looking environment variables and command-line options,
+    Hugging Face tokens) and absolute paths outside the workflow folder."""
+    for name, value in _secret_values().items():
+        text = text.replace(value, f"<{name}>")
     text = re.sub(r"hf_[A-Za-z0-9]{20,}", "<HF_TOKEN>", text)
+    text = _SECRET_OPTION.sub(
+        lambda m: m.group(0) if not looks_secret(m.group(1)) else f"{m.group(1)}{m.group(2)}<redacted>", text
+    )
     if workdir is not None:
         text = text.replace(str(Path(workdir).resolve()) + "/", "")
     home = str(Path.home())
     if home not in ("/", ""):
         text = text.replace(home, "~")
     return text
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    """An environment as it may be written: secret-looking keys keep their name only."""
+    return {k: ("<redacted>" if looks_secret(k) else v) for k, v in env.items()}

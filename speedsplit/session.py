@@ -1,12 +1,18 @@
-"""Server sessions shared by consecutive cell jobs.
+"""Server sessions shared by consecutive cell jobs of one workflow.
 
-A session is one running stack (all its instances) for one (model, stack, topology,
-session id). The first cell job of a session spawns a small daemon (`python -m
-speedsplit.session`) that leases the cards, starts the servers and publishes its state in a
-JSON file; later cell jobs of the same session find it and reuse the servers. The daemon
-stops its servers when told to (the session's last cell, an interrupted job), when the
-workflow that owns it is gone, when it has been idle for `idle_timeout_s`, or when another
-session needs its cards while it is idle (eviction).
+A session is one running stack (all its instances) for one (model, stack, topology, session
+id) of one workflow: its absolute working folder is part of its identity, and its spec digest
+covers the model's absolute path and identity. The first cell job of a session spawns a small
+daemon (`python -m speedsplit.session`) that leases the cards, starts the servers and
+publishes its state; later cell jobs find it and measure on it, one cell at a time.
+
+The session's life is the state machine below, written in one place (`transition`). A cell
+may attach only while the session is spawning, starting or ready; `stopping` and `stopped`
+are final for it. Anyone who stops a session (its last cell, an edited stack, another
+workflow's job that needs the cards, the daemon's own idle timeout) first moves it to
+`stopping` while holding the cell lock, so no cell can be mid-measurement on a server that is
+going away. Processes are identified by pid and start time (`procs.Proc`), never by pid
+alone: a state file that outlived its daemon never gets a recycled pid signalled.
 """
 
 from __future__ import annotations
@@ -22,14 +28,31 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from speedsplit import lease as leases
-from speedsplit import stacks
+from speedsplit import procs, stacks
 from speedsplit.models import ModelError, check_model
 from speedsplit.results import redact, write_json_atomic
 
 POLL_S = 0.25
+
+SPAWNING, STARTING, READY = "spawning", "starting", "ready"
+STOPPING, STOPPED, STARTUP_FAILED, DIED = "stopping", "stopped", "startup_failed", "died"
+ATTACHABLE = frozenset({SPAWNING, STARTING, READY})
+FINAL = frozenset({STOPPING, STOPPED, STARTUP_FAILED, DIED})
+# Within one daemon's life (a generation). A new generation starts at SPAWNING once the last
+# daemon is gone, whatever state it left.
+TRANSITIONS = {
+    SPAWNING: {STARTING, STARTUP_FAILED, STOPPING},
+    STARTING: {STARTING, READY, STARTUP_FAILED, STOPPING},
+    READY: {READY, STOPPING, DIED},
+    STOPPING: {STOPPED},
+    STARTUP_FAILED: set(),
+    DIED: set(),
+    STOPPED: set(),
+}
 
 
 class Stop(Exception):
@@ -43,8 +66,19 @@ def _raise_stop(signum, frame):
 @contextlib.contextmanager
 def stop_on_signals():
     """Turn SIGTERM/SIGINT/SIGHUP into an exception so every `finally` runs."""
-    sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-    old = {s: signal.signal(s, _raise_stop) for s in sigs}
+    old = {s: signal.signal(s, _raise_stop) for s in procs.STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Cleanup that must finish (stop servers, then free their cards) is not interrupted by a
+    second stop signal; it is bounded in time by the stops themselves."""
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in procs.STOP_SIGNALS}
     try:
         yield
     finally:
@@ -53,170 +87,246 @@ def stop_on_signals():
 
 
 def sessions_dir() -> Path:
-    """Per host: a URL on 127.0.0.1 means nothing on another node."""
-    path = leases.lock_dir() / "sessions" / socket.gethostname()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """Per host (a URL on 127.0.0.1 means nothing on another node), inside the private lock folder."""
+    return leases.private_dir(leases.private_dir(leases.lock_dir() / "sessions") / socket.gethostname())
 
 
 def spec_digest(spec: dict) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-class Session:
-    """Paths and state of one session, seen from a cell job."""
+def workflow_id(workdir: str | Path) -> str:
+    return hashlib.sha256(str(Path(workdir).resolve()).encode()).hexdigest()[:12]
 
-    def __init__(self, key: str):
+
+class Session:
+    """Paths and state of one session of one workflow, seen from a cell job or the daemon."""
+
+    def __init__(self, key: str, workdir: str | Path | None = None):
         self.key = key
-        base = str(sessions_dir() / key.replace("/", "__"))  # keys hold dots: no with_suffix
+        self.workdir = str(Path(workdir or os.getcwd()).resolve())
+        # keys hold dots: no with_suffix
+        base = str(sessions_dir() / f"{workflow_id(self.workdir)}__{key.replace('/', '__')}")
         self.state_path = Path(base + ".json")
         self.spec_path = Path(base + ".spec.json")
         self.spawn_lock = Path(base + ".spawn.lock")
         self.cell_lock = Path(base + ".cells.lock")
+        self.state_lock = Path(base + ".state.lock")
 
     def state(self) -> dict:
-        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
-            return json.loads(self.state_path.read_text())
+        """The published state ({} if none). Read through no link: the folder is ours alone."""
+        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError, leases.LeaseError, OSError):
+            with leases.open_private(self.state_path, os.O_RDONLY) as f:
+                return json.loads(f.read())
         return {}
 
     @contextlib.contextmanager
-    def locked(self, path: Path, blocking: bool = True):
-        with open(path, "a+") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-            except BlockingIOError:
-                yield False
-                return
+    def locked(self, path: Path, blocking: bool = True, timeout_s: float | None = None):
+        """Hold an flock on path; yields False (not held) if non-blocking or timed out."""
+        with leases.open_private(path) as f:
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            while True:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking and deadline is None else fcntl.LOCK_NB))
+                    break
+                except BlockingIOError:
+                    if deadline is None or time.monotonic() > deadline:
+                        yield False
+                        return
+                    time.sleep(POLL_S)
             try:
                 yield True
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
-
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):
-        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-            return False
-    return True
+    def write(self, state: dict) -> None:
+        write_json_atomic(self.state_path, state, mode=0o600)
 
 
-def workflow_owner() -> int:
+def daemon_of(state: dict) -> procs.Proc | None:
+    return procs.Proc.from_record(state.get("daemon"))
+
+
+def daemon_alive(state: dict) -> bool:
+    daemon = daemon_of(state)
+    return daemon is not None and daemon.alive()
+
+
+def transition(sess: Session, generation: str, to: str, **fields) -> dict | None:
+    """Move this generation's session to state `to` (with fields) if the state machine allows
+    it; returns the new state, or None (nothing written) if it does not or another generation
+    owns the session now."""
+    with sess.locked(sess.state_lock):
+        st = sess.state()
+        if st.get("generation") != generation or to not in TRANSITIONS.get(st.get("state"), set()):
+            return None
+        st.update(fields, state=to)
+        sess.write(st)
+        return st
+
+
+def _new_generation(sess: Session, **fields) -> dict:
+    with sess.locked(sess.state_lock):
+        st = {"state": SPAWNING, "generation": uuid.uuid4().hex, "key": sess.key, "workflow": sess.workdir, **fields}
+        sess.write(st)
+        return st
+
+
+def workflow_owner() -> procs.Proc:
     """The outermost Snakemake process above this one (the daemon lives no longer than it),
     else the parent."""
-    owner, pid = os.getppid(), os.getppid()
-    while pid > 1:
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
-        if b"snakemake" in cmd:
-            owner = pid
-        pid = ppid
-    return owner
+    pid = procs.outermost(os.getppid(), b"snakemake") or os.getppid()
+    return procs.Proc.of(pid) or procs.me()
 
 
 def open_session(
-    key: str, spec: dict, log_path: Path, owner: int, idle_timeout_s: float, lease_timeout_s: float
-) -> tuple[Session, bool]:
-    """Find the running session for key with the same spec, or spawn one.
+    key: str,
+    spec: dict,
+    log_path: Path,
+    owner: procs.Proc,
+    idle_timeout_s: float,
+    lease_timeout_s: float,
+) -> tuple[Session, bool, str]:
+    """Find this workflow's running session for key with the same spec, or spawn one.
 
-    Returns the session and whether an existing daemon was reused.
+    Returns the session, whether an existing daemon was reused, and its generation.
     """
     sess = Session(key)
     digest = spec_digest(spec)
     with sess.locked(sess.spawn_lock):
         st = sess.state()
-        alive = pid_alive(st.get("pid"))
-        failed_here = st.get("state") == "startup_failed" and st.get("owner") == owner
-        if st.get("digest") == digest and (alive or failed_here):
-            return sess, True  # a start that failed in this workflow run is not retried per cell
-        if alive:  # same key, other spec: an edited stack; replace it
-            stop_daemon(sess)
-        spec_path = sess.spec_path
-        write_json_atomic(
-            spec_path,
-            {
-                "spec": spec,
-                "digest": digest,
-                "owner": owner,
-                "idle_timeout_s": idle_timeout_s,
-                "lease_timeout_s": lease_timeout_s,
-                "log_path": str(log_path),
-                "key": key,
-            },
-        )
-        write_json_atomic(sess.state_path, {"state": "spawning", "digest": digest, "pid": None})
+        if st.get("digest") == digest:
+            if st.get("state") in ATTACHABLE and daemon_alive(st):
+                return sess, True, st["generation"]
+            if st.get("state") == STARTUP_FAILED and st.get("owner") == owner.as_record():
+                return sess, True, st["generation"]  # a start that failed in this workflow run is not retried per cell
+        if daemon_alive(st):  # an edited stack, or a session on its way out: retire it first
+            retire(sess, wait_s=lease_timeout_s)
+        meta = {
+            "spec": spec,
+            "digest": digest,
+            "owner": owner.as_record(),
+            "idle_timeout_s": idle_timeout_s,
+            "lease_timeout_s": lease_timeout_s,
+            "log_path": str(log_path),
+            "key": key,
+            "workdir": sess.workdir,
+        }
+        st = _new_generation(sess, digest=digest, owner=owner.as_record())
+        write_json_atomic(sess.spec_path, {**meta, "generation": st["generation"]}, mode=0o600)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "speedsplit.session", str(spec_path)],
+                [sys.executable, "-m", "speedsplit.session", str(sess.spec_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                cwd=os.getcwd(),
+                cwd=sess.workdir,
             )
-        write_json_atomic(sess.state_path, {"state": "starting", "digest": digest, "pid": proc.pid})
-    return sess, False
+        daemon = procs.Proc.of(proc.pid)
+        if transition(sess, st["generation"], STARTING, daemon=daemon.as_record() if daemon else None) is None:
+            raise RuntimeError(f"session {key}: state changed while its daemon was spawned")
+    return sess, False, st["generation"]
 
 
-def wait_ready(sess: Session, timeout_s: float) -> dict:
-    """The session's state once ready, failed or dead (bounded by timeout_s)."""
+def wait_ready(sess: Session, generation: str, timeout_s: float) -> dict:
+    """This generation's state once ready or final (bounded by timeout_s); a daemon that is gone
+    without saying so, or a timeout, reads as startup_failed."""
     deadline = time.monotonic() + timeout_s
     while True:
         st = sess.state()
-        if st.get("state") in ("ready", "startup_failed", "died"):
+        if st.get("generation") != generation:
+            return {"state": STOPPED, "error": "the session was replaced by another start"}
+        if st.get("state") == READY or st.get("state") in FINAL:
             return st
-        if st.get("pid") and not pid_alive(st["pid"]):
+        if st.get("state") == STARTING and not daemon_alive(st):
             st = sess.state()  # it may have written its last state just now
-            if st.get("state") in ("ready", "startup_failed", "died"):
+            if st.get("state") == READY or st.get("state") in FINAL:
                 return st
-            return {"state": "startup_failed", "error": "the server daemon ended before its servers were ready"}
+            return {"state": STARTUP_FAILED, "error": "the server daemon ended before its servers were ready"}
         if time.monotonic() > deadline:
-            return {"state": "startup_failed", "error": f"servers not ready within {timeout_s:.0f} s"}
+            return {"state": STARTUP_FAILED, "error": f"servers not ready within {timeout_s:.0f} s"}
         time.sleep(POLL_S)
 
 
-def stop_daemon(sess: Session, timeout_s: float = 60.0) -> None:
-    """Ask the daemon to stop its servers and wait until it has."""
-    pid = sess.state().get("pid")
-    if not pid_alive(pid):
+@contextlib.contextmanager
+def attached(sess: Session, generation: str):
+    """Hold the session for one cell's measurement: yields its ready state, or None if it was
+    stopped (evicted, idle, replaced) between finding it and taking the cell lock."""
+    with sess.locked(sess.cell_lock):
+        st = sess.state()
+        if st.get("generation") != generation or st.get("state") != READY or not daemon_alive(st):
+            yield None
+        else:
+            yield st
+
+
+def _stop_processes(st: dict, timeout_s: float) -> None:
+    """Stop a session's daemon (it stops its servers), then whatever servers it left."""
+    daemon = daemon_of(st)
+    if daemon is not None and daemon.signal(signal.SIGTERM):
+        deadline = time.monotonic() + timeout_s
+        while daemon.alive() and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        daemon.signal_group(signal.SIGKILL)
+    for rec in st.get("servers") or []:  # left by a daemon that was killed
+        server = procs.Proc.from_record(rec)
+        if server is not None:
+            stacks.stop_group(server)
+
+
+def stop_daemon(sess: Session, generation: str | None = None, timeout_s: float = 60.0) -> None:
+    """Move the session to `stopping` (no cell attaches any more) and wait until its daemon and
+    servers are gone. Only this generation's, when one is given."""
+    st = sess.state()
+    generation = generation or st.get("generation")
+    if not generation or st.get("generation") != generation:
         return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-    if pid_alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+    if st.get("state") in ATTACHABLE:
+        st = transition(sess, generation, STOPPING) or sess.state()
+    _stop_processes(st, timeout_s)
+    transition(sess, generation, STOPPED)  # if the daemon could not say so itself
+
+
+def retire(sess: Session, wait_s: float) -> bool:
+    """Stop a session once no cell is measuring on it (waiting up to wait_s); False if a cell
+    held it all that time."""
+    with sess.locked(sess.cell_lock, timeout_s=wait_s) as idle:
+        if not idle:
+            return False
+        st = sess.state()
+        if st.get("state") in ATTACHABLE:
+            transition(sess, st["generation"], STOPPING)
+    stop_daemon(sess, st.get("generation"))
+    return True
 
 
 def evict_idle(except_key: str | None = None) -> int:
-    """Stop every live session daemon that no cell is using; returns how many."""
+    """Stop every live session daemon on this host that no cell is using (any workflow's: they
+    want the same cards); returns how many."""
     n = 0
     for path in sessions_dir().glob("*.json"):
         if path.name.endswith(".spec.json"):
             continue
-        key = path.name.removesuffix(".json").replace("__", "/")
-        if key == except_key:
+        try:
+            with leases.open_private(path, os.O_RDONLY) as f:
+                st = json.loads(f.read())
+        except (OSError, json.JSONDecodeError, leases.LeaseError):
             continue
-        sess = Session(key)
-        if not pid_alive(sess.state().get("pid")):
+        sess = Session(st.get("key", ""), st.get("workflow"))
+        if sess.state_path != path or (except_key == sess.key and sess.workdir == str(Path.cwd().resolve())):
+            continue
+        if st.get("state") not in ATTACHABLE or not daemon_alive(st):
             continue
         with sess.locked(sess.cell_lock, blocking=False) as idle:
-            if idle:
-                stop_daemon(sess)
-                n += 1
+            if not idle:
+                continue
+            cur = sess.state()
+            if transition(sess, cur.get("generation"), STOPPING) is None:
+                continue
+        stop_daemon(sess, cur["generation"])
+        n += 1
     return n
 
 
@@ -224,13 +334,16 @@ def evict_idle(except_key: str | None = None) -> int:
 
 
 def _daemon(spec_path: Path) -> int:
-    meta = json.loads(spec_path.read_text())
-    spec, key = meta["spec"], meta["key"]
-    sess = Session(key)
+    with leases.open_private(spec_path, os.O_RDONLY) as f:
+        meta = json.loads(f.read())
+    spec, key, generation = meta["spec"], meta["key"], meta["generation"]
+    sess = Session(key, meta["workdir"])
     stack = spec["stack"]
-    state = {"state": "starting", "pid": os.getpid(), "digest": meta["digest"], "key": key, "owner": meta["owner"]}
     with sess.locked(sess.spawn_lock):  # the spawning job has finished writing its own state
-        write_json_atomic(sess.state_path, state)
+        st = sess.state()
+    if st.get("generation") != generation or daemon_of(st) != procs.me():
+        print(f"[session {key}] superseded before it started", flush=True)
+        return 0
     servers: list[stacks.Server] = []
     held = None
     with stop_on_signals():
@@ -260,72 +373,83 @@ def _daemon(spec_path: Path) -> int:
                         devs,
                         Path(str(log_path).removesuffix(".log") + f".server{i}.log"),
                         Path(spec["cache_dir"]) / f"instance{i}",
+                        keep_fds=held.fds(),
                     )
                 )
+                if transition(sess, generation, STARTING, servers=[s.proc_id.as_record() for s in servers]) is None:
+                    raise Stop("the session was stopped while it started")
             for srv in servers:
                 stacks.wait_ready(srv, stack["ready_path"], stack["startup_timeout_s"])
-            text = "\n".join(s.log_path.read_text(errors="replace") for s in servers)
-            state.update(
-                state="ready",
+            st = transition(
+                sess,
+                generation,
+                READY,
                 urls=[s.url for s in servers],
                 model_id=servers[0].model_id,
-                server_pids=[s.proc.pid for s in servers],
                 startup_s=time.monotonic() - t_start,
                 lease_wait_s=t_start - t_lease,
                 devices=held.devices,
-                facts=stacks.engine_facts(text),
-                argv=redact(" ".join(servers[0].argv), Path.cwd()),
+                facts=stacks.engine_facts("\n".join(s.launch_output() for s in servers)),
+                argv=redact(" ".join(servers[0].argv), sess.workdir),
                 server_logs=[str(s.log_path) for s in servers],
-                last_used=time.time(),
+                cells_measured=0,
             )
-            write_json_atomic(sess.state_path, state)
-            print(f"[session {key}] ready in {state['startup_s']:.1f} s at {state['urls']}", flush=True)
-            _hold(sess, servers, meta)
-            state = sess.state() or state
-            if not all(s.alive() for s in servers):
-                dead = next(s for s in servers if not s.alive())
-                state.update(
-                    state="died",
+            if st is None:
+                raise Stop("the session was stopped while it started")
+            print(f"[session {key}] ready in {st['startup_s']:.1f} s at {st['urls']}", flush=True)
+            _hold(sess, generation, servers, meta)
+            dead = next((s for s in servers if not s.alive()), None)
+            if dead is not None:
+                transition(
+                    sess,
+                    generation,
+                    DIED,
                     exit_code=dead.proc.returncode,
-                    log_tail=redact(stacks.log_tail(dead.log_path), Path.cwd()),
+                    log_tail=redact(dead.launch_output_tail(), sess.workdir),
                 )
-                write_json_atomic(sess.state_path, state)
                 print(f"[session {key}] a server died (exit {dead.proc.returncode})", flush=True)
         except (stacks.StartupFailed, leases.LeaseError, ModelError, ValueError, OSError) as exc:
-            state.update(
-                state="startup_failed",
-                error=redact(str(exc), Path.cwd()),
-                log_tail=redact(getattr(exc, "log_tail", ""), Path.cwd()),
+            transition(
+                sess,
+                generation,
+                STARTUP_FAILED,
+                error=redact(str(exc), sess.workdir),
+                log_tail=redact(getattr(exc, "log_tail", ""), sess.workdir),
             )
-            write_json_atomic(sess.state_path, state)
             print(f"[session {key}] startup failed: {exc}", flush=True)
         except Stop as why:
             print(f"[session {key}] stopping ({why})", flush=True)
         finally:
-            for srv in servers:
-                stacks.stop(srv)
-            if held is not None:
-                held.release()
-            st = sess.state()
-            if st.get("state") in ("ready", "starting"):
-                st["state"] = "stopped"
-                write_json_atomic(sess.state_path, st)
+            with signals_held():
+                transition(sess, generation, STOPPING)
+                for srv in servers:
+                    stacks.stop(srv)
+                if held is not None:  # the cards are free only once their servers are gone
+                    held.release()
+                transition(sess, generation, STOPPED)
     return 0
 
 
-def _hold(sess: Session, servers: list[stacks.Server], meta: dict) -> None:
-    """Return when a server dies, the owner is gone or the session sat idle too long."""
+def _hold(sess: Session, generation: str, servers: list[stacks.Server], meta: dict) -> None:
+    """Return when a server dies, the owner is gone, the session sat idle too long or someone
+    moved it to stopping."""
+    owner = procs.Proc.from_record(meta["owner"])
     idle_since = time.monotonic()
     while all(s.alive() for s in servers):
-        if not pid_alive(meta["owner"]):
+        st = sess.state()
+        if st.get("generation") != generation or st.get("state") != READY:
+            return
+        if owner is None or not owner.alive():
             print(f"[session {meta['key']}] workflow process {meta['owner']} is gone", flush=True)
+            transition(sess, generation, STOPPING)
             return
         with sess.locked(sess.cell_lock, blocking=False) as idle:
             if not idle:
                 idle_since = time.monotonic()
-        if time.monotonic() - idle_since > meta["idle_timeout_s"]:
-            print(f"[session {meta['key']}] idle for {meta['idle_timeout_s']:.0f} s", flush=True)
-            return
+            elif time.monotonic() - idle_since > meta["idle_timeout_s"]:
+                print(f"[session {meta['key']}] idle for {meta['idle_timeout_s']:.0f} s", flush=True)
+                transition(sess, generation, STOPPING)  # under the cell lock: no cell is attaching
+                return
         time.sleep(1.0)
 
 

@@ -19,7 +19,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from speedsplit import procs
 from speedsplit.models import is_dummy
+from speedsplit.results import redact
 
 HOST = "127.0.0.1"  # servers never listen beyond loopback
 
@@ -45,9 +47,26 @@ class Server:
     ready_s: float | None = None
     model_id: str = ""
     argv: list[str] = field(default_factory=list)
+    log_offset: int = 0  # where this launch's output starts in the (appended) log
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    @property
+    def proc_id(self) -> procs.Proc:
+        return procs.Proc.of(self.proc.pid) or procs.Proc(self.proc.pid, -1)
+
+    def launch_output(self) -> str:
+        """What this launch wrote to the log, never an earlier launch's lines."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def launch_output_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.launch_output().splitlines()[-lines:])
 
 
 def _die_with_parent() -> None:
@@ -77,8 +96,10 @@ def launch(
     devices: list[str],
     log_path: Path,
     cache_dir: Path | None = None,
+    keep_fds: list[int] | tuple[int, ...] = (),
 ) -> Server:
-    """Start one server instance in its own process group; returns at once."""
+    """Start one server instance in its own process group; returns at once. keep_fds (the
+    lease's lock files) stay open in the server so its cards stay locked while it lives."""
     values = {
         "python": sys.executable,
         "model_dir": str(model_dir),
@@ -90,6 +111,11 @@ def launch(
         "dtype": stack["dtype"],
     }
     argv = render_args(stack["args"], values)
+    if not any(a == HOST or a.endswith("=" + HOST) for a in argv):
+        raise ValueError(
+            f"stack {stack['stack']}: its command never passes {{host}} ({HOST}); refusing to start a server "
+            "that would listen on its default address (add e.g. --host {host} to its args)"
+        )
     if is_dummy(model_dir):
         if stack["dialect"] != "vllm":
             raise ValueError(
@@ -111,10 +137,17 @@ def launch(
     env["VLLM_HOST_IP"] = HOST
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "ab")
-    log.write(f"[speedsplit] launching: {' '.join(argv)}\n".encode())
+    log.write(f"[speedsplit] launching: {redact(' '.join(argv))}\n".encode())
     log.flush()
+    log_offset = log.tell()  # this launch's own output starts here
     proc = subprocess.Popen(
-        argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, preexec_fn=_die_with_parent
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        preexec_fn=_die_with_parent,
+        pass_fds=tuple(keep_fds),
     )
     log.close()
     return Server(
@@ -126,85 +159,96 @@ def launch(
         launched_at=time.monotonic(),
         model_id=stack.get("request_model", "{served_name}").format(**values),
         argv=argv,
+        log_offset=log_offset,
     )
 
 
-def log_tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
 def wait_ready(server: Server, ready_path: str, timeout_s: float) -> float:
-    """Poll the readiness path until 200; returns seconds from launch to ready."""
+    """Poll the readiness path until 200 from our own server; returns seconds from launch to
+    ready. Whoever answers must prove it is ours (check_ours) before it counts as ready."""
     deadline = server.launched_at + timeout_s
     while True:
         if not server.alive():
             raise StartupFailed(
-                f"server exited with code {server.proc.returncode} before it was ready", log_tail(server.log_path)
+                f"server exited with code {server.proc.returncode} before it was ready", server.launch_output_tail()
             )
         try:
             with urllib.request.urlopen(server.url + ready_path, timeout=5) as resp:
                 if resp.status == 200:
+                    check_ours(server)
                     server.ready_s = time.monotonic() - server.launched_at
-                    server.model_id = _served_model(server) or server.model_id
                     return server.ready_s
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             pass
         if time.monotonic() > deadline:
-            raise StartupFailed(f"server not ready within {timeout_s:.0f} s", log_tail(server.log_path))
+            raise StartupFailed(f"server not ready within {timeout_s:.0f} s", server.launch_output_tail())
         time.sleep(0.5)
 
 
-def _served_model(server: Server) -> str:
+def check_ours(server: Server) -> None:
+    """The answer on our port came from our server and nothing of it listens beyond loopback.
+
+    Proof: a process of the server's own tree listens on 127.0.0.1:port, and where the server
+    lists its models, the list holds the name we passed (no fallback to another name).
+    """
+    listen = procs.listening(procs.tree(server.proc.pid))
+    wide = sorted(f"{a}:{p}" for a, p in listen if not procs.is_loopback(a))
+    if wide:
+        raise StartupFailed(
+            f"server listens beyond loopback on {', '.join(wide)}; refusing it", server.launch_output_tail()
+        )
+    if (HOST, server.port) not in listen:
+        raise StartupFailed(
+            f"port taken: something else answers on {HOST}:{server.port}, not this server", server.launch_output_tail()
+        )
+    listed = _listed_models(server)
+    if listed is not None and server.model_id not in listed:
+        raise StartupFailed(
+            f"port taken: the server on {HOST}:{server.port} serves {listed}, not {server.model_id!r}",
+            server.launch_output_tail(),
+        )
+
+
+def _listed_models(server: Server) -> list[str] | None:
+    """Model ids from /v1/models, or None where the server has no usable listing."""
     import json
 
     try:
         with urllib.request.urlopen(server.url + "/v1/models", timeout=10) as resp:
-            data = json.loads(resp.read())
-        ids = [m["id"] for m in data.get("data", [])]
-        return server.model_id if server.model_id in ids else (ids[0] if ids else "")
-    except Exception:  # the listing is optional; requests name the served model anyway
-        return ""
+            return [m["id"] for m in json.loads(resp.read()).get("data", [])]
+    except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def stop(server: Server, grace_s: float = 20.0) -> None:
-    """SIGTERM the server's whole process group, then SIGKILL what is left; wait until gone."""
-    pgid = server.proc.pid
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(pgid, sig)
-            os.killpg(pgid, signal.SIGCONT)  # a stopped (hung) process acts on SIGTERM only once continued
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            server.proc.poll()
-            if not _group_alive(pgid):
-                break
-            time.sleep(0.2)
-        else:
-            continue
-        break
+    """Stop one server we launched (its whole process tree) and reap it."""
+    stop_group(server.proc_id, grace_s)
     server.proc.poll()
     if server.proc.returncode is None:
         server.proc.wait(timeout=5)
 
 
-def _group_alive(pgid: int) -> bool:
-    """True while any process of the group exists (zombies of our own child excluded)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+def stop_group(leader: procs.Proc, grace_s: float = 20.0) -> None:
+    """SIGTERM a server's process group and every process below it, then SIGKILL what is left;
+    return once all of them are gone. A process is signalled only while it is the very
+    process seen (pid and start time)."""
+    current = procs.Proc.of(leader.pid)
+    if current is not None and current != leader:
+        # The pid is another process's now. Linux reuses a pid only once no process group of
+        # that id is left, so the server's group is empty: nothing of ours to stop.
+        return
+    members = {p.pid: p for p in procs.tree(leader.pid)}
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        for p in list(members.values()):
+            if p.signal(sig):
+                p.signal(signal.SIGCONT)  # a stopped (hung) process acts on SIGTERM only once continued
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if leader.alive():  # children it starts while shutting down count too
+                members.update({p.pid: p for p in procs.tree(leader.pid)})
+            if not any(p.alive() for p in members.values()):
+                return
+            time.sleep(0.2)
 
 
 # --- what the engine says it ran -------------------------------------------------------------

@@ -51,6 +51,9 @@ def test_missing_stack_gives_no_numbers_and_says_why():
     a = A.attribute(["a", "b"], {"a": [100.0], "b": []}, missing={"b": "startup_failed"})
     assert a.total is None and a.factors[0].value is None
     assert a.missing == {"b": "startup_failed"}
+    # in a longer chain the factors between measured stacks keep their values
+    a = A.attribute(["a", "b", "c"], {"a": [100.0], "b": [200.0], "c": []}, missing={"c": "no clean run"})
+    assert a.factors[0].value == 2.0 and a.factors[0].share is None and a.factors[1].value is None
 
 
 def test_crossover_interpolates_on_log_users():

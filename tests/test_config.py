@@ -48,6 +48,14 @@ def test_defaults_are_filled():
             "config error at topologies.tp1: needs 8 GPUs but gpus_available is 1",
         ),
         (lambda c: c["stacks"]["hf-fp16"].update(variant="int3"), "config error at stacks.hf-fp16.variant"),
+        (
+            lambda c: c["stacks"]["vllm-fp16"]["env"].update(HF_TOKEN="hf_x"),
+            "config error at stacks.vllm-fp16.env.HF_TOKEN: a secret never goes into the config",
+        ),
+        (
+            lambda c: c.update(analysis={"tolerate_flags": ["kernel_mismach"]}),
+            "config error at analysis.tolerate_flags[0]",
+        ),
     ],
 )
 def test_bad_values_fail_with_one_line_naming_the_key(edit, expect):

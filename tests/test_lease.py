@@ -1,5 +1,7 @@
 import multiprocessing as mp
 import os
+import socket
+import stat
 import time
 
 import pytest
@@ -70,7 +72,9 @@ def test_ports_are_free_loopback_ports_and_distinct():
     with lease.Lease() as held:
         ports = {held.port() for _ in range(5)}
         assert len(ports) == 5
-        assert all(lease.port_is_free(p) for p in ports)
+        for p in ports:  # nobody listens there: we can bind each one ourselves
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", p))
 
 
 def test_cuda_devices_points_the_process_at_its_leased_card(monkeypatch):
@@ -80,3 +84,41 @@ def test_cuda_devices_points_the_process_at_its_leased_card(monkeypatch):
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,6"
     with lease.cuda_devices(1, "cpu") as held:
         assert held.devices == [] and os.environ["CUDA_VISIBLE_DEVICES"] == "4,6"
+
+
+def test_lock_folder_is_private_and_a_foreign_one_is_refused(tmp_path, monkeypatch):
+    fresh = tmp_path / "fresh"
+    monkeypatch.setenv("SPEEDSPLIT_LOCK_DIR", str(fresh))
+    assert stat.S_IMODE(os.stat(lease.lock_dir()).st_mode) == 0o700
+    with lease.acquire_gpus(1, timeout_s=1, devices=["0"]):
+        assert stat.S_IMODE(os.stat(fresh / "gpu-0.lock").st_mode) == 0o600
+
+    opened = tmp_path / "opened"
+    opened.mkdir(mode=0o777)
+    opened.chmod(0o777)
+    monkeypatch.setenv("SPEEDSPLIT_LOCK_DIR", str(opened))
+    assert stat.S_IMODE(os.stat(lease.lock_dir()).st_mode) == 0o700  # ours: closed, not refused
+
+    link = tmp_path / "link"
+    link.symlink_to(fresh)
+    monkeypatch.setenv("SPEEDSPLIT_LOCK_DIR", str(link))
+    with pytest.raises(lease.LeaseError, match="not a plain folder"):
+        lease.lock_dir()
+
+    if os.getuid() == 0:  # only root can make a folder that belongs to somebody else
+        foreign = tmp_path / "foreign"
+        foreign.mkdir(mode=0o700)
+        os.chown(foreign, 65534, 65534)
+        monkeypatch.setenv("SPEEDSPLIT_LOCK_DIR", str(foreign))
+        with pytest.raises(lease.LeaseError, match="belongs to uid 65534"):
+            lease.acquire_gpus(1, timeout_s=1, devices=["0"])
+
+
+def test_lock_files_are_never_opened_through_a_link(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEEDSPLIT_LOCK_DIR", str(tmp_path / "locks"))
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    (lease.lock_dir() / "gpu-0.lock").symlink_to(victim)
+    with pytest.raises(lease.LeaseError, match="is a link"):
+        lease.acquire_gpus(1, timeout_s=1, devices=["0"])
+    assert victim.read_text() == "keep me"

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from speedsplit import stacks
+from speedsplit import procs, stacks
 
 VLLM_GPU_LOG = """
 (EngineCore pid=1) INFO [core.py:133] Initializing a V1 LLM engine (v0.26.0) with config: model='m', dtype=torch.float16, quantization=gptq_marlin, enforce_eager=False
@@ -48,21 +48,47 @@ def _stack(args):
     }
 
 
-def test_stop_takes_down_the_whole_process_group(tmp_path, tiny_model):
-    # a "server" that leaves a grandchild behind, as vLLM's engine core would
-    script = "import subprocess,time; subprocess.Popen(['sleep','300']); time.sleep(300)"
-    srv = stacks.launch(_stack(["{python}", "-c", script]), tiny_model, "m", 1, [], tmp_path / "s.log")
-    time.sleep(1.0)
-    pgid = srv.proc.pid
-    assert stacks._group_alive(pgid)
+def test_stop_takes_down_the_whole_process_tree(tmp_path, tiny_model):
+    # a "server" that leaves children behind, as vLLM's engine core would, one of them in a
+    # session of its own
+    script = (
+        "import subprocess,time; subprocess.Popen(['sleep','300']); "
+        "subprocess.Popen(['setsid','sleep','301']); time.sleep(300)"
+    )
+    srv = stacks.launch(_stack(["{python}", "-c", script, "{host}"]), tiny_model, "m", 1, [], tmp_path / "s.log")
+    deadline = time.monotonic() + 10
+    while len(procs.tree(srv.proc.pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    tree = procs.tree(srv.proc.pid)
+    assert len(tree) == 3
     assert os.getpgid(srv.proc.pid) == srv.proc.pid  # its own group, not ours
     stacks.stop(srv, grace_s=5)
-    assert not stacks._group_alive(pgid)
+    assert not [p for p in tree if p.alive()]
+
+
+def test_a_command_that_never_binds_loopback_is_refused(tmp_path, tiny_model):
+    with pytest.raises(ValueError, match="never passes {host}"):
+        stacks.launch(_stack(["{python}", "-m", "http.server", "{port}"]), tiny_model, "m", 1, [], tmp_path / "s.log")
+
+
+def test_engine_facts_come_from_this_launch_only(tmp_path, tiny_model):
+    """The log is appended across launches; an earlier launch's kernel must not be reported."""
+    log = tmp_path / "s.log"
+    for kernel in ("MarlinLinearKernel", "MacheteLinearKernel"):
+        script = f"print('Using {kernel} for GPTQMarlinLinearMethod', flush=True)"
+        srv = stacks.launch(_stack(["{python}", "-c", script, "{host}"]), tiny_model, "m", 1, [], log)
+        srv.proc.wait(10)
+    printed = [ln for ln in log.read_text().splitlines() if ln.startswith("Using ")]
+    assert printed == [
+        "Using MarlinLinearKernel for GPTQMarlinLinearMethod",
+        "Using MacheteLinearKernel for GPTQMarlinLinearMethod",
+    ]
+    assert stacks.engine_facts(srv.launch_output())["linear_kernel"] == "MacheteLinearKernel"
 
 
 def test_a_server_that_exits_is_a_startup_failure_with_its_log(tmp_path, tiny_model):
     srv = stacks.launch(
-        _stack(["{python}", "-c", "import sys; print('boom: no such model'); sys.exit(3)"]),
+        _stack(["{python}", "-c", "import sys; print('boom: no such model'); sys.exit(3)", "{host}"]),
         tiny_model,
         "m",
         1,
@@ -77,7 +103,7 @@ def test_a_server_that_exits_is_a_startup_failure_with_its_log(tmp_path, tiny_mo
 
 def test_a_server_that_never_gets_ready_times_out(tmp_path, tiny_model):
     srv = stacks.launch(
-        _stack(["{python}", "-c", "import time; time.sleep(60)"]), tiny_model, "m", 1, [], tmp_path / "s.log"
+        _stack(["{python}", "-c", "import time; time.sleep(60)", "{host}"]), tiny_model, "m", 1, [], tmp_path / "s.log"
     )
     t0 = time.monotonic()
     with pytest.raises(stacks.StartupFailed, match="not ready within 2 s"):

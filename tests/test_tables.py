@@ -9,7 +9,7 @@ from speedsplit.analysis import tables as T
 from speedsplit.results import SCHEMA_VERSION, ResultError, write_json_atomic
 
 
-def fake_result(stack, users, run, tok_s, status="ok", workload="wide"):
+def fake_result(stack, users, run, tok_s, status="ok", workload="wide", flags=()):
     """A result record as bench.measure writes it (numbers given by the test)."""
     dist = {"mean": 0.1, "median": 0.1, "p90": 0.2, "p99": 0.3}
     return {
@@ -20,7 +20,7 @@ def fake_result(stack, users, run, tok_s, status="ok", workload="wide"):
         "cell": f"u{users}-{workload}-greedy",
         "run": run,
         "status": status,
-        "flags": [],
+        "flags": list(flags),
         "params": {"users": users, "workload": workload, "sampling": "greedy", "prompt_tokens": 8, "output_tokens": 16},
         "summary": {
             "output_tok_s": tok_s,
@@ -78,7 +78,7 @@ def test_cells_and_attribution_tables(result_files, tmp_path):
     assert math.prod(factors) == pytest.approx(total, rel=1e-12)
     failed = att.filter(pl.col("users") == 128)
     assert failed["value"].null_count() == failed.height
-    assert "vllm-marlin: startup_failed" in failed["note"][0]
+    assert "vllm-marlin: no clean run (run0: startup_failed)" in failed["note"][0]
     cross = T.crossover_frame(att)
     assert cross["crossover"].to_list() == ["none in range"]
     stab = T.stability_frame(att)
@@ -86,6 +86,44 @@ def test_cells_and_attribution_tables(result_files, tmp_path):
     T.write_table(att, tmp_path / "a.csv", parquet=tmp_path / "a.parquet", markdown=tmp_path / "a.md")
     assert T.read_table(tmp_path / "a.csv").height == att.height
     assert (tmp_path / "a.md").read_text().startswith("| model |")
+
+
+def test_flagged_runs_are_left_out_of_the_factors_and_counted(tmp_path):
+    """A flagged run would move the factor (1000 tok/s); by default it is left out and said so."""
+    paths = []
+    for stack, speeds in {
+        "hf-fp16": [100.0, 102.0],
+        "vllm-fp16": [200.0, 1000.0],
+        "vllm-marlin": [300.0, 303.0],
+    }.items():
+        for run, tok_s in enumerate(speeds):
+            flags = ["kernel_mismatch"] if (stack, run) == ("vllm-fp16", 1) else []
+            if (stack, run) == ("vllm-marlin", 1):
+                flags = ["short_measurement"]
+            p = tmp_path / f"{stack}-{run}.json"
+            write_json_atomic(p, fake_result(stack, 8, run, tok_s, flags=flags))
+            paths.append(p)
+    p = tmp_path / "hf-died.json"
+    write_json_atomic(p, fake_result("hf-fp16", 8, 2, None, status="server_died"))
+    runs = T.runs_frame(paths + [p])
+    chain = {"study": ["hf-fp16", "vllm-fp16", "vllm-marlin"]}
+    att = T.attribution_frame(runs, chain)
+    rt = att.filter(pl.col("factor") == "vllm-fp16/hf-fp16").row(0, named=True)
+    assert rt["value"] == pytest.approx(200.0 / 101.0)  # the 1000 tok/s run is not in it
+    assert rt["runs_used"] == 3 and rt["runs_excluded"] == 2
+    assert rt["excluded"] == "hf-fp16 run2: server_died; vllm-fp16 run1: kernel_mismatch"
+    total = att.filter(pl.col("factor") == "total").row(0, named=True)
+    assert total["runs_used"] == 4 and total["runs_excluded"] == 3
+    # tolerated flags count again
+    tolerant = T.attribution_frame(runs, chain, tolerate_flags=["kernel_mismatch", "short_measurement"])
+    assert tolerant.filter(pl.col("factor") == "vllm-fp16/hf-fp16")["value"].item() == pytest.approx(600.0 / 101.0)
+    # a stack with no clean run: its factors are undefined with the reason; the others stand
+    only_bad = [q for q in paths if "vllm-marlin-0" not in q.name]
+    att = T.attribution_frame(T.runs_frame(only_bad), chain)
+    kq = att.filter(pl.col("factor") == "vllm-marlin/vllm-fp16").row(0, named=True)
+    assert kq["value"] is None and "vllm-marlin: no clean run (run1: short_measurement)" in kq["note"]
+    assert att.filter(pl.col("factor") == "vllm-fp16/hf-fp16")["value"].item() == pytest.approx(200.0 / 101.0)
+    assert att.filter(pl.col("factor") == "total")["value"].item() is None
 
 
 def test_corrupt_or_truncated_results_are_refused(result_files, tmp_path):

@@ -9,5 +9,9 @@ from speedsplit.aggregate import write_tables
 sm = snakemake  # noqa: F821 (injected by Snakemake)
 to_log(sm)
 write_tables(
-    list(sm.input.results), sm.params.chains, Path(sm.output.cells).parent, getattr(sm.input, "bandwidth", None)
+    list(sm.input.results),
+    sm.params.chains,
+    Path(sm.output.cells).parent,
+    getattr(sm.input, "bandwidth", None),
+    sm.params.tolerate_flags,
 )

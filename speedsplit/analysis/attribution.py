@@ -82,10 +82,17 @@ def attribute(
         if not runs and stack not in missing:
             missing[stack] = "no successful run"
     if missing:
-        factors = [Factor(f"{b}/{a}", a, b, None) for a, b in zip(chain, chain[1:])]
-        return Attribution(
-            chain, factors, None, share_note="a stack of the chain has no successful run", missing=missing
-        )
+        # Each factor whose two stacks were measured keeps its value; the total and the shares
+        # need every stack.
+        factors = [
+            Factor(f"{b}/{a}", a, b, None)
+            if a in missing or b in missing
+            else attribute([a, b], throughput, n_boot, seed).factors[0]
+            for a, b in zip(chain, chain[1:])
+        ]
+        for f in factors:
+            f.share, f.share_ci = None, (None, None)
+        return Attribution(chain, factors, None, share_note="a stack of the chain has no clean run", missing=missing)
     med = [_median(throughput[s]) for s in chain]
     values = [med[i + 1] / med[i] for i in range(len(chain) - 1)]
     shares, note = log_shares(values)

@@ -5,6 +5,7 @@ with bootstrap intervals, and the chain attribution, crossover and cross-model s
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +63,7 @@ def runs_frame(paths: list[str | Path]) -> pl.DataFrame:
             "reused": bool(server.get("reused")),
             "platform": res["stack_def"]["platform"],
             "hardware": _gpu_name(res),
-            "error": server.get("error"),
+            "error": server.get("error") or (res.get("error") or {}).get("message"),
             "variant": res["stack_def"].get("variant"),
             "tensor_parallel": res["stack_def"].get("tensor_parallel", 1),
             "instances": res["stack_def"].get("instances", 1),
@@ -171,8 +172,32 @@ def _merge_counts(items: list[str]) -> str:
     return json.dumps(total, sort_keys=True)
 
 
-def attribution_frame(runs: pl.DataFrame, chains: dict[str, list[str]]) -> pl.DataFrame:
-    """One row per (chain, model, topology, cell, factor), plus a 'total' row per cell."""
+def clean_runs(df: pl.DataFrame, tolerate_flags: Collection[str] = ()) -> tuple[pl.DataFrame, list[str]]:
+    """The runs that may make a factor (status ok, a throughput, no flag beyond the tolerated
+    ones) and, for each other run, why it was left out ("vllm-marlin run1: kernel_mismatch")."""
+    keep, why = [], []
+    for row in df.iter_rows(named=True):
+        flags = [f for f in row["flags"].split(",") if f and f not in tolerate_flags]
+        if row["status"] != "ok" or row["output_tok_s"] is None:
+            why.append(f"{row['stack']} run{row['run']}: {row['status']}")
+        elif flags:
+            why.append(f"{row['stack']} run{row['run']}: {'+'.join(flags)}")
+        else:
+            keep.append(True)
+            continue
+        keep.append(False)
+    return df.filter(pl.Series(keep, dtype=pl.Boolean)), why
+
+
+def attribution_frame(
+    runs: pl.DataFrame, chains: dict[str, list[str]], tolerate_flags: Collection[str] = ()
+) -> pl.DataFrame:
+    """One row per (chain, model, topology, cell, factor), plus a 'total' row per cell.
+
+    Only clean runs count (see clean_runs); each row says how many runs it used, how many it
+    left out and why. A factor without a clean run of both its stacks is undefined, with the
+    reason in `note`.
+    """
     rows = []
     keys = CELL_KEYS
     for group, df in runs.group_by(keys, maintain_order=True):
@@ -180,13 +205,18 @@ def attribution_frame(runs: pl.DataFrame, chains: dict[str, list[str]]) -> pl.Da
         for chain_name, chain in chains.items():
             tp: dict[str, list[float]] = {}
             missing: dict[str, str] = {}
+            used: dict[str, int] = {}
+            excluded: dict[str, list[str]] = {}
             for stack in chain:
                 sdf = df.filter(pl.col("stack") == stack)
-                tp[stack] = sdf.filter(pl.col("status") == "ok")["output_tok_s"].drop_nulls().to_list()
+                clean, excluded[stack] = clean_runs(sdf, tolerate_flags)
+                tp[stack] = clean["output_tok_s"].to_list()
+                used[stack] = clean.height
                 if sdf.height == 0:
                     missing[stack] = "not measured"
                 elif not tp[stack]:
-                    missing[stack] = ",".join(sorted(set(sdf["status"].to_list())))
+                    reasons = ", ".join(w.removeprefix(f"{stack} ") for w in excluded[stack])
+                    missing[stack] = f"no clean run ({reasons})"
             if all(m == "not measured" for m in missing.values()) and len(missing) == len(chain):
                 continue
             a = attr.attribute(chain, tp, missing=missing)
@@ -195,6 +225,15 @@ def attribution_frame(runs: pl.DataFrame, chains: dict[str, list[str]]) -> pl.Da
                 + ("; " if a.share_note and a.missing else "")
                 + ("; ".join(f"{s}: {why}" for s, why in a.missing.items()))
             )
+
+            def counts(stacks: list[str]) -> dict:
+                out = [w for s in stacks for w in excluded[s]]
+                return {
+                    "runs_used": sum(used[s] for s in stacks),
+                    "runs_excluded": len(out),
+                    "excluded": "; ".join(out),
+                }
+
             for i, f in enumerate(a.factors):
                 rows.append(
                     {
@@ -208,6 +247,7 @@ def attribution_frame(runs: pl.DataFrame, chains: dict[str, list[str]]) -> pl.Da
                         "log_share": f.share,
                         "share_lo": f.share_ci[0],
                         "share_hi": f.share_ci[1],
+                        **counts([f.frm, f.to]),
                         "note": note,
                     }
                 )
@@ -223,6 +263,7 @@ def attribution_frame(runs: pl.DataFrame, chains: dict[str, list[str]]) -> pl.Da
                     "log_share": 1.0 if a.total is not None and not a.share_note else None,
                     "share_lo": None,
                     "share_hi": None,
+                    **counts(chain),
                     "note": note,
                 }
             )
@@ -233,9 +274,11 @@ def attribution_frame(runs: pl.DataFrame, chains: dict[str, list[str]]) -> pl.Da
         "log_share": pl.Float64,
         "share_lo": pl.Float64,
         "share_hi": pl.Float64,
+        "runs_used": pl.Int64,
+        "runs_excluded": pl.Int64,
     }
     if not rows:
-        return pl.DataFrame(schema={**{k: pl.Utf8 for k in keys + ["chain", "factor", "note"]}, **schema})
+        return pl.DataFrame(schema={**{k: pl.Utf8 for k in keys + ["chain", "factor", "excluded", "note"]}, **schema})
     return pl.DataFrame(rows, schema_overrides=schema, infer_schema_length=None)
 
 

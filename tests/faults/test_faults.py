@@ -5,18 +5,16 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
 from conftest import REPO, planned_outputs, run_snakemake
-from speedsplit import bench, lease, session, stacks
+from speedsplit import bench, lease, procs, session, stacks
 from speedsplit import config as C
 from speedsplit.results import read_result
 
@@ -44,6 +42,7 @@ def cell(cfg, **kw):
 
 
 def run_cell(tmp_path, stack, cell_params, model_dir, tokenizer_dir, key, **kw):
+    kw.setdefault("owner", procs.me())
     return bench.measure(
         session_key=key,
         stack=stack,
@@ -55,13 +54,12 @@ def run_cell(tmp_path, stack, cell_params, model_dir, tokenizer_dir, key, **kw):
         out_requests=tmp_path / "r.requests.jsonl",
         session_log=tmp_path / "session.log",
         cache_dir=tmp_path / "cache",
-        owner=os.getpid(),
         **kw,
     )
 
 
-def wait_state(key, want, timeout=300):
-    sess = session.Session(key)
+def wait_state(key, want, timeout=300, workdir=None):
+    sess = session.Session(key, workdir)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         st = sess.state()
@@ -71,23 +69,39 @@ def wait_state(key, want, timeout=300):
     raise AssertionError(f"session {key} never reached {want}")
 
 
-def assert_gone(pids, within_s=30.0):
-    """Every process ends within a bounded time (a server gets SIGTERM, then SIGKILL)."""
+def server_processes(state) -> list[procs.Proc]:
+    """Every process of a session's servers: each server's group and everything below it."""
+    out = []
+    for rec in state.get("servers") or []:
+        out += procs.tree(procs.Proc.from_record(rec).pid)
+    return out
+
+
+def assert_gone(processes, within_s=30.0):
+    """Every process ends within a bounded time (speedsplit sends SIGTERM, then SIGKILL)."""
     deadline = time.monotonic() + within_s
-    while any(session.pid_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(p.alive() for p in processes) and time.monotonic() < deadline:
         time.sleep(0.2)
-    for pid in pids:
-        assert not session.pid_alive(pid), f"process {pid} is still running after {within_s:.0f} s"
+    left = [f"{p.pid} {' '.join(procs.cmdline(p.pid))[:80]}" for p in processes if p.alive()]
+    assert not left, f"still running after {within_s:.0f} s: {left}"
 
 
-def listening_addresses(pid):
-    procs = [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True)
-    return {c.laddr.ip for p in procs for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+def card_is_free() -> bool:
+    try:
+        lease.acquire_gpus(1, timeout_s=0, devices=["cpu"]).release()
+        return True
+    except lease.LeaseError:
+        return False
+
+
+def listening_addresses(processes):
+    return {a for a, _ in procs.listening(processes)}
 
 
 def test_server_killed_mid_cell(cfg, tmp_path, tiny_model, gptq_model):
-    """vLLM killed during the measured phase: server_died, completed requests kept, nothing left.
-    The stack claims Marlin, which vLLM's CPU build does not have: the kernel check flags it."""
+    """vLLM's API server process killed during the measured phase (its engine core left
+    orphaned): server_died, completed requests kept, every process of the server gone. The stack
+    claims Marlin, which vLLM's CPU build does not have: the kernel check flags it."""
     stack = C.stack_params(cfg, "tiny", "vllm-marlin", "tp1")
     stack["expect_kernel"] = "Marlin"
     params = cell(cfg, users=2, output_tokens=400, requests_per_user=8, warmup_requests=1, prompt_tokens=16)
@@ -101,27 +115,26 @@ def test_server_killed_mid_cell(cfg, tmp_path, tiny_model, gptq_model):
 
     def killer():
         st = wait_state(key, ("ready",))
-        seen["listen"] = listening_addresses(st["server_pids"][0])
-        seen["pids"] = st["server_pids"] + [st["pid"]]
-        seen["children"] = [p.pid for p in psutil.Process(st["server_pids"][0]).children(recursive=True)]
+        seen["tree"] = server_processes(st)
+        seen["listen"] = listening_addresses(seen["tree"])
+        seen["daemon"] = session.daemon_of(st)
         measuring.wait(300)
-        os.killpg(st["server_pids"][0], signal.SIGKILL)
+        os.kill(st["servers"][0]["pid"], signal.SIGKILL)  # the API server only, not its group
 
     t = threading.Thread(target=killer)
     t.start()
     res = run_cell(tmp_path, stack, params, gptq_model, tiny_model, key, progress=progress)
     t.join()
     assert res["status"] == "server_died"
+    assert len(seen["tree"]) >= 2  # the API server and its engine core
     assert seen["listen"] == {"127.0.0.1"}  # servers bind loopback only
     assert res["summary"]["failed"] > 0 and res["summary"]["failures"].get("connection")
     records = [json.loads(x) for x in (tmp_path / "r.requests.jsonl").read_text().splitlines()]
     assert len(records) == 2 * 1 + 2 * 8 == 2 + res["summary"]["requests"]  # every request kept, done or not
     assert "kernel_mismatch" in res["flags"] and res["engine"]["linear_kernel"] == "CPUWNA16LinearKernel"
     assert read_result(tmp_path / "r.json")["status"] == "server_died"
-    time.sleep(1.0)
-    assert_gone(seen["pids"] + seen["children"])
-    with lease.acquire_gpus(1, timeout_s=5, devices=["cpu"]):
-        pass
+    assert_gone(seen["tree"] + [seen["daemon"]])
+    assert card_is_free()
 
 
 def test_stack_that_cannot_start(cfg, tmp_path, tiny_model):
@@ -138,14 +151,33 @@ def test_stack_that_cannot_start(cfg, tmp_path, tiny_model):
 
 
 def test_server_that_never_gets_ready(cfg, tmp_path, tiny_model):
+    """Start-up timeout: startup_failed in bounded time, and the server that was starting (with
+    every process it had started) is gone."""
     stack = C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
-    stack["startup_timeout_s"] = 3.0
+    stack["startup_timeout_s"] = 6.0
+    key = "faults/slow/run0"
+    seen: list = []
+
+    def watch():  # what the daemon says it launched, while it is starting
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            st = session.Session(key).state()
+            if st.get("servers"):
+                seen.extend(server_processes(st))
+                if st["state"] != "starting" or len(seen) > 1:
+                    return
+            time.sleep(0.1)
+
+    t = threading.Thread(target=watch)
+    t.start()
     t0 = time.monotonic()
-    res = run_cell(tmp_path, stack, cell(cfg), tiny_model, tiny_model, "faults/slow/run0")
-    assert res["status"] == "startup_failed" and "not ready within 3 s" in res["server"]["error"]
+    res = run_cell(tmp_path, stack, cell(cfg), tiny_model, tiny_model, key)
+    t.join()
+    assert res["status"] == "startup_failed" and "not ready within 6 s" in res["server"]["error"]
     assert time.monotonic() - t0 < 60
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert str(tmp_path) not in out and "faults__slow" not in out
+    assert seen, "the daemon never published the server it launched"
+    assert_gone(seen)
+    assert card_is_free()
 
 
 def test_missing_or_corrupt_model_folder(cfg, tmp_path, tiny_model):
@@ -171,42 +203,60 @@ def test_lease_not_had_in_time(cfg, tmp_path, tiny_model):
     assert time.monotonic() - t0 < 30
 
 
-def test_port_already_taken(cfg, tmp_path, tiny_model):
+def test_a_foreign_server_on_our_port_is_not_adopted(cfg, tmp_path, tiny_model):
+    """Another server takes the port our lease handed out before ours binds it: ours must not
+    take the other one's answers for its own (startup_failed: port taken)."""
     stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
-        srv = stacks.launch(stack, tiny_model, "tiny", port, [], tmp_path / "server.log")
-        with pytest.raises(stacks.StartupFailed) as err:
-            stacks.wait_ready(srv, "/health", 120)
-        stacks.stop(srv)
-    assert "address already in use" in err.value.log_tail.lower()
+    with lease.Lease() as held:
+        port = held.port()
+        foreign = stacks.launch(stack, tiny_model, "tiny", port, [], tmp_path / "foreign.log")
+        try:
+            stacks.wait_ready(foreign, "/health", 120)
+            ours = stacks.launch(stack, tiny_model, "tiny", port, [], tmp_path / "ours.log")
+            with pytest.raises(stacks.StartupFailed) as err:
+                stacks.wait_ready(ours, "/health", 120)
+            stacks.stop(ours)
+        finally:
+            stacks.stop(foreign)
+    assert "port taken" in str(err.value)
+
+
+def test_a_tokenizer_error_is_an_error_result(cfg, tmp_path, tiny_model):
+    """An exception nobody foresaw (here: no tokenizer where the prompts are built) still ends
+    in a result file: status error, the exception's class and message, and no server left."""
+    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    empty = tmp_path / "no-tokenizer"
+    empty.mkdir()
+    key = "faults/tokenizer/run0"
+    res = run_cell(tmp_path, stack, cell(cfg), tiny_model, empty, key)
+    assert res["status"] == "error" and res["error"]["type"] and res["error"]["message"]
+    assert read_result(tmp_path / "r.json")["status"] == "error"
+    st = session.Session(key).state()
+    assert st["state"] == "stopped"
+    assert_gone(server_processes(st) + [session.daemon_of(st)])
 
 
 def test_hanging_server_is_server_hung(cfg, tmp_path, tiny_model):
-    """transformers serve frozen (SIGSTOP) mid-run: requests stall, status server_hung."""
+    """transformers serve frozen (SIGSTOP) mid-run: requests stall, status server_hung, and
+    speedsplit's cleanup ends the frozen server and everything below it."""
     stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
     params = cell(
         cfg, users=2, output_tokens=400, requests_per_user=6, warmup_requests=1, prompt_tokens=16, stall_timeout_s=3.0
     )
     key = "faults/hang/run0"
     seen = {}
+    measuring = threading.Event()
 
     def freezer():
         st = wait_state(key, ("ready",))
-        seen["pid"] = st["server_pids"][0]
-        # wait for the measured phase: the warm-up ends when the first measured request is sent
-        log = tmp_path / "progress.txt"
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and "measured" not in (log.read_text() if log.exists() else ""):
-            time.sleep(0.2)
+        seen["tree"] = server_processes(st)
+        measuring.wait(240)
         time.sleep(0.5)
-        os.killpg(seen["pid"], signal.SIGSTOP)
+        os.killpg(st["servers"][0]["pid"], signal.SIGSTOP)
 
     def progress(msg):
-        with open(tmp_path / "progress.txt", "a") as f:
-            f.write(msg + "\n")
+        if msg.startswith("measured"):
+            measuring.set()
 
     t = threading.Thread(target=freezer)
     t.start()
@@ -216,8 +266,7 @@ def test_hanging_server_is_server_hung(cfg, tmp_path, tiny_model):
     assert res["status"] == "server_hung", res["summary"]
     assert res["summary"]["failures"].get("stall")
     assert time.monotonic() - t0 < 300
-    time.sleep(1.0)
-    assert_gone([seen["pid"]])
+    assert_gone(seen["tree"])
 
 
 def test_interrupted_workflow_leaves_nothing_and_resumes(tmp_path_factory):
@@ -248,18 +297,23 @@ def test_interrupted_workflow_leaves_nothing_and_resumes(tmp_path_factory):
         time.sleep(0.2)
     assert first.exists(), proc.stdout.read().decode()[-3000:]
     time.sleep(1.0)  # the next cell of the same server is under way
-    servers = [p for p in psutil.process_iter(["cmdline", "cwd"]) if _in(p, wd)]
-    assert servers, "a server should be running"
+    # the servers this workflow's sessions launched, as their state files name them
+    states = [
+        json.loads(p.read_text()) for p in session.sessions_dir().glob("*.json") if not p.name.endswith(".spec.json")
+    ]
+    ours = [st for st in states if st.get("workflow") == str(wd.resolve())]
+    servers = [p for st in ours for p in server_processes(st)]
+    daemons = [session.daemon_of(st) for st in ours if session.daemon_alive(st)]
+    assert servers and daemons, "a session of this workflow should be serving"
+    assert any("serve" in " ".join(procs.cmdline(p.pid)) for p in servers)
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in the terminal reaches the whole group
     proc.wait(timeout=120)
-    time.sleep(2.0)
-    assert_gone([p.pid for p in servers])
+    assert_gone(servers + daemons)
     for path in (wd / "results/bench").rglob("*"):
         assert not path.name.endswith(".tmp"), path
         if path.suffix == ".json":
             read_result(path)
-    with lease.acquire_gpus(1, timeout_s=5, devices=["cpu"]):
-        pass
+    assert card_is_free()
     out = run_snakemake(["-n", "--configfile", "c.yaml", "--cores", "2", "--resources", "gpu=1"], wd, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     planned = planned_outputs(out.stdout)
@@ -276,38 +330,215 @@ def test_interrupted_workflow_leaves_nothing_and_resumes(tmp_path_factory):
     assert every - finished <= set(planned)
 
 
-def _in(proc, wd) -> bool:
-    try:
-        return proc.info["cwd"] == str(wd) and "speedsplit.session" not in " ".join(proc.info["cmdline"] or [])
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
+JOB = """
+import os, sys
+sys.path.insert(0, {repo!r})
+from pathlib import Path
+from speedsplit import bench, config as C, procs
+cfg = C.load({config!r})
+stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+cell = C.cell_params(cfg, "tiny", "hf-fp16", "tp1", C.cells(cfg)[0])
+cell.update(users=2, output_tokens=400, requests_per_user=4, warmup_requests=1, prompt_tokens=16)
+t = Path({tmp!r})
+def progress(msg):
+    with open(t / "progress.txt", "a") as f:
+        f.write(msg + "\\n")
+bench.measure(session_key={key!r}, stack=stack, cell=cell, run=0, model_dir={model!r},
+              tokenizer_dir={model!r}, out_json=t / "r.json", out_requests=t / "r.requests.jsonl",
+              session_log=t / "session.log", cache_dir=t / "cache", owner=procs.me(), progress=progress)
+"""
+
+
+def start_job(tmp_path, key, model):
+    script = JOB.format(
+        repo=str(REPO), config=str(REPO / "config/config.yaml"), tmp=str(tmp_path), key=key, model=str(model)
+    )
+    return subprocess.Popen([os.sys.executable, "-c", script], env=os.environ.copy(), stderr=subprocess.PIPE)
+
+
+def wait_measuring(tmp_path, job, timeout=240):
+    log = tmp_path / "progress.txt"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and job.poll() is None:
+        if log.exists() and "measured" in log.read_text():
+            return
+        time.sleep(0.2)
+    raise AssertionError("the job never reached its measured phase")
 
 
 def test_sigterm_to_one_job_stops_its_server_and_writes_nothing(cfg, tmp_path, tiny_model):
     """A single benchmark job terminated mid-cell: its server goes, no result file is left,
     its card is free again."""
     key = "faults/sigterm/run0"
-    script = f"""
-import os, sys
-sys.path.insert(0, {str(REPO)!r})
-from pathlib import Path
-from speedsplit import bench, config as C
-cfg = C.load({str(REPO / "config/config.yaml")!r})
-stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
-cell = C.cell_params(cfg, "tiny", "hf-fp16", "tp1", C.cells(cfg)[0])
-cell.update(users=2, output_tokens=400, requests_per_user=4, warmup_requests=1, prompt_tokens=16)
-t = Path({str(tmp_path)!r})
-bench.measure(session_key={key!r}, stack=stack, cell=cell, run=0, model_dir={str(tiny_model)!r},
-              tokenizer_dir={str(tiny_model)!r}, out_json=t / "r.json", out_requests=t / "r.requests.jsonl",
-              session_log=t / "session.log", cache_dir=t / "cache", owner=os.getpid())
-"""
-    job = subprocess.Popen([os.sys.executable, "-c", script], env=os.environ.copy())
+    job = start_job(tmp_path, key, tiny_model)
     st = wait_state(key, ("ready",))
-    time.sleep(2.0)
+    tree = server_processes(st)
+    wait_measuring(tmp_path, job)
     job.send_signal(signal.SIGTERM)
     job.wait(timeout=90)
-    time.sleep(1.0)
-    assert_gone(st["server_pids"] + [st["pid"]])
+    assert_gone(tree + [session.daemon_of(st)])
     assert not (tmp_path / "r.json").exists() and not list(tmp_path.glob(".r.json.*"))
-    with lease.acquire_gpus(1, timeout_s=5, devices=["cpu"]):
-        pass
+    assert card_is_free()
+
+
+@pytest.mark.parametrize("limit, outcome", [(20_000, "error result"), (300, "clean failure")])
+def test_a_full_disk_while_the_result_is_written(cfg, tmp_path, tiny_model, limit, outcome):
+    """The disk fills up (RLIMIT_FSIZE on the job stands in) after the load ran: an error result
+    if one still fits, else the job fails cleanly; never a partial or temporary file."""
+    key = f"faults/disk{limit}/run0"
+    job = start_job(tmp_path, key, tiny_model)
+    st = wait_state(key, ("ready",))
+    tree = server_processes(st)
+    wait_measuring(tmp_path, job)
+    import resource
+
+    resource.prlimit(job.pid, resource.RLIMIT_FSIZE, (limit, limit))
+    _, err = job.communicate(timeout=240)
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert not leftovers, leftovers
+    if outcome == "error result":
+        assert job.returncode == 0, err.decode()[-2000:]
+        res = read_result(tmp_path / "r.json")
+        assert res["status"] == "error" and res["error"]["type"] == "OSError"
+        assert "writing the result failed" in res["error"]["message"] and "File too large" in res["error"]["message"]
+        assert (tmp_path / "r.requests.jsonl").read_text() == ""
+    else:
+        assert job.returncode != 0 and b"File too large" in err
+        assert not (tmp_path / "r.json").exists()
+    assert_gone(tree + [session.daemon_of(st)])
+    assert card_is_free()
+
+
+def test_two_workflows_with_the_same_names_keep_their_own_servers(cfg, tmp_path, tiny_model, monkeypatch):
+    """Two checkouts on one host, same model, stack and session key: each measures its own
+    model on its own server; one never reuses, or stops mid-cell, the other's."""
+    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    key = "faults/twowf/run0"
+    wd = {name: tmp_path / name for name in ("a", "b")}
+    for d in wd.values():
+        shutil.copytree(tiny_model, d / "resources/models/tiny/fp16")
+
+    def cell_in(name, params, last=False, **kw):
+        monkeypatch.chdir(wd[name])
+        model = wd[name] / "resources/models/tiny/fp16"
+        out = wd[name] / "out"
+        out.mkdir(exist_ok=True)
+        return run_cell(out, stack, params, model, model, key, last_in_session=last, workdir=wd[name], **kw)
+
+    def serving(name):
+        st = session.Session(key, wd[name]).state()
+        if st.get("state") != "ready" or not session.daemon_alive(st):
+            return None
+        cmd = " ".join(procs.cmdline(st["servers"][0]["pid"]))
+        return str(wd[name] / "resources/models/tiny/fp16") in cmd
+
+    short = cell(cfg, users=2, requests_per_user=1, output_tokens=8, prompt_tokens=16)
+    a1 = cell_in("a", short)
+    assert a1["status"] == "ok" and serving("a") is True
+    b1 = cell_in("b", short)
+    assert b1["status"] == "ok" and b1["server"]["reused"] is False
+    assert serving("b") is True  # b's server serves b's model
+    # a's idle server was evicted for the card (a CPU has one), never used by b
+    assert session.Session(key, wd["a"]).state()["state"] == "stopped"
+
+    # a measures while b asks for the card: b must wait and give up, never stop a mid-cell
+    long = cell(cfg, users=2, requests_per_user=3, output_tokens=300, prompt_tokens=16)
+    box = {}
+    monkeypatch.chdir(wd["a"])
+    t = threading.Thread(target=lambda: box.update(a=cell_in("a", long)))
+    t.start()
+    wait_state(key, ("ready",), workdir=wd["a"])
+    time.sleep(3.0)  # a is measuring now
+    b2 = cell_in("b", short, lease_timeout_s=3.0)
+    t.join()
+    assert b2["status"] == "startup_failed" and "could not lease" in b2["server"]["error"]
+    assert box["a"]["status"] == "ok" and box["a"]["summary"]["failed"] == 0
+    for name in wd:
+        session.stop_daemon(session.Session(key, wd[name]))
+    assert card_is_free()
+
+
+def test_eviction_racing_a_cell_that_attaches(cfg, tmp_path, tiny_model):
+    """A cell found its session ready, and another job evicts it before the cell takes it: the
+    cell never measures on the stopped server, it starts a fresh one. A session a cell holds
+    is never evicted."""
+    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    key = "faults/race/run0"
+    spec = {"stack": stack, "model_dir": str(tiny_model), "cache_dir": str(tmp_path / "cache")}
+    sess, _, gen = session.open_session(key, spec, tmp_path / "s.log", procs.me(), 120, 60)
+    st = session.wait_ready(sess, gen, 120)
+    assert st["state"] == "ready"
+    tree = server_processes(st)
+    # held by a cell: not evicted
+    with session.attached(sess, gen) as held:
+        assert held is not None
+        assert session.evict_idle() == 0
+        assert bench.healthy(st["urls"][0])
+    # found ready, evicted before it was held: refused
+    assert session.evict_idle() == 1
+    with session.attached(sess, gen) as held:
+        assert held is None
+    assert_gone(tree + [session.daemon_of(st)])
+    # the whole cell, racing against an evictor that keeps trying
+    stop = threading.Event()
+
+    def evictor():
+        while not stop.is_set():
+            session.evict_idle()
+            time.sleep(0.05)
+
+    t = threading.Thread(target=evictor)
+    t.start()
+    try:
+        res = run_cell(
+            tmp_path, stack, cell(cfg, users=2, requests_per_user=1, output_tokens=8), tiny_model, tiny_model, key
+        )
+    finally:
+        stop.set()
+        t.join()
+    assert res["status"] in ("ok", "startup_failed"), res
+    if res["status"] == "ok":
+        assert res["summary"]["failed"] == 0
+    else:  # evicted before every attach: said so, never measured on a stopped server
+        assert "stopped 3 times" in res["server"]["error"]
+
+
+def test_sigterm_during_the_daemons_cleanup(cfg, tmp_path, tiny_model):
+    """A second SIGTERM while the daemon stops its servers: nothing is left, and the card is
+    free only once the servers are gone."""
+    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    key = "faults/cleanup/run0"
+    spec = {"stack": stack, "model_dir": str(tiny_model), "cache_dir": str(tmp_path / "cache")}
+    sess, _, gen = session.open_session(key, spec, tmp_path / "s.log", procs.me(), 120, 60)
+    st = session.wait_ready(sess, gen, 120)
+    tree = server_processes(st)
+    daemon = session.daemon_of(st)
+    assert tree and not card_is_free()
+    early = []
+    deadline = time.monotonic() + 60
+    while daemon.alive() and time.monotonic() < deadline:
+        daemon.signal(signal.SIGTERM)  # the first starts the cleanup, the rest land inside it
+        if card_is_free():
+            early += [p for p in tree if p.alive()]
+            break
+        time.sleep(0.02)
+    assert not early, f"the card was released while server processes lived: {early}"
+    assert_gone(tree + [daemon])
+    assert card_is_free()
+    assert session.Session(key).state()["state"] == "stopped"
+
+
+def test_a_rerun_after_editing_the_stacks_environment_reports_the_new_launch(cfg, tmp_path, tiny_model):
+    """The same session log gets a second launch after the stack's environment changed (the KV
+    cache space vLLM's CPU build gets): the facts are the new launch's, not the first's."""
+    stack = C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
+    params = cell(cfg, users=1, requests_per_user=1, output_tokens=4, prompt_tokens=8, warmup_requests=0)
+    key = "faults/envedit/run0"
+    first = run_cell(tmp_path, stack, params, tiny_model, tiny_model, key)
+    stack["env"] = {**stack["env"], "VLLM_CPU_KVCACHE_SPACE": "2"}
+    second = run_cell(tmp_path, stack, params, tiny_model, tiny_model, key)
+    assert first["status"] == second["status"] == "ok"
+    kv1, kv2 = first["engine"]["kv_cache_tokens"], second["engine"]["kv_cache_tokens"]
+    assert kv1 and kv2 == 2 * kv1, (kv1, kv2)
+    log = (tmp_path / "session.server0.log").read_text()
+    assert log.count("[speedsplit] launching:") == 2 and f"{kv1:,}" in log
