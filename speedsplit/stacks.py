@@ -189,7 +189,9 @@ def check_ours(server: Server) -> None:
     """The answer on our port came from our server and nothing of it listens beyond loopback.
 
     Proof: a process of the server's own tree listens on 127.0.0.1:port, and where the server
-    lists its models, the list holds the name we passed (no fallback to another name).
+    lists the models it serves, the list holds the name we passed (no fallback to another
+    name). `transformers serve` lists its hub cache, not what it serves: an empty list proves
+    nothing either way, the socket does.
     """
     listen = procs.listening(procs.tree(server.proc.pid))
     wide = sorted(f"{a}:{p}" for a, p in listen if not procs.is_loopback(a))
@@ -202,7 +204,7 @@ def check_ours(server: Server) -> None:
             f"port taken: something else answers on {HOST}:{server.port}, not this server", server.launch_output_tail()
         )
     listed = _listed_models(server)
-    if listed is not None and server.model_id not in listed:
+    if listed and server.model_id not in listed:
         raise StartupFailed(
             f"port taken: the server on {HOST}:{server.port} serves {listed}, not {server.model_id!r}",
             server.launch_output_tail(),

@@ -338,22 +338,31 @@ from speedsplit import bench, config as C, procs
 cfg = C.load({config!r})
 stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
 cell = C.cell_params(cfg, "tiny", "hf-fp16", "tp1", C.cells(cfg)[0])
-cell.update(users=2, output_tokens=400, requests_per_user=4, warmup_requests=1, prompt_tokens=16)
+cell.update(users=2, output_tokens={output_tokens}, requests_per_user=5, warmup_requests=1, prompt_tokens=16)
 t = Path({tmp!r})
 def progress(msg):
     with open(t / "progress.txt", "a") as f:
         f.write(msg + "\\n")
 bench.measure(session_key={key!r}, stack=stack, cell=cell, run=0, model_dir={model!r},
               tokenizer_dir={model!r}, out_json=t / "r.json", out_requests=t / "r.requests.jsonl",
-              session_log=t / "session.log", cache_dir=t / "cache", owner=procs.me(), progress=progress)
+              session_log=t / "session.log", cache_dir=t / "cache", owner=procs.me(), progress=progress,
+              workdir=os.getcwd())
 """
 
 
-def start_job(tmp_path, key, model):
+def start_job(tmp_path, key, model, cwd=None, output_tokens=500):
+    """One benchmark job in a process of its own (as Snakemake runs it), in folder cwd."""
     script = JOB.format(
-        repo=str(REPO), config=str(REPO / "config/config.yaml"), tmp=str(tmp_path), key=key, model=str(model)
+        repo=str(REPO),
+        config=str(REPO / "config/config.yaml"),
+        tmp=str(tmp_path),
+        key=key,
+        model=str(model),
+        output_tokens=output_tokens,
     )
-    return subprocess.Popen([os.sys.executable, "-c", script], env=os.environ.copy(), stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [os.sys.executable, "-c", script], env=os.environ.copy(), stderr=subprocess.PIPE, cwd=cwd or os.getcwd()
+    )
 
 
 def wait_measuring(tmp_path, job, timeout=240):
@@ -441,18 +450,18 @@ def test_two_workflows_with_the_same_names_keep_their_own_servers(cfg, tmp_path,
     # a's idle server was evicted for the card (a CPU has one), never used by b
     assert session.Session(key, wd["a"]).state()["state"] == "stopped"
 
-    # a measures while b asks for the card: b must wait and give up, never stop a mid-cell
-    long = cell(cfg, users=2, requests_per_user=3, output_tokens=300, prompt_tokens=16)
-    box = {}
-    monkeypatch.chdir(wd["a"])
-    t = threading.Thread(target=lambda: box.update(a=cell_in("a", long)))
-    t.start()
-    wait_state(key, ("ready",), workdir=wd["a"])
-    time.sleep(3.0)  # a is measuring now
+    # a measures (a job of its own) while b asks for the card: b waits and gives up, and never
+    # stops a's server mid-cell
+    out_a = wd["a"] / "long"
+    out_a.mkdir()
+    job = start_job(out_a, key, wd["a"] / "resources/models/tiny/fp16", cwd=wd["a"])
+    wait_measuring(out_a, job)
     b2 = cell_in("b", short, lease_timeout_s=3.0)
-    t.join()
+    _, err = job.communicate(timeout=240)
+    assert job.returncode == 0, err.decode()[-2000:]
     assert b2["status"] == "startup_failed" and "could not lease" in b2["server"]["error"]
-    assert box["a"]["status"] == "ok" and box["a"]["summary"]["failed"] == 0
+    a2 = read_result(out_a / "r.json")
+    assert a2["status"] == "ok" and a2["summary"]["failed"] == 0
     for name in wd:
         session.stop_daemon(session.Session(key, wd[name]))
     assert card_is_free()
