@@ -144,7 +144,8 @@ def listening(procs: list[Proc]) -> set[tuple[str, int]]:
     for p in procs:
         with contextlib.suppress(psutil.Error):
             proc = psutil.Process(p.pid)
-            for c in proc.net_connections(kind="inet"):
+            connections = getattr(proc, "net_connections", None) or proc.connections  # psutil < 6
+            for c in connections(kind="inet"):
                 if c.status == psutil.CONN_LISTEN:
                     out.add((c.laddr.ip, c.laddr.port))
     return out

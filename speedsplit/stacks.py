@@ -135,6 +135,9 @@ def launch(
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
         env.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
     env["VLLM_HOST_IP"] = HOST
+    # NVLink multicast (NVLS) is never used: a program that uses it can take a shared host's
+    # GPUs out of service.
+    env.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "ab")
     log.write(f"[speedsplit] launching: {redact(' '.join(argv))}\n".encode())
