@@ -225,7 +225,17 @@ def _measure_on_session(
 
 
 def _server_facts(result: dict, state: dict, reused: bool) -> None:
-    keys = ("startup_s", "lease_wait_s", "devices", "argv", "model_id", "error", "log_tail", "exit_code")
+    keys = (
+        "startup_s",
+        "lease_wait_s",
+        "devices",
+        "argv",
+        "model_id",
+        "error",
+        "log_tail",
+        "exit_code",
+        "wide_listeners",
+    )
     result["server"] = {k: state.get(k) for k in keys}
     result["server"]["reused"] = reused
     result["server"]["cells_before"] = state.get("cells_measured", 0)

@@ -392,6 +392,7 @@ def _daemon(spec_path: Path) -> int:
                 facts=stacks.engine_facts("\n".join(s.launch_output() for s in servers)),
                 argv=redact(" ".join(servers[0].argv), sess.workdir),
                 server_logs=[str(s.log_path) for s in servers],
+                wide_listeners=sorted({w for s in servers for w in s.wide_listeners}),
                 cells_measured=0,
             )
             if st is None:

@@ -48,6 +48,7 @@ class Server:
     model_id: str = ""
     argv: list[str] = field(default_factory=list)
     log_offset: int = 0  # where this launch's output starts in the (appended) log
+    wide_listeners: list[str] = field(default_factory=list)  # internal sockets beyond loopback (check_ours)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -178,7 +179,7 @@ def wait_ready(server: Server, ready_path: str, timeout_s: float) -> float:
         try:
             with urllib.request.urlopen(server.url + ready_path, timeout=5) as resp:
                 if resp.status == 200:
-                    check_ours(server)
+                    server.wide_listeners = check_ours(server)
                     server.ready_s = time.monotonic() - server.launched_at
                     return server.ready_s
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
@@ -188,19 +189,24 @@ def wait_ready(server: Server, ready_path: str, timeout_s: float) -> float:
         time.sleep(0.5)
 
 
-def check_ours(server: Server) -> None:
-    """The answer on our port came from our server and nothing of it listens beyond loopback.
+def check_ours(server: Server) -> list[str]:
+    """The answer on our port came from our server, and that port listens on loopback only.
 
     Proof: a process of the server's own tree listens on 127.0.0.1:port, and where the server
     lists the models it serves, the list holds the name we passed (no fallback to another
     name). `transformers serve` lists its hub cache, not what it serves: an empty list proves
     nothing either way, the socket does.
+
+    Returns the tree's other listeners beyond loopback, to be recorded: on a GPU, vLLM's engine
+    opens torch.distributed's TCPStore on every interface (seen on an H200 as :::PORT), which
+    no server argument changes.
     """
     listen = procs.listening(procs.tree(server.proc.pid))
     wide = sorted(f"{a}:{p}" for a, p in listen if not procs.is_loopback(a))
-    if wide:
+    if any(p == server.port for a, p in listen if not procs.is_loopback(a)):
         raise StartupFailed(
-            f"server listens beyond loopback on {', '.join(wide)}; refusing it", server.launch_output_tail()
+            f"server listens beyond loopback on its port {server.port} ({', '.join(wide)}); refusing it",
+            server.launch_output_tail(),
         )
     if (HOST, server.port) not in listen:
         raise StartupFailed(
@@ -212,6 +218,7 @@ def check_ours(server: Server) -> None:
             f"port taken: the server on {HOST}:{server.port} serves {listed}, not {server.model_id!r}",
             server.launch_output_tail(),
         )
+    return wide
 
 
 def _listed_models(server: Server) -> list[str] | None:

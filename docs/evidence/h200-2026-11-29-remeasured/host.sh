@@ -7,7 +7,8 @@
 #   bash host.sh pack     # results and logs into $OUT/evidence.tgz
 set -euo pipefail
 SITE=/tmp/site
-CONFIG=${CONFIG:-config/h200-smoke.yaml}
+CONFIG=${CONFIG:-config/h200-smoke.yaml}  # several files: space-separated
+TARGETS=${TARGETS:-measurements}
 export PYTHONPATH=$SITE:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_UPDATE_CHECK=1
 case "$1" in
   unpack)  # vLLM 0.26.0's tree (sha256-checked), its 28 wheels and the workflow's 35 wheels
@@ -24,8 +25,9 @@ case "$1" in
     mkdir -p ~/.cache/huggingface/hub results  # transformers serve wants a hub cache folder
     : "${SPEEDSPLIT_WORKFLOW_COMMIT:?set it to the commit measured (the copied tree has no .git)}"
     export SPEEDSPLIT_WORKFLOW_COMMIT
-    setsid nohup python3 -m snakemake --configfile "$CONFIG" --cores all --resources gpu=1 \
-      --scheduler greedy measurements > results/snakemake.out 2>&1 < /dev/null &
+    # shellcheck disable=SC2086  # CONFIG and TARGETS are lists
+    setsid nohup python3 -m snakemake --configfile $CONFIG --cores all --resources gpu=1 \
+      --scheduler greedy $TARGETS > results/snakemake.out 2>&1 < /dev/null &
     echo "started: results/snakemake.out"
     ;;
   status)
