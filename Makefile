@@ -27,8 +27,9 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/snakemake --lint
-	$(BIN)/python -m pytest -q tests/test_workflow_lint.py
 
 ceiling: setup
 	$(BIN)/python -m speedsplit.ceiling --users 64 --output-tokens 256
