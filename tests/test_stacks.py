@@ -111,3 +111,41 @@ def test_a_server_that_never_gets_ready_times_out(tmp_path, tiny_model):
     assert time.monotonic() - t0 < 10
     stacks.stop(srv)
     assert not srv.alive()
+
+
+SERVE = """
+import http.server, socket, sys
+host, port, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if mode == "side":  # an internal socket on every interface, as vLLM's TCPStore on a GPU
+    side = socket.socket(socket.AF_INET6)
+    side.bind(("::", 0))
+    side.listen()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"{{}}")  # braces doubled: stack args are format strings
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("0.0.0.0" if mode == "wide" else host, port), H).serve_forever()
+"""
+
+
+@pytest.mark.parametrize("mode", ["side", "wide"])
+def test_the_served_port_must_be_loopback_only_and_other_listeners_are_recorded(tmp_path, tiny_model, mode):
+    from speedsplit import lease
+
+    with lease.Lease() as held:
+        port = held.port()
+        srv = stacks.launch(
+            _stack(["{python}", "-c", SERVE, "{host}", "{port}", mode]), tiny_model, "m", port, [], tmp_path / "s.log"
+        )
+        try:
+            if mode == "wide":
+                with pytest.raises(stacks.StartupFailed, match=f"beyond loopback on its port {port}"):
+                    stacks.wait_ready(srv, "/health", 30)
+            else:
+                stacks.wait_ready(srv, "/health", 30)
+                assert len(srv.wide_listeners) == 1 and srv.wide_listeners[0].startswith("::")
+        finally:
+            stacks.stop(srv)
