@@ -7,7 +7,11 @@
 
 `--rerun` moves each listed result and its request records under results/failed/<time>/
 (kept: a failure is evidence too) and, when Snakemake arguments follow `--`, runs Snakemake
-with them: a bench job whose result is missing is re-measured, every other cell is kept.
+twice with them: first with those results as its targets (exactly those cells are measured),
+then for everything (the tables, plots and report). Why two runs: Snakemake alone would not
+notice a missing result once the report that used it is up to date, and asked for both at
+once it also reruns the job after each one in its lane (an `ancient()` input still counts as
+"updated by another job" within one run).
 """
 
 from __future__ import annotations
@@ -72,10 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     into = root / "failed" / time.strftime("%Y%m%dT%H%M%S")
     move_aside([p for p, _ in found], root, into)
     print(f"moved {len(found)} result(s) to {into}")
+    targets = [str(p) for p, _ in found]
     if snakemake_args is None:
-        print("run snakemake as usual: it re-measures exactly these cells")
+        print("re-measure them with: snakemake " + " ".join(targets) + " <your usual arguments>")
+        print("then rebuild the tables and report: snakemake <your usual arguments>")
         return 0
-    return subprocess.call([sys.executable, "-m", "snakemake", *snakemake_args])
+    # targets first: options such as --resources take every word after them
+    rc = subprocess.call([sys.executable, "-m", "snakemake", *targets, *snakemake_args])
+    return rc or subprocess.call([sys.executable, "-m", "snakemake", *snakemake_args])
 
 
 if __name__ == "__main__":

@@ -148,9 +148,21 @@ def test_failed_cells_are_remeasured_exactly(workdir, tmp_path):
     )
     assert moved.returncode == 0 and "moved 1 result(s)" in moved.stdout, moved.stdout + moved.stderr
     assert not (wd / failed).exists() and list((wd / "results/failed").rglob("run0.json"))
-    out = run_snakemake(["-n", "--configfile", "ci.yaml", "--cores", "2", "--resources", "gpu=1"], wd, timeout=300)
+    # the command it prints (and runs, given snakemake's arguments after --), as a dry run
+    args = moved.stdout.split("re-measure them with: snakemake ")[1].split(" <your usual arguments>")[0].split()
+    assert args == [failed]
+    usual = ["--configfile", "ci.yaml", "--cores", "2", "--resources", "gpu=1"]
+    out = run_snakemake([*args, "-n", *usual], wd, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert planned_outputs(out.stdout) == [failed]
+    # once it is measured again (here: put back with a new time), the second run rebuilds the
+    # aggregates and re-measures nothing
+    aside = next((wd / "results/failed").rglob("run0.json"))
+    shutil.copy(aside, wd / failed)
+    shutil.copy(aside.with_name("run0.requests.jsonl"), (wd / failed).with_name("run0.requests.jsonl"))
+    out = run_snakemake(["-n", *usual], wd, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert planned_outputs(out.stdout) == [] and "rule report:" in out.stdout
 
 
 @pytest.mark.slow
