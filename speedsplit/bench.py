@@ -192,9 +192,15 @@ def _measure_on_session(
     finished = False
     try:
         for _ in range(ATTACH_TRIES):
-            sess, reused, generation = sessions.open_session(
-                session_key, spec, session_log, owner, idle_timeout_s, lease_timeout_s
-            )
+            try:
+                sess, reused, generation = sessions.open_session(
+                    session_key, spec, session_log, owner, idle_timeout_s, lease_timeout_s
+                )
+            except sessions.SessionBusy as busy:
+                result["status"] = "startup_failed"
+                result["server"] = {"error": str(busy), "reused": False}
+                finished = True
+                return []
             state = sessions.wait_ready(sess, generation, stack["startup_timeout_s"] + lease_timeout_s)
             _server_facts(result, state, reused)
             if state["state"] in (sessions.STOPPING, sessions.STOPPED):

@@ -17,16 +17,16 @@ import time
 from aiohttp import web
 
 
-def make_app(delay_s: float = 0.0, die_after_chunks: int | None = None) -> web.Application:
+def make_app(delay_s: float = 0.0, received: list | None = None) -> web.Application:
     """A /v1/completions server that streams exactly max_tokens chunks.
 
-    delay_s sleeps between chunks; die_after_chunks makes the whole process exit mid-stream
-    (to test how a dying server is recorded)."""
-    sent = 0
+    delay_s sleeps between chunks; `received`, if given, collects every request body as the
+    server got it (what a client really sent)."""
 
     async def completions(request: web.Request) -> web.StreamResponse:
-        nonlocal sent
         body = await request.json()
+        if received is not None:
+            received.append(body)
         n = int(body.get("max_tokens", 16))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
@@ -34,11 +34,6 @@ def make_app(delay_s: float = 0.0, die_after_chunks: int | None = None) -> web.A
         for i in range(n):
             chunk = {"id": "x", "object": "text_completion", "choices": [{"index": 0, "text": f" w{i}"}]}
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-            sent += 1
-            if die_after_chunks is not None and sent >= die_after_chunks:
-                import os
-
-                os._exit(17)
             if delay_s:
                 await asyncio.sleep(delay_s)
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}

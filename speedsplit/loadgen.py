@@ -63,12 +63,15 @@ class RequestRecord:
         return self.error is None
 
 
-def _prompt_index(spec: LoadSpec, phase: str, user: int, i: int) -> int:
-    """Every request of a run gets its own prompt (warm-up ones first): a repeated prompt
-    would be served from the engine's prefix cache and inflate the measured throughput."""
-    warm = spec.users * spec.warmup_requests
-    k = user * spec.warmup_requests + i if phase == "warmup" else warm + user * spec.requests_per_user + i
-    return k % len(spec.prompts)
+def request_index(spec: LoadSpec, phase: str, user: int, i: int) -> int:
+    """A request's place in its run, from its identity alone (warm-ups first, then each user's
+    requests in order): the same on every stack whatever order requests are answered in.
+    It picks the request's prompt (every request of a run gets its own: a repeated prompt
+    would be served from the engine's prefix cache and inflate the measured throughput) and
+    its sampling seed (seed + index)."""
+    if phase == "warmup":
+        return user * spec.warmup_requests + i
+    return spec.users * spec.warmup_requests + user * spec.requests_per_user + i
 
 
 def request_body(spec: LoadSpec, prompt: str, seed: int) -> dict:
@@ -162,11 +165,11 @@ async def _phase(
             nonlocal done, tokens
             url = spec.urls[u % len(spec.urls)]
             for i in range(per_user):
-                n = len(records)
                 rec = RequestRecord(user=u, index=i, phase=phase, url=url, sent=time.perf_counter() - t0)
                 records.append(rec)
-                prompt = spec.prompts[_prompt_index(spec, phase, u, i)]
-                await _one_request(session, spec, rec, request_body(spec, prompt, spec.seed + n), t0)
+                k = request_index(spec, phase, u, i)
+                body = request_body(spec, spec.prompts[k % len(spec.prompts)], spec.seed + k)
+                await _one_request(session, spec, rec, body, t0)
                 done += 1
                 tokens += rec.output_tokens or 0
 

@@ -59,6 +59,10 @@ class Stop(Exception):
     """Raised in the main thread when the process is asked to stop."""
 
 
+class SessionBusy(RuntimeError):
+    """The session's server must be replaced, but a cell keeps measuring on it."""
+
+
 def _raise_stop(signum, frame):
     raise Stop(signal.Signals(signum).name)
 
@@ -200,8 +204,9 @@ def open_session(
                 return sess, True, st["generation"]
             if st.get("state") == STARTUP_FAILED and st.get("owner") == owner.as_record():
                 return sess, True, st["generation"]  # a start that failed in this workflow run is not retried per cell
-        if daemon_alive(st):  # an edited stack, or a session on its way out: retire it first
-            retire(sess, wait_s=lease_timeout_s)
+        if daemon_alive(st) and not retire(sess, wait_s=lease_timeout_s):
+            # an edited stack, or a session on its way out, that a cell still measures on
+            raise SessionBusy(f"session {key}: another cell held its server for {lease_timeout_s:.0f} s")
         meta = {
             "spec": spec,
             "digest": digest,
@@ -303,8 +308,8 @@ def retire(sess: Session, wait_s: float) -> bool:
 
 
 def evict_idle(except_key: str | None = None) -> int:
-    """Stop every live session daemon on this host that no cell is using (any workflow's: they
-    want the same cards); returns how many."""
+    """Stop every ready session on this host that no cell is using (any workflow's: they want
+    the same cards); returns how many."""
     n = 0
     for path in sessions_dir().glob("*.json"):
         if path.name.endswith(".spec.json"):
@@ -317,8 +322,8 @@ def evict_idle(except_key: str | None = None) -> int:
         sess = Session(st.get("key", ""), st.get("workflow"))
         if sess.state_path != path or (except_key == sess.key and sess.workdir == str(Path.cwd().resolve())):
             continue
-        if st.get("state") not in ATTACHABLE or not daemon_alive(st):
-            continue
+        if st.get("state") != READY or not daemon_alive(st):
+            continue  # a starting session is about to be used by the cell that started it
         with sess.locked(sess.cell_lock, blocking=False) as idle:
             if not idle:
                 continue
@@ -409,17 +414,18 @@ def _daemon(spec_path: Path) -> int:
                     log_tail=redact(dead.launch_output_tail(), sess.workdir),
                 )
                 print(f"[session {key}] a server died (exit {dead.proc.returncode})", flush=True)
-        except (stacks.StartupFailed, leases.LeaseError, ModelError, ValueError, OSError) as exc:
+        except Stop as why:
+            print(f"[session {key}] stopping ({why})", flush=True)
+        except Exception as exc:  # whatever kept the servers from starting is the cells' answer
+            expected = isinstance(exc, (stacks.StartupFailed, leases.LeaseError, ModelError, ValueError, OSError))
             transition(
                 sess,
                 generation,
                 STARTUP_FAILED,
-                error=redact(str(exc), sess.workdir),
+                error=redact(str(exc) if expected else f"{type(exc).__name__}: {exc}", sess.workdir),
                 log_tail=redact(getattr(exc, "log_tail", ""), sess.workdir),
             )
             print(f"[session {key}] startup failed: {exc}", flush=True)
-        except Stop as why:
-            print(f"[session {key}] stopping ({why})", flush=True)
         finally:
             with signals_held():
                 transition(sess, generation, STOPPING)

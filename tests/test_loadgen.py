@@ -95,11 +95,17 @@ def test_unreachable_server_is_a_connection_failure():
     assert out["summary"]["output_tok_s"] == 0
 
 
-def test_every_request_of_a_run_gets_its_own_prompt(server_url):
+def test_each_request_sends_its_own_prompt_and_a_seed_fixed_by_its_identity():
+    """What the server received: no prompt twice in a run (no prefix-cache hits), and each
+    prompt goes with the same seed on any server, whatever order the requests arrive in."""
     prompts = [f"w{i}" for i in range(3 * (2 + 1))]
-    out = loadgen.run(spec(server_url, prompts=prompts))
-    used = [
-        loadgen._prompt_index(spec(server_url, prompts=prompts), r["phase"], r["user"], r["index"])
-        for r in out["records"]
-    ]
-    assert sorted(used) == list(range(len(prompts)))  # no prompt twice: no prefix-cache hits
+    sent = {}
+    for name, delay in (("fast", 0.0), ("slow", 0.003)):
+        got: list = []
+        url, _ = serve_in_thread(make_app(delay_s=delay, received=got))
+        loadgen.run(spec(url, prompts=prompts, seed=7, temperature=1.0, top_p=0.9))
+        assert sorted(b["prompt"] for b in got) == sorted(prompts)
+        sent[name] = {b["prompt"]: b["seed"] for b in got}
+        # prompt k of the run (its identity: warm-ups, then each user's requests) has seed 7 + k
+        assert all(b["seed"] == 7 + prompts.index(b["prompt"]) for b in got)
+    assert sent["fast"] == sent["slow"]

@@ -74,3 +74,19 @@ def test_a_stale_state_naming_a_live_unrelated_process_is_never_signalled(tmp_pa
     assert S.evict_idle() == 0
     S.stop_daemon(legacy)
     assert sleeper.poll() is None
+
+
+def test_only_an_idle_ready_session_is_evicted(tmp_path, monkeypatch, sleeper):
+    """A session still starting belongs to the cell that started it; an idle ready one may be
+    stopped for another's cards (here its 'daemon' is a live process of our own)."""
+    monkeypatch.chdir(tmp_path)
+    daemon = procs.Proc.of(sleeper.pid).as_record()
+    sess = S.Session("m/s/tp1/run0")
+    gen = S._new_generation(sess)["generation"]
+    S.transition(sess, gen, S.STARTING, daemon=daemon)
+    assert S.evict_idle() == 0 and sleeper.poll() is None
+    S.transition(sess, gen, S.READY)
+    with S.attached(sess, gen) as held:  # a cell measures on it
+        assert held is not None and S.evict_idle() == 0
+    assert S.evict_idle() == 1
+    assert sleeper.wait(10) is not None and sess.state()["state"] == S.STOPPED
