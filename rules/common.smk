@@ -63,7 +63,7 @@ def bench_stack(wc):
 
 
 def bench_cell(wc):
-    return ss_config.cell_params(CFG, wc.model, wc.stack, wc.topology, ss_config.cell_by_name(CFG, wc.cell))
+    return ss_config.cell_params(CFG, ss_config.cell_by_name(CFG, wc.cell))
 
 
 def bench_session(wc):

@@ -181,7 +181,7 @@ def _check_references(config: dict) -> None:
 
 
 def platform_of(config: dict) -> str:
-    """'cpu' or 'cuda'; 'auto' asks torch only when needed and falls back to cpu."""
+    """'cpu' or 'cuda'; 'auto' is cuda where nvidia-smi exists on the machine that asks."""
     if config.get("platform", "auto") != "auto":
         return config["platform"]
     import shutil
@@ -239,7 +239,7 @@ def cell_by_name(config: dict, name: str) -> Cell:
     raise ConfigError(f"unknown cell {name!r}")
 
 
-def cell_params(config: dict, model: str, stack: str, topology: str, cell: Cell) -> dict[str, Any]:
+def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
     """Everything that defines one cell's measurement, as plain builtins (Snakemake params)."""
     w = config["workloads"][cell.workload]
     s = config["sampling"][cell.sampling]

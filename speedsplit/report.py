@@ -71,7 +71,6 @@ def build(
     crossover: pl.DataFrame,
     stability: pl.DataFrame,
     svgs: dict[str, str | Path],
-    extra_tables: dict[str, pl.DataFrame] | None = None,
 ) -> None:
     """Write the report atomically."""
     parts = [
@@ -132,8 +131,6 @@ def build(
         "<h2>Cells</h2>",
         html_table(cells.drop([c for c in cells.columns if c.endswith(("_lo", "_hi"))]), bad_col="failed_requests"),
     ]
-    for title, df in (extra_tables or {}).items():
-        parts += [f"<h2>{html.escape(title)}</h2>", html_table(df)]
     failures = runs.filter((pl.col("status") != "ok") | (pl.col("failed") > 0) | (pl.col("flags") != ""))
     parts += [
         "<h2>Failures and flags</h2>",

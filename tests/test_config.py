@@ -90,7 +90,7 @@ def test_misspelled_key_fails_fast_in_snakemake(tmp_path):
 def test_cells_and_params_are_plain_builtins():
     cfg = C.load(REPO / "config" / "config.yaml")
     cell = C.cells(cfg)[0]
-    params = C.cell_params(cfg, "tiny", "vllm-fp16", "tp1", cell)
+    params = C.cell_params(cfg, cell)
     stack = C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
     allowed = (int, float, str, bool, list, dict, type(None))
     assert all(isinstance(v, allowed) for v in {**params, **stack}.values())

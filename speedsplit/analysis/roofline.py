@@ -40,12 +40,9 @@ def kv_bytes_per_token(cfg: dict, dtype_bytes: int = 2) -> int:
     return 2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", heads) * hd * dtype_bytes
 
 
-def decode_step_bytes(
-    cfg: dict, variant: str, batch: float, mean_context: float, weight_gib: float | None = None
-) -> float:
+def decode_step_bytes(cfg: dict, variant: str, batch: float, mean_context: float) -> float:
     """Bytes one decode step reads: the weights once plus the KV of `batch` sequences."""
-    w = weight_gib * GIB if weight_gib else weight_bytes(cfg, variant)
-    return w + batch * mean_context * kv_bytes_per_token(cfg)
+    return weight_bytes(cfg, variant) + batch * mean_context * kv_bytes_per_token(cfg)
 
 
 def mbu(

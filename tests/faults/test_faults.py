@@ -36,7 +36,7 @@ def gptq_model(tiny_model):
 
 
 def cell(cfg, **kw):
-    params = C.cell_params(cfg, "tiny", "vllm-fp16", "tp1", C.cells(cfg)[0])
+    params = C.cell_params(cfg, C.cells(cfg)[0])
     params.update(kw)
     return params
 
@@ -337,7 +337,7 @@ from pathlib import Path
 from speedsplit import bench, config as C, procs
 cfg = C.load({config!r})
 stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
-cell = C.cell_params(cfg, "tiny", "hf-fp16", "tp1", C.cells(cfg)[0])
+cell = C.cell_params(cfg, C.cells(cfg)[0])
 cell.update(users=2, output_tokens={output_tokens}, requests_per_user=5, warmup_requests=1, prompt_tokens=16)
 t = Path({tmp!r})
 def progress(msg):
