@@ -22,20 +22,10 @@ def test_snakemake_lint_is_clean():
     assert "Congratulations, your workflow is in a good condition!" in out.stdout + out.stderr
 
 
-def test_study_dry_run_builds_the_full_dag_without_gpu_or_network(tmp_path):
+def dry_run_counts(configfile: Path, cwd: Path, gpus: int) -> dict[str, int]:
     out = run_snakemake(
-        [
-            "-n",
-            "--configfile",
-            str(REPO / "config/study.yaml"),
-            "--cores",
-            "all",
-            "--resources",
-            "gpu=4",
-            "--quiet",
-            "rules",
-        ],
-        tmp_path,
+        ["-n", "--configfile", str(configfile), "--cores", "all", "--resources", f"gpu={gpus}", "--quiet", "rules"],
+        cwd,
         timeout=300,
         env={"HF_HUB_OFFLINE": "1"},
     )
@@ -45,11 +35,21 @@ def test_study_dry_run_builds_the_full_dag_without_gpu_or_network(tmp_path):
         parts = line.split()
         if len(parts) == 2 and parts[1].isdigit():
             counts[parts[0]] = int(parts[1])
-    # 3 models; 24 cells x 3 runs x (3 stacks on tp1 + 2 on tp4 + 2 on 4x1) per model
-    assert counts["model"] == 3 and counts["quantize"] == 3
-    assert counts["bench"] == 3 * 24 * 3 * 7
+    assert not (cwd / "resources").exists()  # nothing downloaded, nothing made
+    return counts
+
+
+def test_a_hub_grid_dry_run_builds_the_full_dag_without_gpu_or_network(tmp_path):
+    counts = dry_run_counts(REPO / "tests/config/grid.yaml", tmp_path, gpus=2)
+    # 2 models; 4 cells x 2 runs x (3 stacks on tp1 + 2 on tp2 + 2 on 2x1) per model
+    assert counts["model"] == 2 and counts["quantize"] == 2
+    assert counts["bench"] == 2 * 4 * 2 * 7
     assert counts["tables"] == counts["plots"] == counts["report"] == 1
-    assert not (tmp_path / "resources").exists()
+
+
+def test_the_shipped_study_config_dry_runs(tmp_path):
+    counts = dry_run_counts(REPO / "config/study.yaml", tmp_path, gpus=4)
+    assert counts["bench"] > 0 and counts["report"] == 1
 
 
 @pytest.fixture(scope="module")
