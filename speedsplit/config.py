@@ -115,16 +115,20 @@ def merge(base: dict, top: dict) -> dict:
 def _check_references(config: dict) -> None:
     stacks, workloads = config["stacks"], config["workloads"]
     for stack, spec in stacks.items():
-        for where, env in (
-            ("env", spec["env"]),
-            ("on_cpu.env", spec["on_cpu"].get("env", {})),
-            ("on_gpu.env", spec["on_gpu"].get("env", {})),
-        ):
-            for key in env:
+        # Secrets reach servers through the environment only: anything written in the config
+        # is copied into specs, results, the report and the server's own log.
+        for prefix, part in (("", spec), ("on_cpu.", spec["on_cpu"]), ("on_gpu.", spec["on_gpu"])):
+            for key in part.get("env", {}):
                 if looks_secret(key):
                     raise ConfigError(
-                        f"config error at stacks.{stack}.{where}.{key}: a secret never goes into the config (it would "
-                        f"be copied into specs, results and the report); export {key} instead: servers inherit it"
+                        f"config error at stacks.{stack}.{prefix}env.{key}: a secret never goes into the config; "
+                        f"export {key} instead: servers inherit it"
+                    )
+            for n, arg in enumerate(part.get("args", [])):
+                if arg.startswith("-") and looks_secret(arg.lstrip("-").split("=")[0]):
+                    raise ConfigError(
+                        f"config error at stacks.{stack}.{prefix}args[{n}]: {arg.split('=')[0]} would put a secret "
+                        "into the config; give it to the server through the environment"
                     )
     for chain, members in config["chains"].items():
         for i, stack in enumerate(members):

@@ -53,6 +53,10 @@ def test_defaults_are_filled():
             "config error at stacks.vllm-fp16.env.HF_TOKEN: a secret never goes into the config",
         ),
         (
+            lambda c: c["stacks"]["vllm-fp16"]["args"].extend(["--api-key", "sk-1"]),
+            "config error at stacks.vllm-fp16.args[",
+        ),
+        (
             lambda c: c.update(analysis={"tolerate_flags": ["kernel_mismach"]}),
             "config error at analysis.tolerate_flags[0]",
         ),
