@@ -118,11 +118,8 @@ class Session:
         self.state_lock = Path(base + ".state.lock")
 
     def state(self) -> dict:
-        """The published state ({} if none). Read through no link: the folder is ours alone."""
-        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError, leases.LeaseError, OSError):
-            with leases.open_private(self.state_path, os.O_RDONLY) as f:
-                return json.loads(f.read())
-        return {}
+        """The published state ({} if none)."""
+        return _read_private_json(self.state_path)
 
     @contextlib.contextmanager
     def locked(self, path: Path, blocking: bool = True, timeout_s: float | None = None):
@@ -145,6 +142,20 @@ class Session:
 
     def write(self, state: dict) -> None:
         write_json_atomic(self.state_path, state, mode=0o600)
+
+
+def _read_private_json(path: Path) -> dict:
+    """A JSON file of the private folder ({} if absent or unreadable), read through no link."""
+    with contextlib.suppress(json.JSONDecodeError, leases.LeaseError, OSError):
+        with leases.open_private(path, os.O_RDONLY) as f:
+            return json.loads(f.read())
+    return {}
+
+
+def host_states() -> list[dict]:
+    """The published state of every session on this host, of every workflow."""
+    paths = (p for p in sorted(sessions_dir().glob("*.json")) if not p.name.endswith(".spec.json"))
+    return [st for st in map(_read_private_json, paths) if st]
 
 
 def daemon_of(state: dict) -> procs.Proc | None:
@@ -311,16 +322,11 @@ def evict_idle(except_key: str | None = None) -> int:
     """Stop every ready session on this host that no cell is using (any workflow's: they want
     the same cards); returns how many."""
     n = 0
-    for path in sessions_dir().glob("*.json"):
-        if path.name.endswith(".spec.json"):
-            continue
-        try:
-            with leases.open_private(path, os.O_RDONLY) as f:
-                st = json.loads(f.read())
-        except (OSError, json.JSONDecodeError, leases.LeaseError):
-            continue
-        sess = Session(st.get("key", ""), st.get("workflow"))
-        if sess.state_path != path or (except_key == sess.key and sess.workdir == str(Path.cwd().resolve())):
+    for st in host_states():
+        if not st.get("key") or not st.get("workflow"):
+            continue  # written before sessions knew their workflow: nothing of ours to stop
+        sess = Session(st["key"], st["workflow"])
+        if except_key == sess.key and sess.workdir == str(Path.cwd().resolve()):
             continue
         if st.get("state") != READY or not daemon_alive(st):
             continue  # a starting session is about to be used by the cell that started it
@@ -339,8 +345,7 @@ def evict_idle(except_key: str | None = None) -> int:
 
 
 def _daemon(spec_path: Path) -> int:
-    with leases.open_private(spec_path, os.O_RDONLY) as f:
-        meta = json.loads(f.read())
+    meta = _read_private_json(spec_path)
     spec, key, generation = meta["spec"], meta["key"], meta["generation"]
     sess = Session(key, meta["workdir"])
     stack = spec["stack"]

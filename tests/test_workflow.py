@@ -115,10 +115,7 @@ def test_no_server_is_left_running(workdir):
     """Every session this workflow ran is stopped, and every server process it published is gone."""
     from speedsplit import procs, session
 
-    states = [
-        json.loads(p.read_text()) for p in session.sessions_dir().glob("*.json") if not p.name.endswith(".spec.json")
-    ]
-    ours = [st for st in states if st.get("workflow") == str(workdir.resolve())]
+    ours = [st for st in session.host_states() if st.get("workflow") == str(workdir.resolve())]
     assert len(ours) == 3  # one per stack (server_reuse: per_stack)
     for st in ours:
         assert st["state"] == "stopped" and not session.daemon_alive(st)

@@ -298,10 +298,7 @@ def test_interrupted_workflow_leaves_nothing_and_resumes(tmp_path_factory):
     assert first.exists(), proc.stdout.read().decode()[-3000:]
     time.sleep(1.0)  # the next cell of the same server is under way
     # the servers this workflow's sessions launched, as their state files name them
-    states = [
-        json.loads(p.read_text()) for p in session.sessions_dir().glob("*.json") if not p.name.endswith(".spec.json")
-    ]
-    ours = [st for st in states if st.get("workflow") == str(wd.resolve())]
+    ours = [st for st in session.host_states() if st.get("workflow") == str(wd.resolve())]
     servers = [p for st in ours for p in server_processes(st)]
     daemons = [session.daemon_of(st) for st in ours if session.daemon_alive(st)]
     assert servers and daemons, "a session of this workflow should be serving"
