@@ -3,7 +3,8 @@
 
 
 localrules:
-    cell_spec,
+    job_file,
+    plan,
     measurements,
     tables,
     plots,
@@ -15,13 +16,9 @@ rule tables:
         results=bench_results(),
         bandwidth="results/hardware/bandwidth.json",
     output:
-        runs="results/tables/runs.csv",
-        cells="results/tables/cells.csv",
-        cells_parquet="results/tables/cells.parquet",
-        attribution="results/tables/attribution.csv",
+        # parquet: the typed frames plots and the report read; CSV and markdown: for people
+        **{f"{name}_{ext}": f"results/tables/{name}.{ext}" for name in TABLES for ext in ("parquet", "csv")},
         attribution_md="results/tables/attribution.md",
-        crossover="results/tables/crossover.csv",
-        stability="results/tables/stability.csv",
     params:
         chains=CFG["chains"],
         tolerate_flags=CFG["analysis"]["tolerate_flags"],
@@ -35,8 +32,8 @@ rule tables:
 
 rule plots:
     input:
-        cells="results/tables/cells.csv",
-        attribution="results/tables/attribution.csv",
+        cells="results/tables/cells.parquet",
+        attribution="results/tables/attribution.parquet",
     output:
         directory("results/plots"),
     params:
@@ -52,11 +49,7 @@ rule plots:
 rule report:
     input:
         results=bench_results(),
-        runs="results/tables/runs.csv",
-        cells="results/tables/cells.csv",
-        attribution="results/tables/attribution.csv",
-        crossover="results/tables/crossover.csv",
-        stability="results/tables/stability.csv",
+        tables=[f"results/tables/{name}.parquet" for name in TABLES],
         plots="results/plots",
     output:
         "results/report.html",

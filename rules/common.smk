@@ -7,6 +7,7 @@ sys.path.insert(0, workflow.basedir)
 
 from speedsplit import config as ss_config
 from speedsplit import plan as ss_plan
+from speedsplit.analysis.formats import TABLES
 
 try:
     CFG = ss_config.validate(config)
@@ -46,7 +47,8 @@ def _job(wc):
 def bench_inputs(wc):
     job = _job(wc)
     inputs = {
-        "spec": f"results/specs/{wc.model}/{wc.stack}/{wc.topology}/{wc.cell}/run{wc.run}.json",
+        "job": f"results/jobs/{wc.model}/{wc.stack}/{wc.topology}/{wc.cell}/run{wc.run}.json",
+        "plan": ancient("results/plan.json"),
         "model": f"resources/models/{wc.model}/{ss_plan.variant_dir(CFG, wc.stack)}",
         "tokenizer": f"resources/models/{wc.model}/fp16",
     }
@@ -66,16 +68,12 @@ def bench_cell(wc):
     return ss_config.cell_params(CFG, ss_config.cell_by_name(CFG, wc.cell))
 
 
-def bench_session(wc):
-    return ss_plan.session_key(CFG, _job(wc))
-
-
 def bench_gpus(wc):
     # On a CPU every server takes the one "card" so servers never overlap.
     return ss_config.topology_gpus(CFG, wc.topology) if PLATFORM == "cuda" else 1
 
 
-def model_spec(wc):
+def model_entry(wc):
     return dict(CFG["models"][wc.model])
 
 

@@ -5,7 +5,7 @@ rule model:
     output:
         directory("resources/models/{model}/fp16"),
     params:
-        spec=model_spec,
+        entry=model_entry,
         platform=PLATFORM,
     resources:
         gpu=1,

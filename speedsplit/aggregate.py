@@ -13,11 +13,15 @@ import glob
 import json
 from pathlib import Path
 
+import polars as pl
+
 from speedsplit import plots, report
-from speedsplit.analysis import tables as t
+from speedsplit.analysis import formats
+from speedsplit.analysis import frames as f
+from speedsplit.record import read_result
 from speedsplit.results import atomic_dir
 
-TABLES = ("runs", "cells", "attribution", "crossover", "stability")
+TABLES = formats.TABLES
 
 
 def bandwidth_gb_s(path: str | Path | None) -> float | None:
@@ -26,44 +30,56 @@ def bandwidth_gb_s(path: str | Path | None) -> float | None:
     return json.loads(Path(path).read_text()).get("gb_s_median")
 
 
+def build_frames(
+    result_paths: list[str | Path],
+    chains: dict[str, list[str]],
+    bandwidth_json: str | Path | None = None,
+    tolerate_flags: list[str] | tuple[str, ...] = (),
+) -> dict[str, pl.DataFrame]:
+    """Every analysis frame from result files; refuses (ResultError) a corrupt or truncated one."""
+    runs = f.runs_frame([read_result(p) for p in result_paths])
+    attribution = f.attribution_frame(runs, chains, tolerate_flags)
+    return {
+        "runs": runs,
+        "cells": f.with_mbu(f.cells_frame(runs), bandwidth_gb_s(bandwidth_json)),
+        "attribution": attribution,
+        "crossover": f.crossover_frame(attribution),
+        "stability": f.stability_frame(attribution),
+    }
+
+
 def write_tables(
     result_paths: list[str | Path],
     chains: dict[str, list[str]],
     out_dir: str | Path,
     bandwidth_json: str | Path | None = None,
     tolerate_flags: list[str] | tuple[str, ...] = (),
-) -> dict[str, Path]:
-    out_dir = Path(out_dir)
-    runs = t.runs_frame(result_paths)
-    cells = t.with_mbu(t.cells_frame(runs), bandwidth_gb_s(bandwidth_json))
-    attribution = t.attribution_frame(runs, chains, tolerate_flags)
-    paths = {name: out_dir / f"{name}.csv" for name in TABLES}
-    t.write_table(runs, paths["runs"])
-    t.write_table(cells, paths["cells"], parquet=out_dir / "cells.parquet")
-    t.write_table(attribution, paths["attribution"], markdown=out_dir / "attribution.md")
-    t.write_table(t.crossover_frame(attribution), paths["crossover"])
-    t.write_table(t.stability_frame(attribution), paths["stability"])
-    return paths
+) -> None:
+    """The frames as results/tables/{name}.parquet, .csv and attribution.md."""
+    frames = build_frames(result_paths, chains, bandwidth_json, tolerate_flags)
+    formats.write_frames(frames, out_dir, markdown=("attribution",))
 
 
-def write_plots(cells_csv: str | Path, attribution_csv: str | Path, chains: list[str], out_dir: str | Path) -> None:
-    cells, attribution = t.read_table(cells_csv), t.read_table(attribution_csv)
+def read_tables(tables_dir: str | Path) -> dict[str, pl.DataFrame]:
+    return {name: formats.read_frame(Path(tables_dir) / f"{name}.parquet") for name in TABLES}
+
+
+def write_plots(tables_dir: str | Path, chains: list[str], out_dir: str | Path) -> None:
+    frames = read_tables(tables_dir)
     with atomic_dir(out_dir) as tmp:
-        for name, chart in plots.all_charts(cells, attribution, chains).items():
+        for name, chart in plots.all_charts(frames["cells"], frames["attribution"], chains).items():
             plots.save(chart, tmp / name)
 
 
 def write_report(
     out: str | Path, *, config: dict, result_paths: list[str | Path], tables_dir: str | Path, plots_dir: str | Path
 ) -> None:
-    tables_dir = Path(tables_dir)
-    frames = {name: t.read_table(tables_dir / f"{name}.csv") for name in TABLES}
     report.build(
         out,
         config=config,
-        result_paths=result_paths,
+        provenance=read_result(result_paths[0]).provenance if result_paths else None,
         svgs={p.stem: p for p in sorted(Path(plots_dir).glob("*.svg"))},
-        **frames,
+        **read_tables(tables_dir),
     )
 
 
@@ -81,8 +97,8 @@ def main(argv: list[str] | None = None) -> None:
     if not paths:
         raise SystemExit(f"no result files match {' '.join(args.results)}")
     out = Path(args.out)
-    tables = write_tables(paths, cfg["chains"], out / "tables", args.bandwidth, cfg["analysis"]["tolerate_flags"])
-    write_plots(tables["cells"], tables["attribution"], list(cfg["chains"]), out / "plots")
+    write_tables(paths, cfg["chains"], out / "tables", args.bandwidth, cfg["analysis"]["tolerate_flags"])
+    write_plots(out / "tables", list(cfg["chains"]), out / "plots")
     write_report(
         out / "report.html", config=cfg, result_paths=paths, tables_dir=out / "tables", plots_dir=out / "plots"
     )

@@ -17,31 +17,36 @@ from typing import Callable
 from speedsplit import loadgen, procs, stacks
 from speedsplit import session as sessions
 from speedsplit.models import ModelError, model_identity, model_info, read_model_config
-from speedsplit.results import SCHEMA_VERSION, provenance, redact, write_json_atomic, write_lines_atomic
+from speedsplit.plan import SessionPlan
+from speedsplit.record import (
+    CellParams,
+    EngineFacts,
+    ErrorInfo,
+    ModelShape,
+    ModelSource,
+    Provenance,
+    QuantConfig,
+    RequestRecord,
+    RunResult,
+    ServerFacts,
+    StackDef,
+    parse_result,
+    to_json,
+)
+from speedsplit.results import provenance, redact, write_json_atomic, write_lines_atomic
 
 
-def _model_config(model_dir) -> dict:
-    """The served model's shape (what the roofline needs), or {} if unreadable."""
-    keys = (
-        "architectures",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "vocab_size",
-        "tie_word_embeddings",
-    )
+def _model_shape(model_dir) -> ModelShape:
+    """The served model's shape (what the roofline needs); empty if unreadable."""
     try:
         cfg = read_model_config(model_dir)
     except ModelError:
-        return {}
-    out = {k: cfg[k] for k in keys if k in cfg}
+        return ModelShape()
+    shape = {k: cfg[k] for k in ModelShape.model_fields if k in cfg and k != "quantization_config"}
     q = cfg.get("quantization_config") or {}
     if q:
-        out["quantization_config"] = {k: q.get(k) for k in ("quant_method", "bits", "group_size", "desc_act", "sym")}
-    return out
+        shape["quantization_config"] = QuantConfig(**{k: q.get(k) for k in QuantConfig.model_fields})
+    return ModelShape(**shape)
 
 
 def _now() -> str:
@@ -73,82 +78,58 @@ def healthy(url: str, path: str = "/health") -> bool:
 
 def measure(
     *,
-    session_key: str,
     stack: dict,
     cell: dict,
     run: int,
+    session: SessionPlan,
     model_dir: str | Path,
     tokenizer_dir: str | Path,
     out_json: str | Path,
     out_requests: str | Path,
-    session_log: str | Path,
-    cache_dir: str | Path,
-    last_in_session: bool = True,
-    idle_timeout_s: float = 120.0,
-    lease_timeout_s: float = 3600.0,
     owner: procs.Proc | None = None,
     workdir: str | Path = ".",
     progress: Callable[[str], None] | None = None,
-) -> dict:
-    """Measure one cell run; writes out_json and out_requests atomically, returns the result.
+) -> RunResult:
+    """Measure one cell run on its session's server; writes out_json and out_requests
+    atomically and returns the result.
 
     Whatever fails ends in a result file (status error with the exception's class and a
     redacted message when nothing more specific fits), so the lane after it goes on. Only a
     stop signal ends the job without one: the cell was not measured and reruns.
     """
-    result = {
-        "schema_version": SCHEMA_VERSION,
-        "model": stack["model"],
-        "stack": stack["stack"],
-        "topology": stack["topology"],
-        "cell": cell["cell"],
-        "run": run,
-        "params": cell,
-        "session": session_key,
-        "stack_def": {
-            k: stack[k]
-            for k in ("variant", "dialect", "dtype", "platform", "tensor_parallel", "instances", "expect_kernel")
-        },
-        "summary": {},
-        "flags": [],
-        "started": _now(),
-        "engine": {},
-        "kernel_ok": None,
-    }
-    records: list[dict] = []
+    result = RunResult(
+        model=stack["model"],
+        stack=stack["stack"],
+        topology=stack["topology"],
+        cell=cell["cell"],
+        run=run,
+        params=CellParams(**cell),
+        session_key=session.key,
+        stack_def=StackDef(**{k: stack[k] for k in StackDef.model_fields}),
+        started=_now(),
+    )
+    records: list[RequestRecord] = []
     # A file-size limit (RLIMIT_FSIZE) must surface as an error we can record, not kill us mid-write.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     with sessions.stop_on_signals():
         try:
-            result["weights"] = model_info(model_dir)
-            result["model_config"] = _model_config(model_dir)
-            spec = {
+            result.weights = ModelSource(**model_info(model_dir))
+            result.model_shape = _model_shape(model_dir)
+            launch = {
                 "stack": stack,
                 "model_dir": str(Path(model_dir).resolve()),
                 "model": model_identity(model_dir),
-                "cache_dir": str(Path(cache_dir).resolve()),
+                "cache_dir": str(Path(session.cache_dir).resolve()),
             }
             records = _measure_on_session(
-                result,
-                spec,
-                session_key,
-                stack,
-                cell,
-                run,
-                tokenizer_dir,
-                Path(session_log),
-                owner or sessions.workflow_owner(),
-                idle_timeout_s,
-                lease_timeout_s,
-                last_in_session,
-                progress,
+                result, launch, session, stack, cell, run, tokenizer_dir, owner or sessions.workflow_owner(), progress
             )
         except sessions.Stop:
             raise
         except Exception as exc:  # anything unforeseen: recorded, and the lane goes on
             _record_error(result, exc, workdir)
-        result["finished"] = _now()
-        result["provenance"] = provenance(workdir)
+        result.finished = _now()
+        result.provenance = Provenance.model_validate(provenance(workdir))
         try:
             return _write(result, records, out_json, out_requests, workdir)
         except OSError as exc:  # e.g. a full disk: a small error result may still fit
@@ -156,15 +137,17 @@ def measure(
             return _write(result, [], out_json, out_requests, workdir)
 
 
-def _record_error(result: dict, exc: BaseException, workdir, prefix: str = "") -> None:
-    result["status"] = "error"
-    result["error"] = {"type": type(exc).__name__, "message": redact(prefix + str(exc), workdir)}
+def _record_error(result: RunResult, exc: BaseException, workdir, prefix: str = "") -> None:
+    result.status = "error"
+    result.error = ErrorInfo(type=type(exc).__name__, message=redact(prefix + str(exc), workdir))
 
 
-def _write(result: dict, records: list[dict], out_json, out_requests, workdir) -> dict:
-    clean = json.loads(redact(json.dumps(result, default=str), workdir))
-    write_lines_atomic(out_requests, [json.loads(redact(json.dumps(r), workdir)) for r in records])
-    write_json_atomic(out_json, clean)
+def _write(result: RunResult, records: list[RequestRecord], out_json, out_requests, workdir) -> RunResult:
+    """Redact, check against the record type (a writer bug fails here, not in the analysis),
+    and write requests then result, each atomically."""
+    clean = parse_result(json.loads(redact(json.dumps(to_json(result)), workdir)), "the result being written")
+    write_lines_atomic(out_requests, [json.loads(redact(r.model_dump_json(), workdir)) for r in records])
+    write_json_atomic(out_json, to_json(clean))
     return clean
 
 
@@ -172,43 +155,40 @@ ATTACH_TRIES = 3
 
 
 def _measure_on_session(
-    result: dict,
-    spec: dict,
-    session_key: str,
+    result: RunResult,
+    launch: dict,
+    plan: SessionPlan,
     stack: dict,
     cell: dict,
     run: int,
     tokenizer_dir,
-    session_log: Path,
     owner: procs.Proc,
-    idle_timeout_s: float,
-    lease_timeout_s: float,
-    last_in_session: bool,
     progress,
-) -> list[dict]:
+) -> list[RequestRecord]:
     """Find or start the session's servers, hold them for this cell, run the load; returns the
     request records. The last cell of a session, or any interrupted cell, stops its servers."""
     sess = generation = None
     finished = False
+    last = plan.is_last(result)
     try:
         for _ in range(ATTACH_TRIES):
             try:
                 sess, reused, generation = sessions.open_session(
-                    session_key, spec, session_log, owner, idle_timeout_s, lease_timeout_s
+                    plan.key, launch, Path(plan.log), owner, plan.idle_timeout_s, plan.lease_timeout_s
                 )
             except sessions.SessionBusy as busy:
-                result["status"] = "startup_failed"
-                result["server"] = {"error": str(busy), "reused": False}
+                result.status = "startup_failed"
+                result.server = _no_server(str(busy))
                 finished = True
                 return []
-            state = sessions.wait_ready(sess, generation, stack["startup_timeout_s"] + lease_timeout_s)
+            state = sessions.wait_ready(sess, generation, stack["startup_timeout_s"] + plan.lease_timeout_s)
             _server_facts(result, state, reused)
             if state["state"] in (sessions.STOPPING, sessions.STOPPED):
                 continue  # stopped before we attached (evicted, idle, replaced): start again
             if state["state"] != sessions.READY:
                 # died before this cell: server_died; never ready: startup_failed
-                result["status"] = "server_died" if state["state"] == sessions.DIED else "startup_failed"
-                result["server"]["error"] = result["server"]["error"] or f"server session {state['state']}"
+                result.status = "server_died" if state["state"] == sessions.DIED else "startup_failed"
+                result.server.error = result.server.error or f"server session {state['state']}"
                 finished = True
                 return []
             with sessions.attached(sess, generation) as held:
@@ -218,42 +198,38 @@ def _measure_on_session(
                 records = _run_load(result, held, stack, cell, run, tokenizer_dir, progress)
                 sessions.transition(sess, generation, sessions.READY, cells_measured=held["cells_measured"] + 1)
             _check_servers(result, sess, generation, held, stack)
-            result["flags"] = honesty_flags(result, stack, cell)
+            result.flags = honesty_flags(result, stack, cell)
             finished = True
             return records
-        result["status"] = "startup_failed"
-        result["server"]["error"] = f"the session was stopped {ATTACH_TRIES} times before this cell could attach"
+        result.status = "startup_failed"
+        result.server.error = f"the session was stopped {ATTACH_TRIES} times before this cell could attach"
         finished = True
         return []
     finally:
-        if sess is not None and (last_in_session or not finished):
+        if sess is not None and (last or not finished):
             sessions.stop_daemon(sess, generation)
 
 
-def _server_facts(result: dict, state: dict, reused: bool) -> None:
-    keys = (
-        "startup_s",
-        "lease_wait_s",
-        "devices",
-        "argv",
-        "model_id",
-        "error",
-        "log_tail",
-        "exit_code",
-        "wide_listeners",
+def _no_server(error: str) -> ServerFacts:
+    facts = dict.fromkeys(ServerFacts.model_fields)
+    return ServerFacts(**{**facts, "error": error, "reused": False, "cells_before": 0})
+
+
+def _server_facts(result: RunResult, state: dict, reused: bool) -> None:
+    keys = [k for k in ServerFacts.model_fields if k not in ("reused", "cells_before")]
+    cells_before = state.get("cells_measured", 0)
+    result.server = ServerFacts(
+        **{k: state.get(k) for k in keys}, reused=reused or bool(cells_before), cells_before=cells_before
     )
-    result["server"] = {k: state.get(k) for k in keys}
-    result["server"]["reused"] = reused
-    result["server"]["cells_before"] = state.get("cells_measured", 0)
-    if state.get("cells_measured"):
-        result["server"]["reused"] = True
-    result["engine"] = state.get("facts") or {}
+    result.engine = EngineFacts(**(state.get("facts") or {}))
 
 
-def _run_load(result: dict, state: dict, stack: dict, cell: dict, run: int, tokenizer_dir, progress) -> list[dict]:
+def _run_load(
+    result: RunResult, state: dict, stack: dict, cell: dict, run: int, tokenizer_dir, progress
+) -> list[RequestRecord]:
     n_prompts = cell["users"] * (cell["requests_per_user"] + cell["warmup_requests"])
     prompts = build_prompts(tokenizer_dir, n_prompts, cell["prompt_tokens"], prompt_seed(cell, run))
-    spec = loadgen.LoadSpec(
+    load = loadgen.LoadSpec(
         urls=state["urls"],
         model=state["model_id"],
         prompts=prompts,
@@ -269,42 +245,40 @@ def _run_load(result: dict, state: dict, stack: dict, cell: dict, run: int, toke
         request_timeout_s=cell["request_timeout_s"],
         stall_timeout_s=cell["stall_timeout_s"],
     )
-    out = loadgen.run(spec, progress=progress)
-    result["summary"] = out["summary"]
-    return out["records"]
+    result.summary, records = loadgen.run(load, progress=progress)
+    return records
 
 
-def _check_servers(result: dict, sess, generation: str, state: dict, stack: dict) -> None:
+def _check_servers(result: RunResult, sess, generation: str, state: dict, stack: dict) -> None:
     """Set the run's status from the load's outcome and whether its servers still answer."""
-    s = result["summary"]
     if not all(healthy(u, stack["ready_path"]) for u in state["urls"]):
         servers = [procs.Proc.from_record(r) for r in state.get("servers") or []]
         running = all(p is not None and p.alive() for p in servers)
         # a server that is still there but answers nothing hangs; one that is gone died
-        result["status"] = "server_hung" if running else "server_died"
+        result.status = "server_hung" if running else "server_died"
         if not running:
             died = sessions.wait_ready(sess, generation, 5.0)
-            result["server"]["log_tail"] = died.get("log_tail", "")
-            result["server"]["exit_code"] = died.get("exit_code")
-    elif s["completed"] == 0:
-        result["status"] = "failed"
+            result.server.log_tail = died.get("log_tail", "")
+            result.server.exit_code = died.get("exit_code")
+    elif result.summary.completed == 0:
+        result.status = "failed"
     else:
-        result["status"] = "ok"
+        result.status = "ok"
 
 
-def honesty_flags(result: dict, stack: dict, cell: dict) -> list[str]:
-    """Reasons not to take a run's numbers at face value; also sets result['kernel_ok']."""
-    s, flags = result["summary"], []
-    if s.get("failed"):
+def honesty_flags(result: RunResult, stack: dict, cell: dict) -> list[str]:
+    """Reasons not to take a run's numbers at face value; also sets result.kernel_ok."""
+    s, flags = result.summary, []
+    if s.failed:
         flags.append("request_failures")
-    if s.get("wrong_output_length"):
+    if s.wrong_output_length:
         flags.append("output_length_mismatch")
-    if s.get("wrong_prompt_length"):
+    if s.wrong_prompt_length:
         flags.append("prompt_length_mismatch")
-    if (s.get("wall_s") or 0) < cell["min_measured_s"]:
+    if s.wall_s < cell["min_measured_s"]:
         flags.append("short_measurement")
-    ok = stacks.kernel_matches(stack["expect_kernel"], result.get("engine") or {})
-    result["kernel_ok"] = ok
+    ok = stacks.kernel_matches(stack["expect_kernel"], result.engine.linear_kernel)
+    result.kernel_ok = ok
     if ok is False:
         flags.append("kernel_mismatch")
     return flags

@@ -71,14 +71,14 @@ def serve_in_thread(app: web.Application) -> tuple[str, threading.Thread]:
     return f"http://127.0.0.1:{port}", t
 
 
-def highest_measured(cells_csv: str) -> float | None:
-    import csv
+def highest_measured(cells_table: str) -> float | None:
     from pathlib import Path
 
-    if not Path(cells_csv).is_file():
+    from speedsplit.analysis.formats import read_frame
+
+    if not Path(cells_table).is_file():
         return None
-    rates = [float(r["output_tok_s"]) for r in csv.DictReader(open(cells_csv)) if r.get("output_tok_s")]
-    return max(rates, default=None)
+    return read_frame(cells_table)["output_tok_s"].max()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="highest output tok/s any cell measured (default: the maximum in --cells)",
     )
-    p.add_argument("--cells", default="results/tables/cells.csv", help="cells table to take the highest rate from")
+    p.add_argument("--cells", default="results/tables/cells.parquet", help="cells table to take the highest rate from")
     args = p.parse_args(argv)
     if args.highest_measured is None:
         args.highest_measured = highest_measured(args.cells)
@@ -125,16 +125,16 @@ def main(argv: list[str] | None = None) -> None:
         requests_per_user=args.requests_per_user,
         warmup_requests=1,
     )
-    s = loadgen.run(spec)["summary"]
+    s, _ = loadgen.run(spec)
     proc.terminate()
     print(
-        f"load generator ceiling: {s['output_tok_s']:.0f} output tok/s "
-        f"({args.users} users x {args.output_tokens} tokens, {s['completed']} requests, {s['failed']} failed)"
+        f"load generator ceiling: {s.output_tok_s:.0f} output tok/s "
+        f"({args.users} users x {args.output_tokens} tokens, {s.completed} requests, {s.failed} failed)"
     )
     if args.highest_measured:
         print(
             f"highest measured cell ({args.cells}): {args.highest_measured:.0f} tok/s; "
-            f"ceiling / highest = {s['output_tok_s'] / args.highest_measured:.1f}x"
+            f"ceiling / highest = {s.output_tok_s / args.highest_measured:.1f}x"
         )
 
 

@@ -114,10 +114,10 @@ def merge(base: dict, top: dict) -> dict:
 
 def _check_references(config: dict) -> None:
     stacks, workloads = config["stacks"], config["workloads"]
-    for stack, spec in stacks.items():
+    for stack, entry in stacks.items():
         # Secrets reach servers through the environment only: anything written in the config
-        # is copied into specs, results, the report and the server's own log.
-        for prefix, part in (("", spec), ("on_cpu.", spec["on_cpu"]), ("on_gpu.", spec["on_gpu"])):
+        # is copied into job files, results, the report and the server's own log.
+        for prefix, part in (("", entry), ("on_cpu.", entry["on_cpu"]), ("on_gpu.", entry["on_gpu"])):
             for key in part.get("env", {}):
                 if looks_secret(key):
                     raise ConfigError(
@@ -156,8 +156,8 @@ def _check_references(config: dict) -> None:
     for i, model in enumerate(config["benchmark"]["models"]):
         if model not in config["models"]:
             raise ConfigError(f"config error at benchmark.models[{i}]: unknown model {model!r}")
-    for topo, spec in config["topologies"].items():
-        for i, stack in enumerate(spec.get("stacks", [])):
+    for topo, entry in config["topologies"].items():
+        for i, stack in enumerate(entry.get("stacks", [])):
             if stack not in stacks:
                 raise ConfigError(f"config error at topologies.{topo}.stacks[{i}]: unknown stack {stack!r}")
     if not config["topologies"]:
@@ -171,16 +171,16 @@ def _check_references(config: dict) -> None:
                 f"config error at topologies.{topo}: needs {need} GPUs but gpus_available is {config['gpus_available']}"
             )
     for model in bench_models(config):
-        spec = config["models"][model]
-        if spec["source"] == "hub" and not spec["repo"]:
+        entry = config["models"][model]
+        if entry["source"] == "hub" and not entry["repo"]:
             raise ConfigError(f"config error at models.{model}.repo: a hub model needs a repo id")
         for wname in {c.workload for c in cells(config)}:
             w = workloads[wname]
-            if w["prompt_tokens"] + w["output_tokens"] > spec["max_model_len"]:
+            if w["prompt_tokens"] + w["output_tokens"] > entry["max_model_len"]:
                 raise ConfigError(
                     f"config error at workloads.{wname}: prompt_tokens + output_tokens = "
                     f"{w['prompt_tokens'] + w['output_tokens']} exceeds models.{model}.max_model_len "
-                    f"({spec['max_model_len']})"
+                    f"({entry['max_model_len']})"
                 )
 
 
@@ -268,28 +268,27 @@ def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
 
 def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[str, Any]:
     """The resolved server definition for one (model, stack, topology) on this platform."""
-    spec = config["stacks"][stack]
+    entry = config["stacks"][stack]
     plat = platform_of(config)
-    overlay = spec["on_gpu"] if plat == "cuda" else spec["on_cpu"]
+    overlay = entry["on_gpu"] if plat == "cuda" else entry["on_cpu"]
     topo = config["topologies"][topology]
-    mspec = config["models"][model]
-    env = {**spec["env"], **overlay.get("env", {})}
-    args = list(spec["args"]) + list(overlay.get("args", []))
+    env = {**entry["env"], **overlay.get("env", {})}
+    args = list(entry["args"]) + list(overlay.get("args", []))
     return {
         "stack": stack,
         "model": model,
         "topology": topology,
         "platform": plat,
-        "variant": spec["variant"],
+        "variant": entry["variant"],
         "args": args,
         "env": env,
         "dtype": overlay.get("dtype") or ("float16" if plat == "cuda" else "bfloat16"),
-        "dialect": spec["dialect"],
-        "ready_path": spec["ready_path"],
-        "request_model": spec["request_model"],
-        "startup_timeout_s": float(spec["startup_timeout_s"]),
-        "expect_kernel": overlay.get("expect_kernel") or spec["expect_kernel"],
+        "dialect": entry["dialect"],
+        "ready_path": entry["ready_path"],
+        "request_model": entry["request_model"],
+        "startup_timeout_s": float(entry["startup_timeout_s"]),
+        "expect_kernel": overlay.get("expect_kernel") or entry["expect_kernel"],
         "tensor_parallel": topo["tensor_parallel"],
         "instances": topo["instances"],
-        "max_model_len": mspec["max_model_len"],
+        "max_model_len": config["models"][model]["max_model_len"],
     }

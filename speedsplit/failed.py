@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from speedsplit.results import ResultError, read_result
+from speedsplit.record import ResultError, read_result
 
 
 def failed_results(results_dir: str | Path, flagged: bool = False) -> list[tuple[Path, str]]:
@@ -36,11 +36,11 @@ def failed_results(results_dir: str | Path, flagged: bool = False) -> list[tuple
         except ResultError as exc:
             out.append((path, f"unreadable: {exc}"))
             continue
-        if res["status"] != "ok":
-            error = (res.get("server") or {}).get("error") or (res.get("error") or {}).get("message") or ""
-            out.append((path, f"{res['status']}{': ' + error.splitlines()[0] if error else ''}"))
-        elif flagged and res["flags"]:
-            out.append((path, "flagged: " + ",".join(res["flags"])))
+        if res.status != "ok":
+            error = (res.server and res.server.error) or (res.error and res.error.message) or ""
+            out.append((path, f"{res.status}{': ' + error.splitlines()[0] if error else ''}"))
+        elif flagged and res.flags:
+            out.append((path, "flagged: " + ",".join(res.flags)))
     return out
 
 

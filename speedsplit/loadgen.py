@@ -14,10 +14,12 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import aiohttp
+
+from speedsplit.record import Distribution, RequestRecord, Summary
 
 
 @dataclass
@@ -38,29 +40,6 @@ class LoadSpec:
     dialect: str = "vllm"
     request_timeout_s: float = 600.0
     stall_timeout_s: float = 120.0
-
-
-@dataclass
-class RequestRecord:
-    """One request as the client saw it (times in seconds from the measured phase's start)."""
-
-    user: int
-    index: int
-    phase: str
-    url: str
-    sent: float
-    first_token: float | None = None
-    end: float | None = None
-    gaps: list[float] = field(default_factory=list)
-    prompt_tokens: int | None = None
-    output_tokens: int | None = None
-    chunks: int = 0
-    error: str | None = None
-    detail: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
 
 
 def request_index(spec: LoadSpec, phase: str, user: int, i: int) -> int:
@@ -100,13 +79,11 @@ def request_body(spec: LoadSpec, prompt: str, seed: int) -> dict:
     return body
 
 
-async def _one_request(
-    session: aiohttp.ClientSession, spec: LoadSpec, rec: RequestRecord, body: dict, t0: float
-) -> None:
+async def _one_request(http: aiohttp.ClientSession, spec: LoadSpec, rec: RequestRecord, body: dict, t0: float) -> None:
     last = None
     try:
         async with asyncio.timeout(spec.request_timeout_s):
-            async with session.post(rec.url + "/v1/completions", json=body) as resp:
+            async with http.post(rec.url + "/v1/completions", json=body) as resp:
                 if resp.status != 200:
                     rec.error = f"http_{resp.status}"
                     rec.detail = (await resp.text())[:300]
@@ -158,7 +135,7 @@ async def _phase(
     total = spec.users * per_user
     done = 0
     tokens = 0
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         t0 = time.perf_counter()
 
         async def user(u: int) -> None:
@@ -169,7 +146,7 @@ async def _phase(
                 records.append(rec)
                 k = request_index(spec, phase, u, i)
                 body = request_body(spec, spec.prompts[k % len(spec.prompts)], spec.seed + k)
-                await _one_request(session, spec, rec, body, t0)
+                await _one_request(http, spec, rec, body, t0)
                 done += 1
                 tokens += rec.output_tokens or 0
 
@@ -189,7 +166,9 @@ async def _phase(
     return t0, t1
 
 
-async def run_async(spec: LoadSpec, progress: Callable[[str], None] | None = None) -> dict:
+async def run_async(
+    spec: LoadSpec, progress: Callable[[str], None] | None = None
+) -> tuple[Summary, list[RequestRecord]]:
     warm: list[RequestRecord] = []
     warm_s = 0.0
     if spec.warmup_requests:
@@ -197,22 +176,18 @@ async def run_async(spec: LoadSpec, progress: Callable[[str], None] | None = Non
         warm_s = w1 - w0
     measured: list[RequestRecord] = []
     t0, t1 = await _phase(spec, "measured", spec.requests_per_user, measured, progress)
-    summary = summarize(measured, t1 - t0, spec)
-    summary["warmup_s"] = warm_s
-    summary["warmup_failed"] = sum(1 for r in warm if not r.ok)
-    return {"summary": summary, "records": warm + measured}
+    summary = summarize(measured, t1 - t0, spec, warm_s, sum(1 for r in warm if not r.ok))
+    return summary, warm + measured
 
 
-def run(spec: LoadSpec, progress: Callable[[str], None] | None = None) -> dict:
+def run(spec: LoadSpec, progress: Callable[[str], None] | None = None) -> tuple[Summary, list[RequestRecord]]:
     """Run warm-up then the measured phase; returns the run summary and every request."""
-    out = asyncio.run(run_async(spec, progress))
-    out["records"] = [asdict(r) for r in out["records"]]
-    return out
+    return asyncio.run(run_async(spec, progress))
 
 
-def _dist(values: list[float]) -> dict:
+def _dist(values: list[float]) -> Distribution:
     if not values:
-        return {"mean": None, "median": None, "p90": None, "p99": None}
+        return Distribution(mean=None, median=None, p90=None, p99=None)
     v = sorted(values)
 
     def pct(q: float) -> float:
@@ -220,10 +195,12 @@ def _dist(values: list[float]) -> dict:
         lo, hi = int(k), min(int(k) + 1, len(v) - 1)
         return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
-    return {"mean": statistics.fmean(v), "median": pct(0.5), "p90": pct(0.9), "p99": pct(0.99)}
+    return Distribution(mean=statistics.fmean(v), median=pct(0.5), p90=pct(0.9), p99=pct(0.99))
 
 
-def summarize(records: list[RequestRecord], wall_s: float, spec: LoadSpec) -> dict:
+def summarize(
+    records: list[RequestRecord], wall_s: float, spec: LoadSpec, warmup_s: float = 0.0, warmup_failed: int = 0
+) -> Summary:
     """Per-run numbers over the measured phase: throughput, latency distributions, failures."""
     ok = [r for r in records if r.ok]
     out_tokens = sum(r.output_tokens or 0 for r in ok)
@@ -238,22 +215,24 @@ def summarize(records: list[RequestRecord], wall_s: float, spec: LoadSpec) -> di
         for r in ok
         if r.first_token is not None and r.output_tokens and r.output_tokens > 1
     ]
-    return {
-        "requests": len(records),
-        "completed": len(ok),
-        "failed": len(records) - len(ok),
-        "failures": failures,
-        "wall_s": wall_s,
-        "output_tokens": out_tokens,
-        "output_tok_s": out_tokens / wall_s if wall_s > 0 else None,
-        "request_s": len(ok) / wall_s if wall_s > 0 else None,
-        "ttft_s": _dist([r.first_token - r.sent for r in ok if r.first_token is not None]),
-        "itl_s": _dist([g for r in ok for g in r.gaps]),
-        "tpot_s": _dist(tpot),
-        "e2e_s": _dist([r.end - r.sent for r in ok]),
-        "wrong_output_length": wrong_len,
-        "wrong_prompt_length": wrong_prompt,
-    }
+    return Summary(
+        requests=len(records),
+        completed=len(ok),
+        failed=len(records) - len(ok),
+        failures=failures,
+        wall_s=wall_s,
+        output_tokens=out_tokens,
+        output_tok_s=out_tokens / wall_s if wall_s > 0 else None,
+        request_s=len(ok) / wall_s if wall_s > 0 else None,
+        ttft_s=_dist([r.first_token - r.sent for r in ok if r.first_token is not None]),
+        itl_s=_dist([g for r in ok for g in r.gaps]),
+        tpot_s=_dist(tpot),
+        e2e_s=_dist([r.end - r.sent for r in ok]),
+        wrong_output_length=wrong_len,
+        wrong_prompt_length=wrong_prompt,
+        warmup_s=warmup_s,
+        warmup_failed=warmup_failed,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -278,8 +257,8 @@ def main(argv: list[str] | None = None) -> None:
         requests_per_user=args.requests_per_user,
         dialect=args.dialect,
     )
-    out = run(spec, progress=lambda m: print(m, file=sys.stderr))
-    print(json.dumps(out["summary"], indent=2))
+    summary, _ = run(spec, progress=lambda m: print(m, file=sys.stderr))
+    print(summary.model_dump_json(indent=2))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ stack loads like a downloaded one; throughput does not depend on weight values.
 from __future__ import annotations
 
 import contextlib
-
 import json
 import os
 import random
@@ -29,6 +28,7 @@ GPTQ_MODULES = [
 
 
 def _shape(
+    *,
     arch: str,
     model_type: str,
     hidden: int,
@@ -62,13 +62,68 @@ def _shape(
 # Published architecture shapes (config.json of the public checkpoints), without weights.
 SHAPES: dict[str, dict] = {
     # head_dim 32: vLLM's CPU attention needs head_dim in {32, 64, 80, ...}
-    "tiny": _shape("LlamaForCausalLM", "llama", 128, 256, 2, 4, 2, 1024, 4096, 10000.0),
-    "llama-3.1-8b": _shape("LlamaForCausalLM", "llama", 4096, 14336, 32, 32, 8, 128256, 131072, 500000.0),
-    "mistral-7b": _shape(
-        "MistralForCausalLM", "mistral", 4096, 14336, 32, 32, 8, 32768, 32768, 1000000.0, sliding_window=None
+    "tiny": _shape(
+        arch="LlamaForCausalLM",
+        model_type="llama",
+        hidden=128,
+        intermediate=256,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        vocab=1024,
+        max_positions=4096,
+        rope_theta=10000.0,
     ),
-    "qwen2.5-7b": _shape("Qwen2ForCausalLM", "qwen2", 3584, 18944, 28, 28, 4, 152064, 32768, 1000000.0, 1e-6),
-    "llama-3.1-70b": _shape("LlamaForCausalLM", "llama", 8192, 28672, 80, 64, 8, 128256, 131072, 500000.0),
+    "llama-3.1-8b": _shape(
+        arch="LlamaForCausalLM",
+        model_type="llama",
+        hidden=4096,
+        intermediate=14336,
+        layers=32,
+        heads=32,
+        kv_heads=8,
+        vocab=128256,
+        max_positions=131072,
+        rope_theta=500000.0,
+    ),
+    "mistral-7b": _shape(
+        arch="MistralForCausalLM",
+        model_type="mistral",
+        hidden=4096,
+        intermediate=14336,
+        layers=32,
+        heads=32,
+        kv_heads=8,
+        vocab=32768,
+        max_positions=32768,
+        rope_theta=1000000.0,
+        sliding_window=None,
+    ),
+    "qwen2.5-7b": _shape(
+        arch="Qwen2ForCausalLM",
+        model_type="qwen2",
+        hidden=3584,
+        intermediate=18944,
+        layers=28,
+        heads=28,
+        kv_heads=4,
+        vocab=152064,
+        max_positions=32768,
+        rope_theta=1000000.0,
+        rms_eps=1e-6,
+    ),
+    "llama-3.1-70b": _shape(
+        arch="LlamaForCausalLM",
+        model_type="llama",
+        hidden=8192,
+        intermediate=28672,
+        layers=80,
+        heads=64,
+        kv_heads=8,
+        vocab=128256,
+        max_positions=131072,
+        rope_theta=500000.0,
+    ),
 }
 
 
@@ -168,11 +223,11 @@ def download(repo: str, revision: str, out_dir: str | Path) -> dict:
     return info
 
 
-def acquire(spec: dict, out_dir: str | Path) -> dict:
+def acquire(entry: dict, out_dir: str | Path) -> dict:
     """Acquire one model entry of the config into out_dir."""
-    if spec["source"] == "hub":
-        return download(spec["repo"], spec["revision"], out_dir)
-    return synthesize(spec["shape"], out_dir, spec["weights"], spec["seed"])
+    if entry["source"] == "hub":
+        return download(entry["repo"], entry["revision"], out_dir)
+    return synthesize(entry["shape"], out_dir, entry["weights"], entry["seed"])
 
 
 def read_model_config(model_dir: str | Path) -> dict:

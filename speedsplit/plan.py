@@ -8,8 +8,10 @@ drift of the machine spreads over all stacks instead of biasing one.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from speedsplit import config as cfgmod
 
@@ -79,10 +81,57 @@ def predecessors(config: dict) -> dict[BenchJob, BenchJob | None]:
     return prev
 
 
-def last_in_session(config: dict, job: BenchJob) -> bool:
-    key = session_key(config, job)
-    members = [j for j in bench_jobs(config) if session_key(config, j) == key]
-    return members[-1] == job
+@dataclass(frozen=True)
+class SessionPlan:
+    """What a bench job needs to know about its server session beyond its own cell. It comes
+    from results/plan.json, an input the bench rule marks ancient: growing the grid or
+    changing a timeout rewrites the plan but reruns no finished cell."""
+
+    key: str  # {model}/{stack}/{topology}/{run|all}
+    log: str  # the servers' output, appended to by every job of the session
+    cache_dir: str  # compile caches shared by every server of the stack
+    last_job: str  # the session's last job (its result path): it stops the servers
+    idle_timeout_s: float  # servers with no cell for this long stop
+    lease_timeout_s: float  # the longest wait for free cards and ports
+
+    def is_last(self, job) -> bool:
+        """Whether `job` (anything with model, stack, topology, cell and run) ends the session."""
+        return BenchJob(job.model, job.stack, job.topology, job.cell, job.run).result == self.last_job
+
+
+def session_plans(config: dict) -> dict[str, SessionPlan]:
+    """Every session of the grid, keyed by session key (what results/plan.json holds)."""
+    members: dict[str, list[BenchJob]] = {}
+    for job in bench_jobs(config):
+        members.setdefault(session_key(config, job), []).append(job)
+    b = config["benchmark"]
+    return {
+        key: SessionPlan(
+            key=key,
+            log=f"results/logs/sessions/{key.replace('/', '__')}.log",
+            cache_dir=f"results/cache/{jobs[0].stack}",
+            last_job=jobs[-1].result,
+            idle_timeout_s=float(b["idle_timeout_s"]),
+            lease_timeout_s=float(b["lease_timeout_s"]),
+        )
+        for key, jobs in members.items()
+    }
+
+
+def plan_json(config: dict) -> dict:
+    """results/plan.json: every session, and the session of every job (by result path)."""
+    return {
+        "sessions": {key: asdict(p) for key, p in session_plans(config).items()},
+        "jobs": {job.result: session_key(config, job) for job in bench_jobs(config)},
+    }
+
+
+def session_of(plan_path: str | Path, result_path: str) -> SessionPlan:
+    """The session plan of the job that writes result_path, from results/plan.json."""
+    plan = json.loads(Path(plan_path).read_text())
+    if result_path not in plan["jobs"]:
+        raise cfgmod.ConfigError(f"no job writes {result_path} in {plan_path}: rerun the plan rule")
+    return SessionPlan(**plan["sessions"][plan["jobs"][result_path]])
 
 
 def variant_dir(config: dict, stack: str) -> str:

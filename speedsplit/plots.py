@@ -11,6 +11,8 @@ from pathlib import Path
 import altair as alt
 import polars as pl
 
+from speedsplit.analysis.formats import flat
+
 ERRORBARS = "error bars: 95% bootstrap interval over runs"
 
 
@@ -148,6 +150,8 @@ def save(chart: alt.Chart, stem: str | Path) -> dict[str, Path]:
 
 
 def all_charts(cells: pl.DataFrame, attribution: pl.DataFrame, chains: list[str]) -> dict[str, alt.Chart]:
+    """Every chart from the typed cells and attribution frames."""
+    cells, attribution = flat(cells), flat(attribution)  # tooltips show lists as text
     charts = {"throughput": throughput_chart(cells), "latency": latency_chart(cells)}
     for chain in chains:
         if attribution.height and attribution.filter(pl.col("chain") == chain).height:

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import polars as pl
 
-from speedsplit.results import read_result, redact, write_bytes_atomic
+from speedsplit.analysis.formats import for_people, value_text
+from speedsplit.record import Provenance
+from speedsplit.results import redact, write_bytes_atomic
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2rem;max-width:1400px;color:#222}
@@ -23,40 +25,30 @@ code,pre{background:#f6f6f6;padding:2px 4px}pre{padding:8px;overflow:auto;font-s
 """
 
 
-def _fmt(v) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
 def html_table(df: pl.DataFrame, bad_col: str | None = None, max_rows: int = 500) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
     rows = []
     for row in df.head(max_rows).iter_rows(named=True):
         cls = ' class="bad"' if bad_col and row.get(bad_col) else ""
-        rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row.values()) + "</tr>")
-    more = f'<p class="note">{df.height - max_rows} more rows in the CSV.</p>' if df.height > max_rows else ""
+        rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(value_text(v))}</td>" for v in row.values()) + "</tr>")
+    more = f'<p class="note">{df.height - max_rows} more rows in the table files.</p>' if df.height > max_rows else ""
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>{more}"
 
 
-def setup_section(result_paths: list[str | Path], config: dict) -> str:
-    """Hardware, versions and the config, from the first result's provenance."""
-    prov = {}
-    for p in result_paths:
-        prov = read_result(p)["provenance"]
-        break
-    hw = prov.get("hardware", {})
-    gpus = ", ".join(f"{g['name']} ({g['memory']}, driver {g['driver']})" for g in hw.get("gpus", [])) or "none"
-    versions = ", ".join(f"{k} {v}" for k, v in sorted(prov.get("versions", {}).items()))
+def setup_section(prov: Provenance | None, config: dict) -> str:
+    """Hardware, versions and the config, from a result's provenance (None: no result yet)."""
     cfg = html.escape(redact(json.dumps(config, indent=1, default=str)))
+    config_part = f"<details><summary>Config (validated, defaults filled)</summary><pre>{cfg}</pre></details>"
+    if prov is None:
+        return f"<h2>Setup</h2><p>No result yet.</p>{config_part}"
+    hw = prov.hardware
+    gpus = ", ".join(f"{g.name} ({g.memory}, driver {g.driver})" for g in hw.gpus or []) or "none"
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(prov.versions.items()))
     return (
         f"<h2>Setup</h2><ul><li>GPUs: {html.escape(gpus)}</li>"
-        f"<li>CPU: {html.escape(str(hw.get('host_cpu')))} ({hw.get('cpu_count')} cores)</li>"
-        f"<li>Versions: {html.escape(versions)} (Python {html.escape(str(prov.get('python')))})</li>"
-        f"<li>Workflow commit: <code>{html.escape(str(prov.get('workflow_commit')))}</code></li></ul>"
-        f"<details><summary>Config (validated, defaults filled)</summary><pre>{cfg}</pre></details>"
+        f"<li>CPU: {html.escape(hw.host_cpu)} ({hw.cpu_count} cores)</li>"
+        f"<li>Versions: {html.escape(versions)} (Python {html.escape(prov.python)})</li>"
+        f"<li>Workflow commit: <code>{html.escape(prov.workflow_commit)}</code></li></ul>" + config_part
     )
 
 
@@ -64,7 +56,7 @@ def build(
     out: str | Path,
     *,
     config: dict,
-    result_paths: list[str | Path],
+    provenance: Provenance | None,
     cells: pl.DataFrame,
     runs: pl.DataFrame,
     attribution: pl.DataFrame,
@@ -80,7 +72,7 @@ def build(
         "<p class='note'>Throughput = output tokens / wall time of the measured phase. Factors are "
         "ratios of median throughput between neighbouring stacks of a chain; they multiply to the "
         "total exactly. Intervals: 95% bootstrap over runs. Log share = ln(factor) / ln(total).</p>",
-        setup_section(result_paths, config),
+        setup_section(provenance, config),
     ]
     fact = attribution.filter(pl.col("position") > 0) if attribution.height else attribution
     parts += [
@@ -115,7 +107,7 @@ def build(
     ]
     parts += [
         "<h3>Runtime-share crossover</h3>",
-        html_table(crossover) if crossover.height else "<p>—</p>",
+        html_table(for_people("crossover", crossover)) if crossover.height else "<p>—</p>",
         "<h3>Cross-model stability</h3>",
         html_table(stability) if stability.height else "<p>—</p>",
     ]
@@ -131,7 +123,7 @@ def build(
         "<h2>Cells</h2>",
         html_table(cells.drop([c for c in cells.columns if c.endswith(("_lo", "_hi"))]), bad_col="failed_requests"),
     ]
-    failures = runs.filter((pl.col("status") != "ok") | (pl.col("failed") > 0) | (pl.col("flags") != ""))
+    failures = runs.filter((pl.col("status") != "ok") | (pl.col("failed") > 0) | (pl.col("flags").list.len() > 0))
     parts += [
         "<h2>Failures and flags</h2>",
         html_table(

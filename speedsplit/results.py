@@ -1,5 +1,5 @@
-"""The result record every benchmark run writes (success or failure), its provenance, and
-atomic file I/O so no result is ever half-written.
+"""Atomic file I/O (no result is ever half-written), a run's provenance, and redaction of
+secrets and paths. The result record itself is speedsplit/record.py.
 """
 
 from __future__ import annotations
@@ -15,15 +15,6 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
-
-SCHEMA_VERSION = 1
-# error: the job itself failed unexpectedly (its exception's class and redacted message are
-# recorded), so a lane and the tables go on.
-STATUSES = ("ok", "startup_failed", "server_died", "server_hung", "failed", "error")
-
-
-class ResultError(ValueError):
-    """A result file is missing, truncated or not a speedsplit result; one-line message."""
 
 
 def write_bytes_atomic(path: str | Path, data: bytes, mode: int = 0o644) -> None:
@@ -69,25 +60,6 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def read_result(path: str | Path) -> dict:
-    """Read one result file; refuse anything truncated, corrupt or of another schema."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ResultError(f"result file missing: {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ResultError(f"result file {path} is corrupt or truncated ({exc})") from None
-    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
-        raise ResultError(f"result file {path} is not a speedsplit result of schema version {SCHEMA_VERSION}")
-    for key in ("status", "params", "stack", "summary", "provenance"):
-        if key not in data:
-            raise ResultError(f"result file {path} lacks the key {key!r}")
-    if data["status"] not in STATUSES:
-        raise ResultError(f"result file {path} has an unknown status {data['status']!r}")
-    return data
 
 
 # --- provenance -------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Server sessions shared by consecutive cell jobs of one workflow.
 
 A session is one running stack (all its instances) for one (model, stack, topology, session
-id) of one workflow: its absolute working folder is part of its identity, and its spec digest
-covers the model's absolute path and identity. The first cell job of a session spawns a small
+id) of one workflow: its absolute working folder is part of its identity, and its launch digest
+(what to launch: the stack definition and the model) covers the model's absolute path and identity. The first cell job of a session spawns a small
 daemon (`python -m speedsplit.session`) that leases the cards, starts the servers and
 publishes its state; later cell jobs find it and measure on it, one cell at a time.
 
@@ -95,8 +95,8 @@ def sessions_dir() -> Path:
     return leases.private_dir(leases.private_dir(leases.lock_dir() / "sessions") / socket.gethostname())
 
 
-def spec_digest(spec: dict) -> str:
-    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
+def launch_digest(launch: dict) -> str:
+    return hashlib.sha256(json.dumps(launch, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def workflow_id(workdir: str | Path) -> str:
@@ -112,7 +112,7 @@ class Session:
         # keys hold dots: no with_suffix
         base = str(sessions_dir() / f"{workflow_id(self.workdir)}__{key.replace('/', '__')}")
         self.state_path = Path(base + ".json")
-        self.spec_path = Path(base + ".spec.json")
+        self.launch_path = Path(base + ".launch.json")
         self.spawn_lock = Path(base + ".spawn.lock")
         self.cell_lock = Path(base + ".cells.lock")
         self.state_lock = Path(base + ".state.lock")
@@ -154,7 +154,7 @@ def _read_private_json(path: Path) -> dict:
 
 def host_states() -> list[dict]:
     """The published state of every session on this host, of every workflow."""
-    paths = (p for p in sorted(sessions_dir().glob("*.json")) if not p.name.endswith(".spec.json"))
+    paths = (p for p in sorted(sessions_dir().glob("*.json")) if not p.name.endswith(".launch.json"))
     return [st for st in map(_read_private_json, paths) if st]
 
 
@@ -196,18 +196,19 @@ def workflow_owner() -> procs.Proc:
 
 def open_session(
     key: str,
-    spec: dict,
+    launch: dict,
     log_path: Path,
     owner: procs.Proc,
     idle_timeout_s: float,
     lease_timeout_s: float,
 ) -> tuple[Session, bool, str]:
-    """Find this workflow's running session for key with the same spec, or spawn one.
+    """Find this workflow's running session for key with the same launch (stack
+    definition, model and caches), or spawn one.
 
     Returns the session, whether an existing daemon was reused, and its generation.
     """
     sess = Session(key)
-    digest = spec_digest(spec)
+    digest = launch_digest(launch)
     with sess.locked(sess.spawn_lock):
         st = sess.state()
         if st.get("digest") == digest:
@@ -219,7 +220,7 @@ def open_session(
             # an edited stack, or a session on its way out, that a cell still measures on
             raise SessionBusy(f"session {key}: another cell held its server for {lease_timeout_s:.0f} s")
         meta = {
-            "spec": spec,
+            "launch": launch,
             "digest": digest,
             "owner": owner.as_record(),
             "idle_timeout_s": idle_timeout_s,
@@ -229,11 +230,11 @@ def open_session(
             "workdir": sess.workdir,
         }
         st = _new_generation(sess, digest=digest, owner=owner.as_record())
-        write_json_atomic(sess.spec_path, {**meta, "generation": st["generation"]}, mode=0o600)
+        write_json_atomic(sess.launch_path, {**meta, "generation": st["generation"]}, mode=0o600)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "speedsplit.session", str(sess.spec_path)],
+                [sys.executable, "-m", "speedsplit.session", str(sess.launch_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -344,11 +345,11 @@ def evict_idle(except_key: str | None = None) -> int:
 # --- the daemon -----------------------------------------------------------------------------
 
 
-def _daemon(spec_path: Path) -> int:
-    meta = _read_private_json(spec_path)
-    spec, key, generation = meta["spec"], meta["key"], meta["generation"]
+def _daemon(launch_path: Path) -> int:
+    meta = _read_private_json(launch_path)
+    launch, key, generation = meta["launch"], meta["key"], meta["generation"]
     sess = Session(key, meta["workdir"])
-    stack = spec["stack"]
+    stack = launch["stack"]
     with sess.locked(sess.spawn_lock):  # the spawning job has finished writing its own state
         st = sess.state()
     if st.get("generation") != generation or daemon_of(st) != procs.me():
@@ -358,7 +359,7 @@ def _daemon(spec_path: Path) -> int:
     held = None
     with stop_on_signals():
         try:
-            check_model(spec["model_dir"], stack["variant"])
+            check_model(launch["model_dir"], stack["variant"])
             platform_devices = None if stack["platform"] == "cuda" else ["cpu"]
             need = stack["tensor_parallel"] * stack["instances"] if platform_devices is None else 1
             t_lease = time.monotonic()
@@ -377,12 +378,12 @@ def _daemon(spec_path: Path) -> int:
                 servers.append(
                     stacks.launch(
                         env_stack,
-                        Path(spec["model_dir"]),
+                        Path(launch["model_dir"]),
                         stack["model"],
                         held.port(),
                         devs,
                         Path(str(log_path).removesuffix(".log") + f".server{i}.log"),
-                        Path(spec["cache_dir"]) / f"instance{i}",
+                        Path(launch["cache_dir"]) / f"instance{i}",
                         keep_fds=held.fds(),
                     )
                 )
@@ -467,8 +468,8 @@ def _hold(sess: Session, generation: str, servers: list[stacks.Server], meta: di
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Run one server session (spawned by a cell job).")
-    p.add_argument("spec", type=Path)
-    return _daemon(p.parse_args(argv).spec)
+    p.add_argument("launch", type=Path, help="the session's .launch.json")
+    return _daemon(p.parse_args(argv).launch)
 
 
 if __name__ == "__main__":

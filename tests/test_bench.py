@@ -13,16 +13,17 @@ def test_prompts_differ_between_cells_and_runs_and_match_across_stacks(tiny_mode
 
 
 def test_honesty_flags():
-    result = {
-        "summary": {"failed": 1, "wrong_output_length": 2, "wrong_prompt_length": 0, "wall_s": 0.5},
-        "engine": {"linear_kernel": "MacheteLinearKernel"},
-    }
+    from records import fake_result
+
+    from speedsplit.record import EngineFacts
+
+    result = fake_result("vllm-marlin", 8, 0, 100.0)
+    result.summary.failed, result.summary.wrong_output_length, result.summary.wall_s = 1, 2, 0.5
+    result.engine = EngineFacts(linear_kernel="MacheteLinearKernel")
     flags = bench.honesty_flags(result, {"expect_kernel": "Marlin"}, {"min_measured_s": 1.0})
     assert flags == ["request_failures", "output_length_mismatch", "short_measurement", "kernel_mismatch"]
-    assert result["kernel_ok"] is False
-    ok = {
-        "summary": {"failed": 0, "wrong_output_length": 0, "wrong_prompt_length": 0, "wall_s": 5.0},
-        "engine": {"linear_kernel": "MarlinLinearKernel"},
-    }
+    assert result.kernel_ok is False
+    ok = fake_result("vllm-marlin", 8, 0, 100.0)
+    ok.engine = EngineFacts(linear_kernel="MarlinLinearKernel")
     assert bench.honesty_flags(ok, {"expect_kernel": "Marlin"}, {"min_measured_s": 1.0}) == []
-    assert ok["kernel_ok"] is True
+    assert ok.kernel_ok is True

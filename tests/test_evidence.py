@@ -9,7 +9,7 @@ import yaml
 from conftest import REPO
 from speedsplit import config as C
 from speedsplit.aggregate import TABLES, write_tables
-from speedsplit.results import read_result
+from speedsplit.record import read_result
 
 EVIDENCE = sorted(p for p in (REPO / "docs/evidence").iterdir() if p.is_dir())
 FILE_LIKE = re.compile(r"\.(json|jsonl|csv|md|html|yaml|yml|sh|png|svg|parquet|log|py|txt)$")

@@ -4,6 +4,7 @@ import pytest
 
 from speedsplit import loadgen
 from speedsplit.ceiling import make_app, serve_in_thread
+from speedsplit.record import RequestRecord
 
 
 @pytest.fixture(scope="module")
@@ -28,27 +29,26 @@ def spec(url, **kw) -> loadgen.LoadSpec:
 
 
 def test_closed_loop_counts_every_request_and_token(server_url):
-    out = loadgen.run(spec(server_url))
-    s = out["summary"]
-    assert s["requests"] == 6 and s["completed"] == 6 and s["failed"] == 0
-    assert s["output_tokens"] == 6 * 5
-    assert s["output_tok_s"] == pytest.approx(s["output_tokens"] / s["wall_s"])
-    assert s["wrong_output_length"] == 0 and s["wrong_prompt_length"] == 0
-    measured = [r for r in out["records"] if r["phase"] == "measured"]
-    warm = [r for r in out["records"] if r["phase"] == "warmup"]
+    s, records = loadgen.run(spec(server_url))
+    assert s.requests == 6 and s.completed == 6 and s.failed == 0
+    assert s.output_tokens == 6 * 5
+    assert s.output_tok_s == pytest.approx(s.output_tokens / s.wall_s)
+    assert s.wrong_output_length == 0 and s.wrong_prompt_length == 0
+    measured = [r for r in records if r.phase == "measured"]
+    warm = [r for r in records if r.phase == "warmup"]
     assert len(warm) == 3 and len(measured) == 6
     for r in measured:
-        assert r["first_token"] >= r["sent"] and r["end"] >= r["first_token"]
-        assert len(r["gaps"]) == 4  # 5 chunks -> 4 inter-token gaps
+        assert r.first_token >= r.sent and r.end >= r.first_token
+        assert len(r.gaps) == 4  # 5 chunks -> 4 inter-token gaps
     # closed loop: a user's second request is sent after its first ended
     by_user = {}
     for r in measured:
-        by_user.setdefault(r["user"], []).append(r)
+        by_user.setdefault(r.user, []).append(r)
     for reqs in by_user.values():
-        first, second = sorted(reqs, key=lambda r: r["index"])
-        assert second["sent"] >= first["end"]
+        first, second = sorted(reqs, key=lambda r: r.index)
+        assert second.sent >= first.end
     for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
-        assert set(s[key]) == {"mean", "median", "p90", "p99"} and s[key]["median"] > 0
+        assert getattr(s, key).median > 0
 
 
 def test_request_bodies_force_the_output_length():
@@ -68,7 +68,7 @@ def test_wrong_output_length_is_counted(server_url):
     s = spec(server_url)
     s.output_tokens = 5
     records = [
-        loadgen.RequestRecord(
+        RequestRecord(
             user=0,
             index=0,
             phase="measured",
@@ -80,19 +80,19 @@ def test_wrong_output_length_is_counted(server_url):
             prompt_tokens=4,
         )
     ]
-    assert loadgen.summarize(records, 1.0, s)["wrong_output_length"] == 1
+    assert loadgen.summarize(records, 1.0, s).wrong_output_length == 1
 
 
 def test_stalled_server_is_recorded_as_stall():
     url, _ = serve_in_thread(make_app(delay_s=3.0))
-    out = loadgen.run(spec(url, users=1, requests_per_user=1, warmup_requests=0, stall_timeout_s=0.5))
-    assert out["summary"]["failures"] == {"stall": 1}
+    s, _ = loadgen.run(spec(url, users=1, requests_per_user=1, warmup_requests=0, stall_timeout_s=0.5))
+    assert s.failures == {"stall": 1}
 
 
 def test_unreachable_server_is_a_connection_failure():
-    out = loadgen.run(spec("http://127.0.0.1:9", users=2, requests_per_user=1, warmup_requests=0))
-    assert out["summary"]["failures"] == {"connection": 2}
-    assert out["summary"]["output_tok_s"] == 0
+    s, _ = loadgen.run(spec("http://127.0.0.1:9", users=2, requests_per_user=1, warmup_requests=0))
+    assert s.failures == {"connection": 2}
+    assert s.output_tok_s == 0
 
 
 def test_each_request_sends_its_own_prompt_and_a_seed_fixed_by_its_identity():

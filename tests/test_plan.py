@@ -34,9 +34,10 @@ def test_lanes_on_gpus_follow_the_cards_available(cfg):
     firsts = [j for j, p in prev.items() if p is None]
     assert len(firsts) == 2  # two single-card lanes
     # sessions never split across lanes: within a session each job follows the previous one
+    plans = P.session_plans(cfg)
     for job, p in prev.items():
         if p is not None and P.session_key(cfg, p) != P.session_key(cfg, job):
-            assert P.last_in_session(cfg, p)
+            assert plans[P.session_key(cfg, p)].is_last(p)
 
 
 def test_sessions_and_their_last_cell(cfg):
@@ -45,9 +46,13 @@ def test_sessions_and_their_last_cell(cfg):
     assert key == "tiny/hf-fp16/tp1/run0"
     members = [j for j in jobs if P.session_key(cfg, j) == key]
     assert len(members) == 4
-    assert [P.last_in_session(cfg, j) for j in members] == [False, False, False, True]
+    plan = P.session_plans(cfg)[key]
+    assert [plan.is_last(j) for j in members] == [False, False, False, True]
+    assert plan.log == "results/logs/sessions/tiny__hf-fp16__tp1__run0.log"
+    assert plan.cache_dir == "results/cache/hf-fp16" and plan.idle_timeout_s == cfg["benchmark"]["idle_timeout_s"]
     cfg["benchmark"]["server_reuse"] = "per_cell"
-    assert all(P.last_in_session(cfg, j) for j in members)
+    plans = P.session_plans(cfg)
+    assert all(plans[P.session_key(cfg, j)].is_last(j) for j in members)
     cfg["benchmark"]["server_reuse"] = "per_stack"
     assert P.session_key(cfg, jobs[0]) == "tiny/hf-fp16/tp1/all"
     ordered = P.bench_jobs(cfg)
@@ -71,3 +76,14 @@ def test_topology_stack_lists_and_unknown_jobs():
     }
     with pytest.raises(C.ConfigError, match="no benchmark job"):
         P.find_job(cfg, "llama-3.1-8b", "hf-fp16", "tp4", "u8-study-wide-greedy", 0)
+
+
+def test_a_job_finds_its_session_in_the_plan_file(cfg, tmp_path):
+    from speedsplit.results import write_json_atomic
+
+    write_json_atomic(tmp_path / "plan.json", P.plan_json(cfg))
+    jobs = P.bench_jobs(cfg)
+    plan = P.session_of(tmp_path / "plan.json", jobs[1].result)
+    assert plan == P.session_plans(cfg)[P.session_key(cfg, jobs[1])]
+    with pytest.raises(C.ConfigError, match="no job writes results/bench/x.json"):
+        P.session_of(tmp_path / "plan.json", "results/bench/x.json")

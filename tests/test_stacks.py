@@ -23,9 +23,10 @@ def test_engine_facts_from_a_vllm_log():
     assert f["kv_cache_tokens"] == 1034880
     assert f["max_concurrency"] == pytest.approx(505.31)
     assert f["quantization"] == "gptq_marlin" and f["dtype"] == "torch.float16"
-    assert stacks.kernel_matches("Marlin", f) is True
-    assert stacks.kernel_matches("Machete", f) is False
-    assert stacks.kernel_matches("", f) is None
+    assert stacks.kernel_matches("Marlin", f["linear_kernel"]) is True
+    assert stacks.kernel_matches("Machete", f["linear_kernel"]) is False
+    assert stacks.kernel_matches("", f["linear_kernel"]) is None
+    assert stacks.kernel_matches("Marlin", None) is False
     assert stacks.engine_facts("nothing here")["linear_kernel"] is None
 
 

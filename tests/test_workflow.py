@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from conftest import REPO, planned_outputs, run_snakemake, snakemake_bin
-from speedsplit.results import read_result
+from speedsplit.record import read_result
 
 PLANTED_TOKEN = "hf_PlantedSecretToken0123456789abcdef"
 
@@ -74,18 +74,18 @@ def test_every_result_is_complete_and_honest(workdir):
     assert len(results) == 3 * 2 * 2  # stacks x cells x runs
     for path in results:
         res = read_result(path)
-        assert res["status"] == "ok", (path, res.get("server"))
-        s = res["summary"]
-        assert s["failed"] == 0 and s["wrong_output_length"] == 0 and s["wrong_prompt_length"] == 0
-        assert s["output_tok_s"] > 0
-        assert res["provenance"]["versions"]["transformers"]
+        assert res.status == "ok", (path, res.server)
+        s = res.summary
+        assert s.failed == 0 and s.wrong_output_length == 0 and s.wrong_prompt_length == 0
+        assert s.output_tok_s > 0
+        assert res.provenance.versions["transformers"]
         requests = path.with_name(path.stem + ".requests.jsonl").read_text().splitlines()
-        assert len(requests) == s["requests"] + res["params"]["users"] * res["params"]["warmup_requests"]
-        if res["stack"] == "vllm-marlin":
+        assert len(requests) == s.requests + res.params.users * res.params.warmup_requests
+        if res.stack == "vllm-marlin":
             # vLLM's CPU build has no Marlin: the GPTQ model runs on its CPU int4 kernel, and the
             # result says so
-            assert res["engine"]["linear_kernel"] == "CPUWNA16LinearKernel" and res["kernel_ok"] is True
-    reused = [read_result(p)["server"]["reused"] for p in results]
+            assert res.engine.linear_kernel == "CPUWNA16LinearKernel" and res.kernel_ok is True
+    reused = [read_result(p).server.reused for p in results]
     assert reused.count(False) == 3  # one server start per stack (server_reuse: per_stack)
     quant = json.loads((workdir / "results/quantize/tiny/gptq-w4g128.json").read_text())
     assert quant["method"] == "gptqmodel" and quant["quality"]["status"] == "measured"
@@ -191,6 +191,20 @@ def test_editing_one_cell_reruns_exactly_that_cell(workdir):
         ["-n", "--configfile", "ci.yaml", "--cores", "2", "--resources", "gpu=1"], workdir, timeout=300
     )
     assert "Nothing to be done" in unchanged.stdout + unchanged.stderr
+
+
+@pytest.mark.slow
+def test_a_new_timeout_rewrites_the_plan_and_reruns_no_cell(workdir):
+    """Timeouts and the session layout reach bench jobs through results/plan.json, an ancient
+    input: changing them rewrites the plan, never a finished cell."""
+    cfg = yaml.safe_load((workdir / "ci.yaml").read_text())
+    cfg.setdefault("benchmark", {})["idle_timeout_s"] = 33
+    (workdir / "timeout.yaml").write_text(yaml.safe_dump(cfg))
+    out = run_snakemake(
+        ["-n", "--configfile", "timeout.yaml", "--cores", "2", "--resources", "gpu=1"], workdir, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "rule plan:" in out.stdout and planned_outputs(out.stdout) == []
 
 
 @pytest.mark.slow

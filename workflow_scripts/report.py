@@ -12,7 +12,7 @@ write_report(
     sm.output[0],
     config=sm.params.config,
     result_paths=list(sm.input.results),
-    tables_dir=Path(sm.input.cells).parent,
+    tables_dir=Path(sm.input.tables[0]).parent,
     plots_dir=sm.input.plots,
 )
 print(f"report: {Path(sm.output[0]).resolve()}")

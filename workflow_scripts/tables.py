@@ -11,7 +11,7 @@ to_log(sm)
 write_tables(
     list(sm.input.results),
     sm.params.chains,
-    Path(sm.output.cells).parent,
-    getattr(sm.input, "bandwidth", None),
+    Path(sm.output.cells_parquet).parent,
+    sm.input.bandwidth,
     sm.params.tolerate_flags,
 )

@@ -53,6 +53,22 @@ def _pct(samples: np.ndarray, level: float = 0.95) -> tuple[float | None, float 
     return (float(lo), float(hi))
 
 
+def bootstrap_medians(values, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """Medians of n_boot resamples (with replacement) of values: the one bootstrap of the
+    analysis, for cell intervals and for factors alike."""
+    v = np.asarray(values, dtype=float)
+    return np.median(v[rng.integers(0, v.size, size=(n_boot, v.size))], axis=1)
+
+
+def median_ci(values, n_boot: int = N_BOOT, seed: int = 0) -> tuple[float | None, float | None, float | None]:
+    """Median of values (None skipped) with its 95% bootstrap interval; Nones if empty."""
+    v = [x for x in values if x is not None]
+    if not v:
+        return None, None, None
+    lo, hi = _pct(bootstrap_medians(v, n_boot, np.random.default_rng(seed)))
+    return _median(v), lo, hi
+
+
 def log_shares(factors: list[float]) -> tuple[list[float | None], str]:
     """ln(f)/ln(total) per factor, or None everywhere with the reason when total is near 1."""
     total = math.prod(factors)
@@ -101,9 +117,7 @@ def attribute(
     rng = np.random.default_rng(seed)
     boot_med = np.empty((n_boot, len(chain)))
     for j, stack in enumerate(chain):
-        runs = np.asarray(throughput[stack], dtype=float)
-        idx = rng.integers(0, runs.size, size=(n_boot, runs.size))
-        boot_med[:, j] = np.median(runs[idx], axis=1)
+        boot_med[:, j] = bootstrap_medians(throughput[stack], n_boot, rng)
     boot_f = boot_med[:, 1:] / boot_med[:, :-1]
     boot_total = boot_med[:, -1] / boot_med[:, 0]
     with np.errstate(divide="ignore", invalid="ignore"):

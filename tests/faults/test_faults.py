@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from conftest import REPO, planned_outputs, run_snakemake
-from speedsplit import bench, lease, procs, session, stacks
+from speedsplit import bench, lease, plan, procs, session, stacks
 from speedsplit import config as C
-from speedsplit.results import read_result
+from speedsplit.record import read_result
 
 pytestmark = pytest.mark.slow
 
@@ -41,19 +41,31 @@ def cell(cfg, **kw):
     return params
 
 
-def run_cell(tmp_path, stack, cell_params, model_dir, tokenizer_dir, key, **kw):
+def session_plan(tmp_path, key, stack, cell_params, last_in_session=True, idle_timeout_s=120.0, lease_timeout_s=3600.0):
+    """The plan of a one-cell session (or, last_in_session=False, of a longer one)."""
+    own = plan.BenchJob(stack["model"], stack["stack"], stack["topology"], cell_params["cell"], 0).result
+    return plan.SessionPlan(
+        key=key,
+        log=str(tmp_path / "session.log"),
+        cache_dir=str(tmp_path / "cache"),
+        last_job=own if last_in_session else "results/bench/a/later/job.json",
+        idle_timeout_s=idle_timeout_s,
+        lease_timeout_s=lease_timeout_s,
+    )
+
+
+def run_cell(tmp_path, stack, cell_params, model_dir, tokenizer_dir, key, last_in_session=True, **kw):
     kw.setdefault("owner", procs.me())
+    timeouts = {k: kw.pop(k) for k in ("idle_timeout_s", "lease_timeout_s") if k in kw}
     return bench.measure(
-        session_key=key,
         stack=stack,
         cell=cell_params,
         run=0,
+        session=session_plan(tmp_path, key, stack, cell_params, last_in_session, **timeouts),
         model_dir=model_dir,
         tokenizer_dir=tokenizer_dir,
         out_json=tmp_path / "r.json",
         out_requests=tmp_path / "r.requests.jsonl",
-        session_log=tmp_path / "session.log",
-        cache_dir=tmp_path / "cache",
         **kw,
     )
 
@@ -125,14 +137,14 @@ def test_server_killed_mid_cell(cfg, tmp_path, tiny_model, gptq_model):
     t.start()
     res = run_cell(tmp_path, stack, params, gptq_model, tiny_model, key, progress=progress)
     t.join()
-    assert res["status"] == "server_died"
+    assert res.status == "server_died"
     assert len(seen["tree"]) >= 2  # the API server and its engine core
     assert seen["listen"] == {"127.0.0.1"}  # servers bind loopback only
-    assert res["summary"]["failed"] > 0 and res["summary"]["failures"].get("connection")
+    assert res.summary.failed > 0 and res.summary.failures.get("connection")
     records = [json.loads(x) for x in (tmp_path / "r.requests.jsonl").read_text().splitlines()]
-    assert len(records) == 2 * 1 + 2 * 8 == 2 + res["summary"]["requests"]  # every request kept, done or not
-    assert "kernel_mismatch" in res["flags"] and res["engine"]["linear_kernel"] == "CPUWNA16LinearKernel"
-    assert read_result(tmp_path / "r.json")["status"] == "server_died"
+    assert len(records) == 2 * 1 + 2 * 8 == 2 + res.summary.requests  # every request kept, done or not
+    assert "kernel_mismatch" in res.flags and res.engine.linear_kernel == "CPUWNA16LinearKernel"
+    assert read_result(tmp_path / "r.json").status == "server_died"
     assert_gone(seen["tree"] + [seen["daemon"]])
     assert card_is_free()
 
@@ -143,11 +155,11 @@ def test_stack_that_cannot_start(cfg, tmp_path, tiny_model):
     stack["args"] = stack["args"] + ["--no-such-flag"]
     t0 = time.monotonic()
     res = run_cell(tmp_path, stack, cell(cfg), tiny_model, tiny_model, "faults/nostart/run0")
-    assert res["status"] == "startup_failed"
-    assert "exited with code" in res["server"]["error"]
-    assert "no-such-flag" in res["server"]["log_tail"]
+    assert res.status == "startup_failed"
+    assert "exited with code" in res.server.error
+    assert "no-such-flag" in res.server.log_tail
     assert time.monotonic() - t0 < 120
-    assert read_result(tmp_path / "r.json")["summary"] == {}
+    assert read_result(tmp_path / "r.json").summary is None
 
 
 def test_server_that_never_gets_ready(cfg, tmp_path, tiny_model):
@@ -173,7 +185,7 @@ def test_server_that_never_gets_ready(cfg, tmp_path, tiny_model):
     t0 = time.monotonic()
     res = run_cell(tmp_path, stack, cell(cfg), tiny_model, tiny_model, key)
     t.join()
-    assert res["status"] == "startup_failed" and "not ready within 6 s" in res["server"]["error"]
+    assert res.status == "startup_failed" and "not ready within 6 s" in res.server.error
     assert time.monotonic() - t0 < 60
     assert seen, "the daemon never published the server it launched"
     assert_gone(seen)
@@ -186,12 +198,12 @@ def test_missing_or_corrupt_model_folder(cfg, tmp_path, tiny_model):
     shutil.copytree(tiny_model, bad)
     (bad / "config.json").write_text("{not json")
     res = run_cell(tmp_path, stack, cell(cfg), bad, tiny_model, "faults/corrupt/run0")
-    assert res["status"] == "startup_failed" and "config.json is corrupt" in res["server"]["error"]
+    assert res.status == "startup_failed" and "config.json is corrupt" in res.server.error
     res = run_cell(tmp_path, stack, cell(cfg), tmp_path / "absent", tiny_model, "faults/absent/run0")
-    assert res["status"] == "startup_failed" and "does not exist" in res["server"]["error"]
+    assert res.status == "startup_failed" and "does not exist" in res.server.error
     gptq = C.stack_params(cfg, "tiny", "vllm-marlin", "tp1")
     res = run_cell(tmp_path, gptq, cell(cfg), tiny_model, tiny_model, "faults/notgptq/run0")
-    assert res["status"] == "startup_failed" and "not GPTQ-quantized" in res["server"]["error"]
+    assert res.status == "startup_failed" and "not GPTQ-quantized" in res.server.error
 
 
 def test_lease_not_had_in_time(cfg, tmp_path, tiny_model):
@@ -199,7 +211,7 @@ def test_lease_not_had_in_time(cfg, tmp_path, tiny_model):
     with lease.acquire_gpus(1, timeout_s=5, devices=["cpu"]):  # someone else holds the card
         t0 = time.monotonic()
         res = run_cell(tmp_path, stack, cell(cfg), tiny_model, tiny_model, "faults/lease/run0", lease_timeout_s=1.0)
-    assert res["status"] == "startup_failed" and "could not lease 1" in res["server"]["error"]
+    assert res.status == "startup_failed" and "could not lease 1" in res.server.error
     assert time.monotonic() - t0 < 30
 
 
@@ -229,8 +241,8 @@ def test_a_tokenizer_error_is_an_error_result(cfg, tmp_path, tiny_model):
     empty.mkdir()
     key = "faults/tokenizer/run0"
     res = run_cell(tmp_path, stack, cell(cfg), tiny_model, empty, key)
-    assert res["status"] == "error" and res["error"]["type"] and res["error"]["message"]
-    assert read_result(tmp_path / "r.json")["status"] == "error"
+    assert res.status == "error" and res.error.type and res.error.message
+    assert read_result(tmp_path / "r.json").status == "error"
     st = session.Session(key).state()
     assert st["state"] == "stopped"
     assert_gone(server_processes(st) + [session.daemon_of(st)])
@@ -263,8 +275,8 @@ def test_hanging_server_is_server_hung(cfg, tmp_path, tiny_model):
     t0 = time.monotonic()
     res = run_cell(tmp_path, stack, params, tiny_model, tiny_model, key, progress=progress)
     t.join()
-    assert res["status"] == "server_hung", res["summary"]
-    assert res["summary"]["failures"].get("stall")
+    assert res.status == "server_hung", res.summary
+    assert res.summary.failures.get("stall")
     assert time.monotonic() - t0 < 300
     assert_gone(seen["tree"])
 
@@ -331,7 +343,7 @@ JOB = """
 import os, sys
 sys.path.insert(0, {repo!r})
 from pathlib import Path
-from speedsplit import bench, config as C, procs
+from speedsplit import bench, config as C, plan, procs
 cfg = C.load({config!r})
 stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
 cell = C.cell_params(cfg, C.cells(cfg)[0])
@@ -340,9 +352,12 @@ t = Path({tmp!r})
 def progress(msg):
     with open(t / "progress.txt", "a") as f:
         f.write(msg + "\\n")
-bench.measure(session_key={key!r}, stack=stack, cell=cell, run=0, model_dir={model!r},
+session = plan.SessionPlan(key={key!r}, log=str(t / "session.log"), cache_dir=str(t / "cache"),
+                           last_job=plan.BenchJob("tiny", "hf-fp16", "tp1", cell["cell"], 0).result,
+                           idle_timeout_s=120.0, lease_timeout_s=3600.0)
+bench.measure(stack=stack, cell=cell, run=0, session=session, model_dir={model!r},
               tokenizer_dir={model!r}, out_json=t / "r.json", out_requests=t / "r.requests.jsonl",
-              session_log=t / "session.log", cache_dir=t / "cache", owner=procs.me(), progress=progress,
+              owner=procs.me(), progress=progress,
               workdir=os.getcwd())
 """
 
@@ -405,8 +420,8 @@ def test_a_full_disk_while_the_result_is_written(cfg, tmp_path, tiny_model, limi
     if outcome == "error result":
         assert job.returncode == 0, err.decode()[-2000:]
         res = read_result(tmp_path / "r.json")
-        assert res["status"] == "error" and res["error"]["type"] == "OSError"
-        assert "writing the result failed" in res["error"]["message"] and "File too large" in res["error"]["message"]
+        assert res.status == "error" and res.error.type == "OSError"
+        assert "writing the result failed" in res.error.message and "File too large" in res.error.message
         assert (tmp_path / "r.requests.jsonl").read_text() == ""
     else:
         assert job.returncode != 0 and b"File too large" in err
@@ -440,9 +455,9 @@ def test_two_workflows_with_the_same_names_keep_their_own_servers(cfg, tmp_path,
 
     short = cell(cfg, users=2, requests_per_user=1, output_tokens=8, prompt_tokens=16)
     a1 = cell_in("a", short)
-    assert a1["status"] == "ok" and serving("a") is True
+    assert a1.status == "ok" and serving("a") is True
     b1 = cell_in("b", short)
-    assert b1["status"] == "ok" and b1["server"]["reused"] is False
+    assert b1.status == "ok" and b1.server.reused is False
     assert serving("b") is True  # b's server serves b's model
     # a's idle server was evicted for the card (a CPU has one), never used by b
     assert session.Session(key, wd["a"]).state()["state"] == "stopped"
@@ -456,9 +471,9 @@ def test_two_workflows_with_the_same_names_keep_their_own_servers(cfg, tmp_path,
     b2 = cell_in("b", short, lease_timeout_s=3.0)
     _, err = job.communicate(timeout=240)
     assert job.returncode == 0, err.decode()[-2000:]
-    assert b2["status"] == "startup_failed" and "could not lease" in b2["server"]["error"]
+    assert b2.status == "startup_failed" and "could not lease" in b2.server.error
     a2 = read_result(out_a / "r.json")
-    assert a2["status"] == "ok" and a2["summary"]["failed"] == 0
+    assert a2.status == "ok" and a2.summary.failed == 0
     for name in wd:
         session.stop_daemon(session.Session(key, wd[name]))
     assert card_is_free()
@@ -470,8 +485,8 @@ def test_eviction_racing_a_cell_that_attaches(cfg, tmp_path, tiny_model):
     is never evicted."""
     stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
     key = "faults/race/run0"
-    spec = {"stack": stack, "model_dir": str(tiny_model), "cache_dir": str(tmp_path / "cache")}
-    sess, _, gen = session.open_session(key, spec, tmp_path / "s.log", procs.me(), 120, 60)
+    launch = {"stack": stack, "model_dir": str(tiny_model), "cache_dir": str(tmp_path / "cache")}
+    sess, _, gen = session.open_session(key, launch, tmp_path / "s.log", procs.me(), 120, 60)
     st = session.wait_ready(sess, gen, 120)
     assert st["state"] == "ready"
     tree = server_processes(st)
@@ -502,11 +517,11 @@ def test_eviction_racing_a_cell_that_attaches(cfg, tmp_path, tiny_model):
     finally:
         stop.set()
         t.join()
-    assert res["status"] in ("ok", "startup_failed"), res
-    if res["status"] == "ok":
-        assert res["summary"]["failed"] == 0
+    assert res.status in ("ok", "startup_failed"), res
+    if res.status == "ok":
+        assert res.summary.failed == 0
     else:  # evicted before every attach: said so, never measured on a stopped server
-        assert "stopped 3 times" in res["server"]["error"]
+        assert "stopped 3 times" in res.server.error
 
 
 def test_sigterm_during_the_daemons_cleanup(cfg, tmp_path, tiny_model):
@@ -514,8 +529,8 @@ def test_sigterm_during_the_daemons_cleanup(cfg, tmp_path, tiny_model):
     free only once the servers are gone."""
     stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
     key = "faults/cleanup/run0"
-    spec = {"stack": stack, "model_dir": str(tiny_model), "cache_dir": str(tmp_path / "cache")}
-    sess, _, gen = session.open_session(key, spec, tmp_path / "s.log", procs.me(), 120, 60)
+    launch = {"stack": stack, "model_dir": str(tiny_model), "cache_dir": str(tmp_path / "cache")}
+    sess, _, gen = session.open_session(key, launch, tmp_path / "s.log", procs.me(), 120, 60)
     st = session.wait_ready(sess, gen, 120)
     tree = server_processes(st)
     daemon = session.daemon_of(st)
@@ -543,8 +558,8 @@ def test_a_rerun_after_editing_the_stacks_environment_reports_the_new_launch(cfg
     first = run_cell(tmp_path, stack, params, tiny_model, tiny_model, key)
     stack["env"] = {**stack["env"], "VLLM_CPU_KVCACHE_SPACE": "2"}
     second = run_cell(tmp_path, stack, params, tiny_model, tiny_model, key)
-    assert first["status"] == second["status"] == "ok"
-    kv1, kv2 = first["engine"]["kv_cache_tokens"], second["engine"]["kv_cache_tokens"]
+    assert first.status == second.status == "ok"
+    kv1, kv2 = first.engine.kv_cache_tokens, second.engine.kv_cache_tokens
     assert kv1 and kv2 == 2 * kv1, (kv1, kv2)
     log = (tmp_path / "session.server0.log").read_text()
     assert log.count("[speedsplit] launching:") == 2 and f"{kv1:,}" in log

@@ -1,104 +1,127 @@
-"""Tables from result files (never from a running server): one row per run, one per cell
-with bootstrap intervals, and the chain attribution, crossover and cross-model stability.
+"""The analysis as typed polars frames, computed from result records (never from a running
+server): one row per run, one per cell with bootstrap intervals, and the chain attribution,
+crossover and cross-model stability. Numbers and lists only: how they are shown (CSV,
+markdown, HTML, "none in range") is speedsplit/analysis/formats.py.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Collection
-from pathlib import Path
 
 import numpy as np
 import polars as pl
 
 from speedsplit.analysis import attribution as attr
 from speedsplit.analysis import roofline
-from speedsplit.results import read_result, write_bytes_atomic
+from speedsplit.record import RunResult
 
 CELL_KEYS = ["model", "topology", "cell", "users", "workload", "sampling", "prompt_tokens", "output_tokens"]
 LATENCY = ["ttft_s", "tpot_s", "itl_s", "e2e_s"]
 
 
-def _gpu_name(res: dict) -> str:
-    hw = res["provenance"].get("hardware", {})
-    gpus = hw.get("gpus") or []
-    devices = (res.get("server") or {}).get("devices") or []
-    if gpus:
-        names = sorted({g["name"] for g in gpus if not devices or g["index"] in devices} or {gpus[0]["name"]})
+def _gpu_name(res: RunResult) -> str:
+    hw = res.provenance.hardware
+    devices = res.server.devices if res.server and res.server.devices else []
+    if hw.gpus:
+        names = sorted({g.name for g in hw.gpus if not devices or g.index in devices} or {hw.gpus[0].name})
         return ", ".join(names)
-    return f"CPU: {hw.get('host_cpu', 'unknown')}"
+    return f"CPU: {hw.host_cpu}"
 
 
-def runs_frame(paths: list[str | Path]) -> pl.DataFrame:
-    """One row per run; refuses (ResultError) any file that is corrupt or truncated."""
+LATENCY_Q = ("median", "p90", "p99")
+RUNS_SCHEMA = {
+    "model": pl.Utf8,
+    "stack": pl.Utf8,
+    "topology": pl.Utf8,
+    "cell": pl.Utf8,
+    "users": pl.Int64,
+    "workload": pl.Utf8,
+    "sampling": pl.Utf8,
+    "prompt_tokens": pl.Int64,
+    "output_tokens": pl.Int64,
+    "run": pl.Int64,
+    "status": pl.Utf8,
+    "flags": pl.List(pl.Utf8),
+    "output_tok_s": pl.Float64,
+    "request_s": pl.Float64,
+    "completed": pl.Int64,
+    "failed": pl.Int64,
+    "failures": pl.Utf8,  # JSON object: failed requests by cause
+    "wall_s": pl.Float64,
+    "linear_kernel": pl.Utf8,
+    "kernel_ok": pl.Boolean,
+    "attention_backend": pl.Utf8,
+    "weight_memory_gib": pl.Float64,
+    "startup_s": pl.Float64,
+    "reused": pl.Boolean,
+    "platform": pl.Utf8,
+    "hardware": pl.Utf8,
+    "error": pl.Utf8,
+    "variant": pl.Utf8,
+    "tensor_parallel": pl.Int64,
+    "instances": pl.Int64,
+    "model_shape": pl.Utf8,  # JSON object: the served model's shape (for the roofline)
+    **{f"{m}_{q}": pl.Float64 for m in LATENCY for q in LATENCY_Q},
+}
+
+
+def runs_frame(results: list[RunResult]) -> pl.DataFrame:
+    """One row per run."""
     rows = []
-    for path in paths:
-        res = read_result(path)
-        p, s = res["params"], res.get("summary") or {}
-        server, engine = res.get("server") or {}, res.get("engine") or {}
+    for res in results:
+        p, s, ok = res.params, res.summary, res.status == "ok"
         row = {
-            "model": res["model"],
-            "stack": res["stack"],
-            "topology": res["topology"],
-            "cell": res["cell"],
-            "users": p["users"],
-            "workload": p["workload"],
-            "sampling": p["sampling"],
-            "prompt_tokens": p["prompt_tokens"],
-            "output_tokens": p["output_tokens"],
-            "run": res["run"],
-            "status": res["status"],
-            "flags": ",".join(res.get("flags") or []),
-            "output_tok_s": s.get("output_tok_s") if res["status"] == "ok" else None,
-            "request_s": s.get("request_s") if res["status"] == "ok" else None,
-            "completed": s.get("completed", 0),
-            "failed": s.get("failed", 0),
-            "failures": json.dumps(s.get("failures") or {}, sort_keys=True),
-            "wall_s": s.get("wall_s"),
-            "linear_kernel": engine.get("linear_kernel"),
-            "kernel_ok": res.get("kernel_ok"),
-            "attention_backend": engine.get("attention_backend"),
-            "weight_memory_gib": engine.get("weight_memory_gib"),
-            "startup_s": server.get("startup_s"),
-            "reused": bool(server.get("reused")),
-            "platform": res["stack_def"]["platform"],
+            "model": res.model,
+            "stack": res.stack,
+            "topology": res.topology,
+            "cell": res.cell,
+            "users": p.users,
+            "workload": p.workload,
+            "sampling": p.sampling,
+            "prompt_tokens": p.prompt_tokens,
+            "output_tokens": p.output_tokens,
+            "run": res.run,
+            "status": res.status,
+            "flags": list(res.flags),
+            "output_tok_s": s.output_tok_s if ok and s else None,
+            "request_s": s.request_s if ok and s else None,
+            "completed": s.completed if s else 0,
+            "failed": s.failed if s else 0,
+            "failures": json.dumps(s.failures if s else {}, sort_keys=True),
+            "wall_s": s.wall_s if s else None,
+            "linear_kernel": res.engine.linear_kernel,
+            "kernel_ok": res.kernel_ok,
+            "attention_backend": res.engine.attention_backend,
+            "weight_memory_gib": res.engine.weight_memory_gib,
+            "startup_s": res.server.startup_s if res.server else None,
+            "reused": bool(res.server and res.server.reused),
+            "platform": res.stack_def.platform,
             "hardware": _gpu_name(res),
-            "error": server.get("error") or (res.get("error") or {}).get("message"),
-            "variant": res["stack_def"].get("variant"),
-            "tensor_parallel": res["stack_def"].get("tensor_parallel", 1),
-            "instances": res["stack_def"].get("instances", 1),
-            "model_config": json.dumps(res.get("model_config") or {}, sort_keys=True),
+            "error": (res.server and res.server.error) or (res.error and res.error.message) or None,
+            "variant": res.stack_def.variant,
+            "tensor_parallel": res.stack_def.tensor_parallel,
+            "instances": res.stack_def.instances,
+            "model_shape": res.model_shape.model_dump_json(exclude_none=True),
         }
         for metric in LATENCY:
-            dist = s.get(metric) or {}
-            for q in ("median", "p90", "p99"):
-                row[f"{metric}_{q}"] = dist.get(q) if res["status"] == "ok" else None
+            dist = getattr(s, metric) if ok and s else None
+            for q in LATENCY_Q:
+                row[f"{metric}_{q}"] = getattr(dist, q) if dist else None
         rows.append(row)
-    schema_overrides = {
-        "kernel_ok": pl.Boolean,
-        "output_tok_s": pl.Float64,
-        "request_s": pl.Float64,
-        "startup_s": pl.Float64,
-        "weight_memory_gib": pl.Float64,
-        "wall_s": pl.Float64,
-        "linear_kernel": pl.Utf8,
-        "attention_backend": pl.Utf8,
-        "error": pl.Utf8,
-    }
-    schema_overrides.update({f"{m}_{q}": pl.Float64 for m in LATENCY for q in ("median", "p90", "p99")})
-    return pl.DataFrame(rows, schema_overrides=schema_overrides, infer_schema_length=None)
+    return pl.DataFrame(rows, schema=RUNS_SCHEMA)
 
 
-def bootstrap_median(
-    values: list[float], n_boot: int = attr.N_BOOT, seed: int = 0
-) -> tuple[float | None, float | None, float | None]:
-    v = np.asarray([x for x in values if x is not None], dtype=float)
-    if v.size == 0:
-        return None, None, None
-    rng = np.random.default_rng(seed)
-    boots = np.median(v[rng.integers(0, v.size, size=(n_boot, v.size))], axis=1)
-    lo, hi = np.percentile(boots, [2.5, 97.5])
-    return float(np.median(v)), float(lo), float(hi)
+_INTERVALS = ["output_tok_s", "ttft_s_p99", "e2e_s_p99"] + [f"{m}_median" for m in LATENCY]
+CELLS_TYPES = {
+    "statuses": pl.List(pl.Utf8),
+    "flags": pl.List(pl.Utf8),
+    "linear_kernel": pl.List(pl.Utf8),
+    "kernel_ok": pl.Boolean,
+    "startup_s": pl.Float64,
+    "weight_memory_gib": pl.Float64,
+    **{f"{m}{end}": pl.Float64 for m in _INTERVALS for end in ("", "_lo", "_hi")},
+}
 
 
 def cells_frame(runs: pl.DataFrame) -> pl.DataFrame:
@@ -109,16 +132,16 @@ def cells_frame(runs: pl.DataFrame) -> pl.DataFrame:
         row = dict(zip(keys, group))
         ok = df.filter(pl.col("status") == "ok")
         for metric in ["output_tok_s"] + [f"{m}_median" for m in LATENCY] + ["ttft_s_p99", "e2e_s_p99"]:
-            med, lo, hi = bootstrap_median(ok[metric].to_list())
+            med, lo, hi = attr.median_ci(ok[metric].to_list())
             row[metric], row[f"{metric}_lo"], row[f"{metric}_hi"] = med, lo, hi
         row.update(
             runs=df.height,
             runs_ok=ok.height,
-            statuses=",".join(sorted(set(df["status"].to_list()))),
+            statuses=sorted(set(df["status"].to_list())),
             failed_requests=int(df["failed"].sum()),
             failures=_merge_counts(df["failures"].to_list()),
-            flags=",".join(sorted({f for fl in df["flags"].to_list() for f in fl.split(",") if f})),
-            linear_kernel=",".join(sorted({k for k in df["linear_kernel"].to_list() if k})) or None,
+            flags=sorted({f for fl in df["flags"].to_list() for f in fl}),
+            linear_kernel=sorted({k for k in df["linear_kernel"].to_list() if k}),
             kernel_ok=None if df["kernel_ok"].null_count() == df.height else bool(df["kernel_ok"].drop_nulls().all()),
             startup_s=_median_or_none(df["startup_s"].drop_nulls().to_list()),
             hardware=df["hardware"][0],
@@ -127,10 +150,10 @@ def cells_frame(runs: pl.DataFrame) -> pl.DataFrame:
             variant=df["variant"][0],
             tensor_parallel=df["tensor_parallel"][0],
             instances=df["instances"][0],
-            model_config=df["model_config"][0],
+            model_shape=df["model_shape"][0],
         )
         rows.append(row)
-    return pl.DataFrame(rows, infer_schema_length=None)
+    return pl.DataFrame(rows, schema_overrides=CELLS_TYPES, infer_schema_length=None)
 
 
 def with_mbu(cells: pl.DataFrame, bandwidth_gb_s: float | None) -> pl.DataFrame:
@@ -138,7 +161,7 @@ def with_mbu(cells: pl.DataFrame, bandwidth_gb_s: float | None) -> pl.DataFrame:
     as the step time) on the measured bandwidth; null where a number is missing."""
     values = []
     for row in cells.iter_rows(named=True):
-        cfg = json.loads(row["model_config"] or "{}")
+        cfg = json.loads(row["model_shape"] or "{}")
         values.append(
             None
             if not cfg
@@ -177,7 +200,7 @@ def clean_runs(df: pl.DataFrame, tolerate_flags: Collection[str] = ()) -> tuple[
     ones) and, for each other run, why it was left out ("vllm-marlin run1: kernel_mismatch")."""
     keep, why = [], []
     for row in df.iter_rows(named=True):
-        flags = [f for f in row["flags"].split(",") if f and f not in tolerate_flags]
+        flags = [f for f in row["flags"] if f not in tolerate_flags]
         if row["status"] != "ok" or row["output_tok_s"] is None:
             why.append(f"{row['stack']} run{row['run']}: {row['status']}")
         elif flags:
@@ -228,11 +251,7 @@ def attribution_frame(
 
             def counts(stacks: list[str]) -> dict:
                 out = [w for s in stacks for w in excluded[s]]
-                return {
-                    "runs_used": sum(used[s] for s in stacks),
-                    "runs_excluded": len(out),
-                    "excluded": "; ".join(out),
-                }
+                return {"runs_used": sum(used[s] for s in stacks), "runs_excluded": len(out), "excluded": out}
 
             for i, f in enumerate(a.factors):
                 rows.append(
@@ -268,6 +287,7 @@ def attribution_frame(
                 }
             )
     schema = {
+        "excluded": pl.List(pl.Utf8),
         "value": pl.Float64,
         "lo": pl.Float64,
         "hi": pl.Float64,
@@ -278,7 +298,8 @@ def attribution_frame(
         "runs_excluded": pl.Int64,
     }
     if not rows:
-        return pl.DataFrame(schema={**{k: pl.Utf8 for k in keys + ["chain", "factor", "excluded", "note"]}, **schema})
+        fixed = {**{k: RUNS_SCHEMA[k] for k in keys}, "chain": pl.Utf8, "position": pl.Int64, "factor": pl.Utf8}
+        return pl.DataFrame(schema={**fixed, **schema, "note": pl.Utf8})
     return pl.DataFrame(rows, schema_overrides=schema, infer_schema_length=None)
 
 
@@ -294,9 +315,9 @@ def crossover_frame(attribution: pl.DataFrame) -> pl.DataFrame:
         rows.append(
             {
                 **dict(zip(["chain", "model", "topology", "workload", "sampling", "factor"], group)),
-                "users_range": f"{df['users'].min()}-{df['users'].max()}",
-                "crossover_users": u,
-                "crossover": f"{u:.1f} users" if u is not None else "none in range",
+                "users_min": df["users"].min(),
+                "users_max": df["users"].max(),
+                "crossover_users": u,  # null: the share does not cross 50% in the measured range
             }
         )
     return pl.DataFrame(rows, schema_overrides={"crossover_users": pl.Float64}, infer_schema_length=None)
@@ -310,7 +331,7 @@ def stability_frame(attribution: pl.DataFrame) -> pl.DataFrame:
         rows.append(
             {
                 **dict(zip(["chain", "topology", "cell", "factor"], group)),
-                "models": ",".join(df["model"].to_list()),
+                "models": df["model"].to_list(),
                 **s,
             }
         )
@@ -319,43 +340,3 @@ def stability_frame(attribution: pl.DataFrame) -> pl.DataFrame:
         schema_overrides={"min": pl.Float64, "max": pl.Float64, "spread_pct": pl.Float64},
         infer_schema_length=None,
     )
-
-
-def read_table(path: str | Path) -> pl.DataFrame:
-    """Read a table written by write_table (an empty file is an empty table)."""
-    path = Path(path)
-    if path.stat().st_size == 0:
-        return pl.DataFrame()
-    df = pl.read_csv(path, infer_schema_length=None)
-    return df.with_columns(pl.col(c).fill_null("") for c in ("flags",) if c in df.columns)
-
-
-def to_markdown(df: pl.DataFrame, digits: int = 3) -> str:
-    """A plain markdown table (no extra dependency)."""
-    cols = df.columns
-
-    def fmt(v):
-        if v is None:
-            return "—"
-        if isinstance(v, float):
-            return f"{v:.{digits}g}" if abs(v) < 1e4 else f"{v:.0f}"
-        return str(v)
-
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.iter_rows()]
-    return "\n".join(lines) + "\n"
-
-
-def write_table(
-    df: pl.DataFrame, csv: str | Path, parquet: str | Path | None = None, markdown: str | Path | None = None
-) -> None:
-    """Write a table atomically as CSV (and parquet / markdown)."""
-    write_bytes_atomic(csv, df.write_csv().encode())
-    if parquet is not None:
-        import io
-
-        buf = io.BytesIO()
-        df.write_parquet(buf)
-        write_bytes_atomic(parquet, buf.getvalue())
-    if markdown is not None:
-        write_bytes_atomic(markdown, to_markdown(df).encode())

@@ -4,44 +4,11 @@ import math
 import polars as pl
 import pytest
 
-from speedsplit import plots, report
-from speedsplit.analysis import tables as T
-from speedsplit.results import SCHEMA_VERSION, ResultError, write_json_atomic
-
-
-def fake_result(stack, users, run, tok_s, status="ok", workload="wide", flags=()):
-    """A result record as bench.measure writes it (numbers given by the test)."""
-    dist = {"mean": 0.1, "median": 0.1, "p90": 0.2, "p99": 0.3}
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "model": "tiny",
-        "stack": stack,
-        "topology": "tp1",
-        "cell": f"u{users}-{workload}-greedy",
-        "run": run,
-        "status": status,
-        "flags": list(flags),
-        "params": {"users": users, "workload": workload, "sampling": "greedy", "prompt_tokens": 8, "output_tokens": 16},
-        "summary": {
-            "output_tok_s": tok_s,
-            "request_s": 1.0,
-            "completed": 4,
-            "failed": 0,
-            "failures": {},
-            "wall_s": 2.0,
-            "ttft_s": dist,
-            "tpot_s": dist,
-            "itl_s": dist,
-            "e2e_s": dist,
-        }
-        if status == "ok"
-        else {},
-        "server": {"startup_s": 10.0, "reused": run > 0, "devices": ["cpu"]},
-        "engine": {"linear_kernel": "CPUWNA16LinearKernel" if "marlin" in stack else None},
-        "kernel_ok": True if "marlin" in stack else None,
-        "stack_def": {"platform": "cpu"},
-        "provenance": {"hardware": {"host_cpu": "Test CPU", "cpu_count": 2}, "versions": {}, "python": "3.11"},
-    }
+from records import fake_result, write_result
+from speedsplit import aggregate, plots, report
+from speedsplit.analysis import formats
+from speedsplit.analysis import frames as T
+from speedsplit.record import ResultError, read_result
 
 
 @pytest.fixture()
@@ -52,19 +19,23 @@ def result_files(tmp_path):
         for stack, base in speeds.items():
             for run in range(3):
                 p = tmp_path / f"{stack}-{users}-{run}.json"
-                write_json_atomic(p, fake_result(stack, users, run, base * scale * (1 + 0.01 * (run - 1))))
+                write_result(p, fake_result(stack, users, run, base * scale * (1 + 0.01 * (run - 1))))
                 paths.append(p)
     p = tmp_path / "marlin-failed.json"
-    write_json_atomic(p, fake_result("vllm-marlin", 128, 0, None, status="startup_failed"))
+    write_result(p, fake_result("vllm-marlin", 128, 0, None, status="startup_failed"))
     paths.append(p)
     p = tmp_path / "hf-128.json"
-    write_json_atomic(p, fake_result("hf-fp16", 128, 0, 50.0))
+    write_result(p, fake_result("hf-fp16", 128, 0, 50.0))
     paths.append(p)
     return paths
 
 
+def runs_of(paths):
+    return T.runs_frame([read_result(p) for p in paths])
+
+
 def test_cells_and_attribution_tables(result_files, tmp_path):
-    runs = T.runs_frame(result_files)
+    runs = runs_of(result_files)
     assert runs.height == len(result_files)
     cells = T.cells_frame(runs)
     row = cells.filter((pl.col("stack") == "vllm-fp16") & (pl.col("users") == 8)).row(0, named=True)
@@ -80,12 +51,9 @@ def test_cells_and_attribution_tables(result_files, tmp_path):
     assert failed["value"].null_count() == failed.height
     assert "vllm-marlin: no clean run (run0: startup_failed)" in failed["note"][0]
     cross = T.crossover_frame(att)
-    assert cross["crossover"].to_list() == ["none in range"]
+    assert cross["crossover_users"].to_list() == [None] and cross["users_max"].to_list() == [128]
     stab = T.stability_frame(att)
     assert stab.filter(pl.col("factor") == "vllm-fp16/hf-fp16")["spread_pct"].to_list() == [0.0, 0.0, None]
-    T.write_table(att, tmp_path / "a.csv", parquet=tmp_path / "a.parquet", markdown=tmp_path / "a.md")
-    assert T.read_table(tmp_path / "a.csv").height == att.height
-    assert (tmp_path / "a.md").read_text().startswith("| model |")
 
 
 def test_flagged_runs_are_left_out_of_the_factors_and_counted(tmp_path):
@@ -101,17 +69,17 @@ def test_flagged_runs_are_left_out_of_the_factors_and_counted(tmp_path):
             if (stack, run) == ("vllm-marlin", 1):
                 flags = ["short_measurement"]
             p = tmp_path / f"{stack}-{run}.json"
-            write_json_atomic(p, fake_result(stack, 8, run, tok_s, flags=flags))
+            write_result(p, fake_result(stack, 8, run, tok_s, flags=flags))
             paths.append(p)
     p = tmp_path / "hf-died.json"
-    write_json_atomic(p, fake_result("hf-fp16", 8, 2, None, status="server_died"))
-    runs = T.runs_frame(paths + [p])
+    write_result(p, fake_result("hf-fp16", 8, 2, None, status="server_died"))
+    runs = runs_of(paths + [p])
     chain = {"study": ["hf-fp16", "vllm-fp16", "vllm-marlin"]}
     att = T.attribution_frame(runs, chain)
     rt = att.filter(pl.col("factor") == "vllm-fp16/hf-fp16").row(0, named=True)
     assert rt["value"] == pytest.approx(200.0 / 101.0)  # the 1000 tok/s run is not in it
     assert rt["runs_used"] == 3 and rt["runs_excluded"] == 2
-    assert rt["excluded"] == "hf-fp16 run2: server_died; vllm-fp16 run1: kernel_mismatch"
+    assert rt["excluded"] == ["hf-fp16 run2: server_died", "vllm-fp16 run1: kernel_mismatch"]
     total = att.filter(pl.col("factor") == "total").row(0, named=True)
     assert total["runs_used"] == 4 and total["runs_excluded"] == 3
     # tolerated flags count again
@@ -119,7 +87,7 @@ def test_flagged_runs_are_left_out_of_the_factors_and_counted(tmp_path):
     assert tolerant.filter(pl.col("factor") == "vllm-fp16/hf-fp16")["value"].item() == pytest.approx(600.0 / 101.0)
     # a stack with no clean run: its factors are undefined with the reason; the others stand
     only_bad = [q for q in paths if "vllm-marlin-0" not in q.name]
-    att = T.attribution_frame(T.runs_frame(only_bad), chain)
+    att = T.attribution_frame(runs_of(only_bad), chain)
     kq = att.filter(pl.col("factor") == "vllm-marlin/vllm-fp16").row(0, named=True)
     assert kq["value"] is None and "vllm-marlin: no clean run (run1: short_measurement)" in kq["note"]
     assert att.filter(pl.col("factor") == "vllm-fp16/hf-fp16")["value"].item() == pytest.approx(200.0 / 101.0)
@@ -131,15 +99,28 @@ def test_corrupt_or_truncated_results_are_refused(result_files, tmp_path):
     truncated = tmp_path / "truncated.json"
     truncated.write_text(text[: len(text) // 2])
     with pytest.raises(ResultError, match="truncated.json is corrupt or truncated"):
-        T.runs_frame(result_files + [truncated])
+        aggregate.build_frames(result_files + [truncated], {})
     alien = tmp_path / "alien.json"
     alien.write_text(json.dumps({"hello": 1}))
     with pytest.raises(ResultError, match="not a speedsplit result"):
-        T.runs_frame([alien])
+        aggregate.build_frames([alien], {})
+
+
+def test_tables_round_trip_typed_and_read_as_people_read_them(result_files, tmp_path):
+    frames = aggregate.build_frames(result_files, {"study": ["hf-fp16", "vllm-fp16", "vllm-marlin"]})
+    formats.write_frames(frames, tmp_path, markdown=("crossover",))
+    for name, df in frames.items():
+        back = formats.read_frame(tmp_path / f"{name}.parquet")
+        assert back.schema == df.schema and back.equals(df)  # the types survive, nothing guessed
+        assert pl.read_csv(tmp_path / f"{name}.csv").height == df.height
+    assert frames["runs"].schema["flags"] == pl.List(pl.Utf8)
+    assert frames["attribution"].schema["excluded"] == pl.List(pl.Utf8)
+    md = (tmp_path / "crossover.md").read_text()
+    assert md.startswith("| chain |") and "none in range" in md and "| 8-128 |" in md
 
 
 def test_plots_and_report_render_offline(result_files, tmp_path):
-    runs = T.runs_frame(result_files)
+    runs = runs_of(result_files)
     cells = T.cells_frame(runs)
     att = T.attribution_frame(runs, {"study": ["hf-fp16", "vllm-fp16", "vllm-marlin"]})
     svgs = {}
@@ -154,7 +135,7 @@ def test_plots_and_report_render_offline(result_files, tmp_path):
     report.build(
         html,
         config={"models": {"tiny": {}}},
-        result_paths=result_files,
+        provenance=read_result(result_files[0]).provenance,
         cells=cells,
         runs=runs,
         attribution=att,

@@ -1,0 +1,316 @@
+"""The result record: what one benchmark run writes (whatever happened) and the analysis reads.
+
+Defined once, here. The bench job builds a `RunResult`, `write_result` writes it as JSON, and
+`read_result` reads it back, upgrading files of an older schema version. Each request of a
+run is one `RequestRecord` line of the run's `.requests.jsonl`. `docs/result-schema.json` is
+generated from these models (`python -m speedsplit.record > docs/result-schema.json`); a test
+checks that the committed copy is current and that every committed result conforms to it.
+
+Version history:
+- 1: `summary` was `{}` and `server` absent when nothing was measured; `error` absent unless
+  the job failed; the session key was `session`, the model's shape `model_config`.
+- 2: absent parts are `null`; `session` is `session_key`, `model_config` is `model_shape`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+SCHEMA_VERSION = 2
+
+Status = Literal["ok", "startup_failed", "server_died", "server_hung", "failed", "error"]
+STATUSES: tuple[str, ...] = Status.__args__
+Flag = Literal[
+    "request_failures", "output_length_mismatch", "prompt_length_mismatch", "short_measurement", "kernel_mismatch"
+]
+
+
+class _Record(BaseModel):
+    # Unknown keys are refused: a reader never meets a shape the writer does not produce.
+    model_config = ConfigDict(extra="forbid")
+
+
+class ResultError(ValueError):
+    """A result file is missing, truncated or not a speedsplit result; one-line message."""
+
+
+class Distribution(_Record):
+    """One latency over a run's completed requests, in seconds (null when none completed)."""
+
+    mean: float | None
+    median: float | None
+    p90: float | None
+    p99: float | None
+
+
+class Summary(_Record):
+    """The measured phase of a run, as the load generator saw it."""
+
+    requests: int = Field(description="requests sent in the measured phase")
+    completed: int = Field(description="requests answered in full")
+    failed: int = Field(description="requests that ended in an error (see failures)")
+    failures: dict[str, int] = Field(description="failed requests by cause (http_503, stall, connection, ...)")
+    wall_s: float = Field(description="wall time of the measured phase, first send to last answer")
+    output_tokens: int = Field(description="output tokens of the completed requests")
+    output_tok_s: float | None = Field(description="output_tokens / wall_s: the throughput every factor divides")
+    request_s: float | None = Field(description="completed requests per second of wall time")
+    ttft_s: Distribution = Field(description="time to first token")
+    itl_s: Distribution = Field(description="gaps between streamed chunks")
+    tpot_s: Distribution = Field(description="per request: (end - first token) / (output tokens - 1)")
+    e2e_s: Distribution = Field(description="send to last token")
+    wrong_output_length: int = Field(description="completed requests whose output length was not the cell's")
+    wrong_prompt_length: int = Field(description="completed requests whose prompt the server counted otherwise")
+    warmup_s: float = Field(description="wall time of the warm-up phase (not measured)")
+    warmup_failed: int = Field(description="failed warm-up requests")
+
+
+class CellParams(_Record):
+    """The cell as measured: load shape, sampling and the run's time limits."""
+
+    cell: str
+    workload: str
+    sampling: str
+    users: int = Field(description="concurrent closed-loop users")
+    prompt_tokens: int
+    output_tokens: int
+    requests_per_user: int
+    warmup_requests: int = Field(description="warm-up requests per user, before the measured phase")
+    temperature: float
+    top_p: float
+    seed: int
+    request_timeout_s: float
+    stall_timeout_s: float
+    min_measured_s: float = Field(description="a shorter measured phase is flagged short_measurement")
+
+
+class StackDef(_Record):
+    """What the stack was asked to be."""
+
+    variant: str = Field(description="weights served: fp16 or gptq")
+    dialect: str = Field(description="request dialect: vllm or transformers")
+    dtype: str
+    platform: str = Field(description="cuda or cpu")
+    tensor_parallel: int
+    instances: int
+    expect_kernel: str = Field(description="regex the engine's linear kernel must match ('' = no expectation)")
+
+
+class EngineFacts(_Record):
+    """What the engine said about itself in this launch's log (null where it was silent)."""
+
+    linear_kernel: str | None = None
+    attention_backend: str | None = None
+    weight_memory_gib: float | None = None
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    quantization: str | None = None
+    dtype: str | None = None
+
+
+class ServerFacts(_Record):
+    """The server session the run was measured on."""
+
+    startup_s: float | None = Field(description="seconds from launch to ready (of the session, not this run)")
+    lease_wait_s: float | None = Field(description="seconds waited for cards and ports")
+    devices: list[str] | None = Field(description="cards the session held")
+    argv: str | None = Field(description="the server command line (redacted)")
+    model_id: str | None = Field(description="model name the server answers to")
+    error: str | None = Field(description="why the session did not serve this run")
+    log_tail: str | None = Field(description="end of the server log when it failed")
+    exit_code: int | None
+    wide_listeners: list[str] | None = Field(description="server sockets not bound to loopback (internal ports)")
+    reused: bool = Field(description="the server had served an earlier cell")
+    cells_before: int = Field(description="cells the session measured before this one")
+
+
+class ModelSource(_Record):
+    """What speedsplit wrote about the served folder (speedsplit-model.json); empty if unreadable."""
+
+    source: Literal["synthetic", "hub"] | None = None
+    shape: str | None = Field(default=None, description="synthetic: the published shape it copies")
+    weights: str | None = Field(default=None, description="synthetic: random (seeded) or dummy (engine-initialised)")
+    seed: int | None = None
+    repo: str | None = Field(default=None, description="hub: the repository")
+    revision: str | None = Field(default=None, description="hub: the pinned revision")
+    variant: str | None = Field(default=None, description="gptq for a quantized folder")
+
+
+class QuantConfig(_Record):
+    quant_method: str | None
+    bits: int | None
+    group_size: int | None
+    desc_act: bool | None
+    sym: bool | None
+
+
+class ModelShape(_Record):
+    """The served model's shape from its config.json (what the roofline needs); empty if unreadable."""
+
+    architectures: list[str] | None = None
+    hidden_size: int | None = None
+    intermediate_size: int | None = None
+    num_hidden_layers: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    vocab_size: int | None = None
+    tie_word_embeddings: bool | None = None
+    quantization_config: QuantConfig | None = None
+
+
+class ErrorInfo(_Record):
+    """An unforeseen failure of the job itself."""
+
+    type: str = Field(description="the exception's class")
+    message: str = Field(description="its message, redacted")
+
+
+class Gpu(_Record):
+    index: str
+    name: str
+    driver: str
+    memory: str
+
+
+class Hardware(_Record):
+    host_cpu: str
+    cpu_count: int | None
+    gpus: list[Gpu] | None = Field(default=None, description="absent on a host without nvidia-smi")
+
+
+class Provenance(_Record):
+    versions: dict[str, str] = Field(description="versions of the packages that matter")
+    python: str
+    workflow_commit: str = Field(description="git commit of the workflow ('-dirty' with local changes)")
+    hardware: Hardware
+
+
+class RunResult(_Record):
+    """One benchmark run of one cell on one stack: always written, whatever happened."""
+
+    schema_version: Literal[2] = SCHEMA_VERSION
+    model: str
+    stack: str
+    topology: str
+    cell: str
+    run: int
+    status: Status | None = Field(
+        default=None, description="ok, or why not (null only while the job runs; never written)"
+    )
+    params: CellParams
+    session_key: str = Field(description="the server session: {model}/{stack}/{topology}/{run|all}")
+    stack_def: StackDef
+    summary: Summary | None = Field(default=None, description="null when no load ran")
+    flags: list[Flag] = Field(default_factory=list, description="reasons not to take the numbers at face value")
+    kernel_ok: bool | None = Field(default=None, description="the engine's kernel matched expect_kernel")
+    engine: EngineFacts = Field(default_factory=EngineFacts)
+    server: ServerFacts | None = Field(default=None, description="null when the job failed before a session")
+    error: ErrorInfo | None = None
+    weights: ModelSource = Field(default_factory=ModelSource)
+    model_shape: ModelShape = Field(default_factory=ModelShape)
+    started: str
+    finished: str | None = None
+    provenance: Provenance | None = None
+
+
+class RequestRecord(_Record):
+    """One request as the client saw it (times in seconds from its phase's start)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+    user: int
+    index: int = Field(description="the user's n-th request in its phase")
+    phase: Literal["warmup", "measured"]
+    url: str = Field(description="the instance that served it")
+    sent: float
+    first_token: float | None = None
+    end: float | None = None
+    gaps: list[float] = Field(default_factory=list, description="seconds between streamed chunks")
+    prompt_tokens: int | None = Field(default=None, description="as the server counted them")
+    output_tokens: int | None = None
+    chunks: int = 0
+    error: str | None = Field(default=None, description="http_<code>, stall, timeout, connection, ...")
+    detail: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+# --- reading -------------------------------------------------------------------------------
+
+
+def upgrade(data: dict) -> dict:
+    """A record of an older schema version as the current version reads it."""
+    version = data.get("schema_version")
+    if version == 1:
+        data = dict(data)
+        data["session_key"] = data.pop("session")
+        data["model_shape"] = data.pop("model_config", {})
+        data["summary"] = data.get("summary") or None
+        if data.get("server") is not None:
+            # facts added during version 1 are absent from its older files
+            data["server"] = {**dict.fromkeys(("wide_listeners", "exit_code", "log_tail")), **data["server"]}
+        else:
+            data["server"] = None
+        data.setdefault("error", None)
+        data["schema_version"] = 2
+    return data
+
+
+def parse_result(data: dict, where: str = "result") -> RunResult:
+    """A result record from its JSON form (any known version); ResultError if it is not one."""
+    if not isinstance(data, dict) or data.get("schema_version") not in (1, SCHEMA_VERSION):
+        raise ResultError(f"{where} is not a speedsplit result of schema version 1 or {SCHEMA_VERSION}")
+    try:
+        res = RunResult.model_validate(upgrade(data))
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        loc = ".".join(str(p) for p in e["loc"])
+        raise ResultError(f"{where} does not conform to the result schema at {loc}: {e['msg']}") from None
+    if res.status is None or res.provenance is None:
+        raise ResultError(f"{where} is unfinished (no status or provenance)")
+    return res
+
+
+def read_result(path: str | Path) -> RunResult:
+    """Read one result file; refuse anything truncated, corrupt or not a result."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ResultError(f"result file missing: {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ResultError(f"result file {path} is corrupt or truncated ({exc})") from None
+    return parse_result(data, f"result file {path}")
+
+
+def read_requests(path: str | Path) -> list[RequestRecord]:
+    lines = Path(path).read_text().splitlines()
+    return [RequestRecord.model_validate_json(line) for line in lines if line.strip()]
+
+
+def to_json(res: RunResult) -> dict:
+    """The record's JSON form (what is written)."""
+    return res.model_dump(mode="json", warnings="error")  # a writer bug fails here
+
+
+def json_schema() -> dict:
+    """The JSON Schema of a result file and of a request line (docs/result-schema.json)."""
+    run = RunResult.model_json_schema(mode="serialization")
+    req = RequestRecord.model_json_schema(mode="serialization")
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "speedsplit result records",
+        "description": "RunResult: results/bench/.../run{N}.json; RequestRecord: each line of run{N}.requests.jsonl.",
+        "$defs": {**run.pop("$defs", {}), **req.pop("$defs", {}), "RunResult": run, "RequestRecord": req},
+        "oneOf": [{"$ref": "#/$defs/RunResult"}, {"$ref": "#/$defs/RequestRecord"}],
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(json_schema(), indent=2, sort_keys=True))

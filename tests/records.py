@@ -1,0 +1,101 @@
+"""Complete result records with numbers chosen by a test (analysis tests read them as the
+workflow would)."""
+
+from speedsplit.record import (
+    CellParams,
+    Distribution,
+    EngineFacts,
+    Hardware,
+    Provenance,
+    RunResult,
+    ServerFacts,
+    StackDef,
+    Summary,
+    to_json,
+)
+from speedsplit.results import write_json_atomic
+
+
+def fake_result(stack, users, run, tok_s, status="ok", workload="wide", flags=()) -> RunResult:
+    dist = Distribution(mean=0.1, median=0.1, p90=0.2, p99=0.3)
+    measured = status == "ok"
+    return RunResult(
+        model="tiny",
+        stack=stack,
+        topology="tp1",
+        cell=f"u{users}-{workload}-greedy",
+        run=run,
+        status=status,
+        flags=list(flags),
+        params=CellParams(
+            cell=f"u{users}-{workload}-greedy",
+            workload=workload,
+            sampling="greedy",
+            users=users,
+            prompt_tokens=8,
+            output_tokens=16,
+            requests_per_user=2,
+            warmup_requests=1,
+            temperature=0.0,
+            top_p=1.0,
+            seed=0,
+            request_timeout_s=60.0,
+            stall_timeout_s=30.0,
+            min_measured_s=1.0,
+        ),
+        session_key=f"tiny/{stack}/tp1/all",
+        stack_def=StackDef(
+            variant="gptq" if "marlin" in stack else "fp16",
+            dialect="transformers" if stack.startswith("hf") else "vllm",
+            dtype="bfloat16",
+            platform="cpu",
+            tensor_parallel=1,
+            instances=1,
+            expect_kernel="CPUWNA16" if "marlin" in stack else "",
+        ),
+        summary=Summary(
+            requests=4,
+            completed=4,
+            failed=0,
+            failures={},
+            wall_s=2.0,
+            output_tokens=64,
+            output_tok_s=tok_s,
+            request_s=1.0,
+            ttft_s=dist,
+            itl_s=dist,
+            tpot_s=dist,
+            e2e_s=dist,
+            wrong_output_length=0,
+            wrong_prompt_length=0,
+            warmup_s=0.5,
+            warmup_failed=0,
+        )
+        if measured
+        else None,
+        server=ServerFacts(
+            startup_s=10.0,
+            lease_wait_s=0.0,
+            devices=["cpu"],
+            argv="python -m server",
+            model_id="tiny",
+            error=None if measured else f"the server {status}",
+            log_tail=None,
+            exit_code=None,
+            wide_listeners=[],
+            reused=run > 0,
+            cells_before=run,
+        ),
+        engine=EngineFacts(linear_kernel="CPUWNA16LinearKernel" if "marlin" in stack else None),
+        kernel_ok=True if "marlin" in stack else None,
+        started="2026-11-30T00:00:00+00:00",
+        finished="2026-11-30T00:00:05+00:00",
+        provenance=Provenance(
+            versions={}, python="3.11", workflow_commit="abc", hardware=Hardware(host_cpu="Test CPU", cpu_count=2)
+        ),
+    )
+
+
+def write_result(path, res: RunResult):
+    write_json_atomic(path, to_json(res))
+    return path
