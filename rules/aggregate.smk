@@ -15,9 +15,11 @@ rule tables:
     input:
         results=bench_results(),
         bandwidth="results/hardware/bandwidth.json",
+        link=link_results(),
+        profiles=profile_results(),
     output:
         # parquet: the typed frames plots and the report read; CSV and markdown: for people
-        **{f"{name}_{ext}": f"results/tables/{name}.{ext}" for name in TABLES for ext in ("parquet", "csv")},
+        **{f"{name}_{ext}": f"results/tables/{name}.{ext}" for name in table_names() for ext in ("parquet", "csv")},
         attribution_md="results/tables/attribution.md",
     params:
         chains=CFG["chains"],
@@ -32,8 +34,7 @@ rule tables:
 
 rule plots:
     input:
-        cells="results/tables/cells.parquet",
-        attribution="results/tables/attribution.parquet",
+        tables=[f"results/tables/{name}.parquet" for name in table_names()],
     output:
         directory("results/plots"),
     params:
@@ -49,7 +50,8 @@ rule plots:
 rule report:
     input:
         results=bench_results(),
-        tables=[f"results/tables/{name}.parquet" for name in TABLES],
+        link=link_results(),
+        tables=[f"results/tables/{name}.parquet" for name in table_names()],
         plots="results/plots",
     output:
         "results/report.html",

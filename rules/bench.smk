@@ -38,7 +38,7 @@ rule plan:
 
 # Besides its outputs and log, a bench job appends to its session's server log
 # (results/logs/sessions/{session}.log, shared by the session's jobs, so no job's output) and
-# lets the servers fill compile caches under results/cache/{stack}/; both paths come from
+# lets its servers fill their own compile caches under results/cache/{session}/; both paths come from
 # the plan. Its lock and state files live in a private folder outside the workflow
 # (speedsplit/lease.py).
 rule bench:
@@ -80,3 +80,53 @@ rule measurements:
     input:
         bench_results(),
         "results/hardware/bandwidth.json",
+        link_results(),
+        profile_results(),
+
+
+# The interconnect control: no server, an all-reduce between each pair of the job's cards
+# (peer-to-peer on and off), payloads from one decode step's activation up to max_mib.
+rule link:
+    input:
+        models=[f"resources/models/{m}/fp16" for m in ss_config.bench_models(CFG)],
+    output:
+        "results/hardware/link.json",
+    params:
+        platform=PLATFORM,
+        gpus=CFG["link_control"]["gpus"] if PLATFORM == "cuda" else 1,
+        users=sorted({c.users for c in ss_config.cells(CFG)}),
+        max_mib=CFG["link_control"]["max_mib"],
+    resources:
+        gpu=CFG["link_control"]["gpus"] if PLATFORM == "cuda" else 1,
+    log:
+        "results/logs/link.log",
+    conda:
+        "../envs/serving.yaml"
+    script:
+        "../workflow_scripts/link.py"
+
+
+# Where tensor parallelism loses time: a server of its own per topology, profiled over a
+# window of steady decode steps of one cell (its params include the timeouts: a profile is
+# one job per topology, cheap to rerun).
+rule profile:
+    input:
+        model=lambda wc: f"resources/models/{wc.model}/{ss_plan.variant_dir(CFG, wc.stack)}",
+        tokenizer="resources/models/{model}/fp16",
+    output:
+        result="results/profile/{model}/{stack}/{topology}/{cell}.json",
+        traces=directory("results/profile/{model}/{stack}/{topology}/{cell}.traces"),
+    params:
+        stack=bench_stack,
+        cell=bench_cell,
+        session=profile_session,
+        delay_iterations=CFG["coordination"]["delay_iterations"],
+        iterations=CFG["coordination"]["iterations"],
+    resources:
+        gpu=bench_gpus,
+    log:
+        "results/logs/profile/{model}/{stack}/{topology}/{cell}.log",
+    conda:
+        "../envs/serving.yaml"
+    script:
+        "../workflow_scripts/profile.py"

@@ -40,6 +40,32 @@ def bench_results():
     return [job.result for job in JOBS]
 
 
+def link_results():
+    return ["results/hardware/link.json"] if CFG["link_control"]["enabled"] else []
+
+
+def profile_results():
+    co = CFG["coordination"]
+    if not co["enabled"]:
+        return []
+    cell = ss_config.coordination_cell(CFG).name
+    return [
+        f"results/profile/{m}/{co['stack']}/{t}/{cell}.json" for m in ss_config.bench_models(CFG) for t in co["topologies"]
+    ]
+
+
+def profile_session(wc):
+    return ss_plan.profile_session(CFG, wc.model, wc.stack, wc.topology)
+
+
+def table_names():
+    return (
+        list(TABLES)
+        + (["link"] if CFG["link_control"]["enabled"] else [])
+        + (["coordination"] if CFG["coordination"]["enabled"] else [])
+    )
+
+
 def _job(wc):
     return ss_plan.find_job(CFG, wc.model, wc.stack, wc.topology, wc.cell, wc.run, known=PREV)
 

@@ -18,6 +18,7 @@ import polars as pl
 from speedsplit import plots, report
 from speedsplit.analysis import formats
 from speedsplit.analysis import frames as f
+from speedsplit.analysis import topology
 from speedsplit.record import read_result
 from speedsplit.results import atomic_dir
 
@@ -35,17 +36,29 @@ def build_frames(
     chains: dict[str, list[str]],
     bandwidth_json: str | Path | None = None,
     tolerate_flags: list[str] | tuple[str, ...] = (),
+    link_json: str | Path | None = None,
+    profile_paths: list[str | Path] = (),
 ) -> dict[str, pl.DataFrame]:
-    """Every analysis frame from result files; refuses (ResultError) a corrupt or truncated one."""
+    """Every analysis frame from result files (and the link control's, if given); refuses
+    (ResultError) a corrupt or truncated result."""
     runs = f.runs_frame([read_result(p) for p in result_paths])
+    cells = f.with_mbu(f.cells_frame(runs), bandwidth_gb_s(bandwidth_json))
     attribution = f.attribution_frame(runs, chains, tolerate_flags)
-    return {
+    frames = {
         "runs": runs,
-        "cells": f.with_mbu(f.cells_frame(runs), bandwidth_gb_s(bandwidth_json)),
+        "cells": cells,
         "attribution": attribution,
         "crossover": f.crossover_frame(attribution),
         "stability": f.stability_frame(attribution),
+        "topologies": topology.topology_frame(cells),
+        "scaling": topology.scaling_frame(runs, tolerate_flags),
+        "packing": topology.packing_frame(runs),
     }
+    if link_json:
+        frames["link"] = topology.link_frame(json.loads(Path(link_json).read_text()))
+    if profile_paths:
+        frames["coordination"] = topology.coordination_frame([json.loads(Path(p).read_text()) for p in profile_paths])
+    return frames
 
 
 def write_tables(
@@ -54,31 +67,56 @@ def write_tables(
     out_dir: str | Path,
     bandwidth_json: str | Path | None = None,
     tolerate_flags: list[str] | tuple[str, ...] = (),
+    link_json: str | Path | None = None,
+    profile_paths: list[str | Path] = (),
 ) -> None:
     """The frames as results/tables/{name}.parquet, .csv and attribution.md."""
-    frames = build_frames(result_paths, chains, bandwidth_json, tolerate_flags)
+    frames = build_frames(result_paths, chains, bandwidth_json, tolerate_flags, link_json, profile_paths)
     formats.write_frames(frames, out_dir, markdown=("attribution",))
 
 
 def read_tables(tables_dir: str | Path) -> dict[str, pl.DataFrame]:
-    return {name: formats.read_frame(Path(tables_dir) / f"{name}.parquet") for name in TABLES}
+    """Every table of TABLES, and the optional ones (link) where they were written."""
+    tables = {name: formats.read_frame(Path(tables_dir) / f"{name}.parquet") for name in TABLES}
+    for name in formats.OPTIONAL_TABLES:
+        if (Path(tables_dir) / f"{name}.parquet").exists():
+            tables[name] = formats.read_frame(Path(tables_dir) / f"{name}.parquet")
+    return tables
 
 
 def write_plots(tables_dir: str | Path, chains: list[str], out_dir: str | Path) -> None:
     frames = read_tables(tables_dir)
     with atomic_dir(out_dir) as tmp:
-        for name, chart in plots.all_charts(frames["cells"], frames["attribution"], chains).items():
+        charts = plots.all_charts(
+            frames["cells"], frames["attribution"], chains, frames["topologies"], frames["scaling"], frames.get("link")
+        )
+        for name, chart in charts.items():
             plots.save(chart, tmp / name)
 
 
+def _link_matrix(link_json: str | Path | None) -> str | None:
+    """The GPU topology matrix the link control recorded (nvidia-smi topo -m), if any."""
+    if not link_json:
+        return None
+    data = json.loads(Path(link_json).read_text())
+    return data.get("topology_matrix") or data.get("topology_matrix_absent")
+
+
 def write_report(
-    out: str | Path, *, config: dict, result_paths: list[str | Path], tables_dir: str | Path, plots_dir: str | Path
+    out: str | Path,
+    *,
+    config: dict,
+    result_paths: list[str | Path],
+    tables_dir: str | Path,
+    plots_dir: str | Path,
+    link_json: str | Path | None = None,
 ) -> None:
     report.build(
         out,
         config=config,
         provenance=read_result(result_paths[0]).provenance if result_paths else None,
         svgs={p.stem: p for p in sorted(Path(plots_dir).glob("*.svg"))},
+        link_matrix=_link_matrix(link_json),
         **read_tables(tables_dir),
     )
 
@@ -90,6 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--config", action="append", default=[], help="config file(s) merged over config/config.yaml")
     p.add_argument("--results", action="append", required=True, help="glob of result files (quote it; repeatable)")
     p.add_argument("--bandwidth", default=None, help="bandwidth JSON written by the bandwidth rule")
+    p.add_argument("--link", default=None, help="link control JSON written by the link rule")
+    p.add_argument("--profiles", default=None, help="glob of coordination profiles (results/profile/**/*.json)")
     p.add_argument("--out", default="results", help="folder for tables/, plots/ and report.html")
     args = p.parse_args(argv)
     cfg = cfgmod.load(*args.config)
@@ -97,10 +137,18 @@ def main(argv: list[str] | None = None) -> None:
     if not paths:
         raise SystemExit(f"no result files match {' '.join(args.results)}")
     out = Path(args.out)
-    write_tables(paths, cfg["chains"], out / "tables", args.bandwidth, cfg["analysis"]["tolerate_flags"])
+    profiles = sorted(glob.glob(args.profiles, recursive=True)) if args.profiles else []
+    write_tables(
+        paths, cfg["chains"], out / "tables", args.bandwidth, cfg["analysis"]["tolerate_flags"], args.link, profiles
+    )
     write_plots(out / "tables", list(cfg["chains"]), out / "plots")
     write_report(
-        out / "report.html", config=cfg, result_paths=paths, tables_dir=out / "tables", plots_dir=out / "plots"
+        out / "report.html",
+        config=cfg,
+        result_paths=paths,
+        tables_dir=out / "tables",
+        plots_dir=out / "plots",
+        link_json=args.link,
     )
     print(f"report: {(out / 'report.html').resolve()}")
 

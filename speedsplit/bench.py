@@ -8,6 +8,7 @@ import json
 import random
 import signal
 import sys
+import time
 import urllib.request
 import zlib
 from datetime import datetime, timezone
@@ -30,6 +31,7 @@ from speedsplit.record import (
     RunResult,
     ServerFacts,
     StackDef,
+    Timing,
     parse_result,
     to_json,
 )
@@ -107,6 +109,7 @@ def measure(
         session_key=session.key,
         stack_def=StackDef(**{k: stack[k] for k in StackDef.model_fields}),
         started=_now(),
+        timing=Timing(job_start=time.time()),
     )
     records: list[RequestRecord] = []
     # A file-size limit (RLIMIT_FSIZE) must surface as an error we can record, not kill us mid-write.
@@ -129,6 +132,7 @@ def measure(
         except Exception as exc:  # anything unforeseen: recorded, and the lane goes on
             _record_error(result, exc, workdir)
         result.finished = _now()
+        result.timing.job_end = time.time()
         result.provenance = Provenance.model_validate(provenance(workdir))
         try:
             return _write(result, records, out_json, out_requests, workdir)
@@ -245,7 +249,9 @@ def _run_load(
         request_timeout_s=cell["request_timeout_s"],
         stall_timeout_s=cell["stall_timeout_s"],
     )
+    result.timing.load_start = time.time()
     result.summary, records = loadgen.run(load, progress=progress)
+    result.timing.load_end = time.time()
     return records
 
 

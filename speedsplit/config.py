@@ -182,6 +182,32 @@ def _check_references(config: dict) -> None:
                     f"{w['prompt_tokens'] + w['output_tokens']} exceeds models.{model}.max_model_len "
                     f"({entry['max_model_len']})"
                 )
+    _check_coordination(config)
+
+
+def _check_coordination(config: dict) -> None:
+    co = config["coordination"]
+    if not co["enabled"]:
+        return
+    if co["stack"] not in config["stacks"] or config["stacks"][co["stack"]]["dialect"] != "vllm":
+        raise ConfigError(f"config error at coordination.stack: {co['stack']!r} is not a vLLM stack of this config")
+    for i, topo in enumerate(co["topologies"]):
+        if topo not in config["topologies"] or config["topologies"][topo]["instances"] != 1:
+            raise ConfigError(
+                f"config error at coordination.topologies[{i}]: {topo!r} is not a single-instance topology"
+            )
+        if platform_of(config) == "cuda" and topology_gpus(config, topo) > config["gpus_available"]:
+            raise ConfigError(
+                f"config error at coordination.topologies[{i}]: {topo!r} needs more GPUs than gpus_available"
+            )
+    if co["cell"] is not None and co["cell"] not in {c.name for c in cells(config)}:
+        raise ConfigError(f"config error at coordination.cell: unknown cell {co['cell']!r}")
+
+
+def coordination_cell(config: dict) -> Cell:
+    """The cell the coordination profile runs (coordination.cell, else the grid's first)."""
+    name = config["coordination"]["cell"]
+    return cell_by_name(config, name) if name else cells(config)[0]
 
 
 def platform_of(config: dict) -> str:

@@ -19,7 +19,7 @@ from typing import Callable
 
 import aiohttp
 
-from speedsplit.record import Distribution, RequestRecord, Summary
+from speedsplit.record import Distribution, InstanceLoad, RequestRecord, Summary
 
 
 @dataclass
@@ -215,6 +215,15 @@ def summarize(
         for r in ok
         if r.first_token is not None and r.output_tokens and r.output_tokens > 1
     ]
+    per_instance = [
+        InstanceLoad(
+            instance=i,
+            requests=sum(1 for r in records if r.url == url),
+            completed=sum(1 for r in ok if r.url == url),
+            output_tokens=sum(r.output_tokens or 0 for r in ok if r.url == url),
+        )
+        for i, url in enumerate(spec.urls)
+    ]
     return Summary(
         requests=len(records),
         completed=len(ok),
@@ -232,6 +241,7 @@ def summarize(
         wrong_prompt_length=wrong_prompt,
         warmup_s=warmup_s,
         warmup_failed=warmup_failed,
+        per_instance=per_instance,
     )
 
 

@@ -89,7 +89,7 @@ class SessionPlan:
 
     key: str  # {model}/{stack}/{topology}/{run|all}
     log: str  # the servers' output, appended to by every job of the session
-    cache_dir: str  # compile caches shared by every server of the stack
+    cache_dir: str  # the session's own compile caches (two servers starting at once must not share them)
     last_job: str  # the session's last job (its result path): it stops the servers
     idle_timeout_s: float  # servers with no cell for this long stop
     lease_timeout_s: float  # the longest wait for free cards and ports
@@ -104,18 +104,24 @@ def session_plans(config: dict) -> dict[str, SessionPlan]:
     members: dict[str, list[BenchJob]] = {}
     for job in bench_jobs(config):
         members.setdefault(session_key(config, job), []).append(job)
+    return {key: _session_plan(config, key, jobs[-1].result) for key, jobs in members.items()}
+
+
+def _session_plan(config: dict, key: str, last_job: str) -> SessionPlan:
     b = config["benchmark"]
-    return {
-        key: SessionPlan(
-            key=key,
-            log=f"results/logs/sessions/{key.replace('/', '__')}.log",
-            cache_dir=f"results/cache/{jobs[0].stack}",
-            last_job=jobs[-1].result,
-            idle_timeout_s=float(b["idle_timeout_s"]),
-            lease_timeout_s=float(b["lease_timeout_s"]),
-        )
-        for key, jobs in members.items()
-    }
+    return SessionPlan(
+        key=key,
+        log=f"results/logs/sessions/{key.replace('/', '__')}.log",
+        cache_dir=f"results/cache/{key.replace('/', '__')}",
+        last_job=last_job,
+        idle_timeout_s=float(b["idle_timeout_s"]),
+        lease_timeout_s=float(b["lease_timeout_s"]),
+    )
+
+
+def profile_session(config: dict, model: str, stack: str, topology: str) -> dict:
+    """The server session of a coordination profile: its own server, stopped when it ends."""
+    return asdict(_session_plan(config, f"{model}/{stack}/{topology}/profile", last_job=""))
 
 
 def plan_json(config: dict) -> dict:

@@ -78,10 +78,11 @@ def throughput_chart(cells: pl.DataFrame) -> alt.Chart:
     base = alt.Chart(df).encode(
         x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"),
         color=alt.Color("stack:N"),
+        strokeDash=alt.StrokeDash("topology:N"),
     )
     line = base.mark_line(point=True).encode(
         y=alt.Y("output_tok_s:Q", scale=alt.Scale(type="log"), title="output tokens/s (log)"),
-        tooltip=["stack", "cell", alt.Tooltip("output_tok_s:Q", format=".1f"), "linear_kernel"],
+        tooltip=["stack", "topology", "cell", alt.Tooltip("output_tok_s:Q", format=".1f"), "linear_kernel"],
     )
     bars = base.mark_errorbar().encode(
         y=alt.Y("output_tok_s_lo:Q", title="output tokens/s (log)"), y2="output_tok_s_hi:Q"
@@ -128,6 +129,91 @@ def latency_chart(cells: pl.DataFrame) -> alt.Chart:
     )
 
 
+def topology_chart(topologies: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
+    """Throughput per GPU against each user's rate: one point per topology and cell. Up is
+    cheaper per card, right is faster per user."""
+    df = topologies.filter(pl.col("output_tok_s").is_not_null()).to_pandas()
+    return (
+        alt.Chart(df)
+        .mark_point(filled=True, size=80)
+        .encode(
+            x=alt.X("tok_s_per_user:Q", scale=alt.Scale(type="log"), title="output tokens/s per user (log)"),
+            y=alt.Y("tok_s_per_gpu:Q", scale=alt.Scale(type="log"), title="output tokens/s per GPU (log)"),
+            color=alt.Color("topology:N"),
+            shape=alt.Shape("stack:N"),
+            tooltip=[
+                "stack",
+                "topology",
+                "cell",
+                "gpus",
+                alt.Tooltip("output_tok_s:Q", format=".1f"),
+                alt.Tooltip("tok_s_per_gpu:Q", format=".1f"),
+                alt.Tooltip("tok_s_per_user:Q", format=".2f"),
+            ],
+        )
+        .properties(width=360, height=260)
+        .facet(column=alt.Column("model:N"))
+        .properties(title=_title("Per GPU vs per user, every topology and cell", cells))
+    )
+
+
+def scaling_chart(scaling: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
+    """Each topology comparison vs users, with intervals; 1 = no gain."""
+    df = scaling.filter(pl.col("value").is_not_null()).to_pandas()
+    base = alt.Chart(df).encode(
+        x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"),
+        color=alt.Color("comparison:N"),
+        strokeDash=alt.StrokeDash("workload:N"),
+    )
+    line = base.mark_line(point=True).encode(
+        y=alt.Y("value:Q", scale=alt.Scale(type="log"), title="throughput ratio (log)"),
+        tooltip=[
+            "stack",
+            "cell",
+            "comparison",
+            alt.Tooltip("value:Q", format=".3f"),
+            alt.Tooltip("lo:Q", format=".3f"),
+            alt.Tooltip("hi:Q", format=".3f"),
+            alt.Tooltip("efficiency:Q", format=".2f"),
+            "winner",
+        ],
+    )
+    bars = base.mark_errorbar().encode(y=alt.Y("lo:Q", title="throughput ratio (log)"), y2="hi:Q")
+    return (
+        (line + bars)
+        .properties(width=300, height=220)
+        .facet(column=alt.Column("stack:N"), row=alt.Row("model:N"))
+        .properties(title=_title("Topology factors vs concurrent users", cells))
+    )
+
+
+def link_chart(link: pl.DataFrame) -> alt.Chart:
+    """All-reduce latency and bus bandwidth vs payload, per pair and mode."""
+    df = link.with_columns((pl.col("bytes") / 2**20).alias("mib")).to_pandas()
+    base = alt.Chart(df).encode(
+        x=alt.X("mib:Q", scale=alt.Scale(type="log"), title="payload (MiB, log)"),
+        color=alt.Color("mode:N"),
+        detail="pair:N",
+        tooltip=[
+            "pair",
+            "mode",
+            "bytes",
+            alt.Tooltip("latency_us:Q", format=".1f"),
+            alt.Tooltip("busbw_gb_s:Q", format=".2f"),
+        ],
+    )
+    latency = base.mark_line(point=True).encode(
+        y=alt.Y("latency_us:Q", scale=alt.Scale(type="log"), title="latency per all-reduce (µs, log)")
+    )
+    busbw = base.mark_line(point=True).encode(
+        y=alt.Y("busbw_gb_s:Q", scale=alt.Scale(type="log"), title="bus bandwidth (GB/s, log)")
+    )
+    backend = ", ".join(sorted(set(link["backend"].to_list())))
+    return alt.hconcat(latency.properties(width=300, height=220), busbw.properties(width=300, height=220)).properties(
+        title=alt.TitleParams(f"Interconnect control: all-reduce between two ranks ({backend})", anchor="start")
+    )
+
+
 def save(chart: alt.Chart, stem: str | Path) -> dict[str, Path]:
     """Write stem.html (JS inlined), stem.svg and stem.png, each atomically."""
     stem = Path(stem)
@@ -149,10 +235,23 @@ def save(chart: alt.Chart, stem: str | Path) -> dict[str, Path]:
     return out
 
 
-def all_charts(cells: pl.DataFrame, attribution: pl.DataFrame, chains: list[str]) -> dict[str, alt.Chart]:
-    """Every chart from the typed cells and attribution frames."""
+def all_charts(
+    cells: pl.DataFrame,
+    attribution: pl.DataFrame,
+    chains: list[str],
+    topologies: pl.DataFrame | None = None,
+    scaling: pl.DataFrame | None = None,
+    link: pl.DataFrame | None = None,
+) -> dict[str, alt.Chart]:
+    """Every chart from the typed frames (the topology charts where more than one topology ran)."""
     cells, attribution = flat(cells), flat(attribution)  # tooltips show lists as text
     charts = {"throughput": throughput_chart(cells), "latency": latency_chart(cells)}
+    if topologies is not None and topologies["topology"].n_unique() > 1:
+        charts["topologies"] = topology_chart(topologies, cells)
+    if scaling is not None and scaling.filter(pl.col("value").is_not_null()).height:
+        charts["scaling"] = scaling_chart(flat(scaling), cells)
+    if link is not None and link.height:
+        charts["link"] = link_chart(link)
     for chain in chains:
         if attribution.height and attribution.filter(pl.col("chain") == chain).height:
             charts[f"factors-{chain}"] = factors_chart(attribution, cells, chain)

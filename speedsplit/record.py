@@ -47,6 +47,15 @@ class Distribution(_Record):
     p99: float | None
 
 
+class InstanceLoad(_Record):
+    """What one server instance of the session served in the measured phase."""
+
+    instance: int = Field(description="index of the instance (user u is served by instance u mod n)")
+    requests: int
+    completed: int
+    output_tokens: int = Field(description="output tokens of its completed requests")
+
+
 class Summary(_Record):
     """The measured phase of a run, as the load generator saw it."""
 
@@ -66,6 +75,9 @@ class Summary(_Record):
     wrong_prompt_length: int = Field(description="completed requests whose prompt the server counted otherwise")
     warmup_s: float = Field(description="wall time of the warm-up phase (not measured)")
     warmup_failed: int = Field(description="failed warm-up requests")
+    per_instance: list[InstanceLoad] = Field(
+        default_factory=list, description="requests and tokens each instance served, so imbalance shows"
+    )
 
 
 class CellParams(_Record):
@@ -162,6 +174,15 @@ class ModelShape(_Record):
     quantization_config: QuantConfig | None = None
 
 
+class Timing(_Record):
+    """When the job and its load ran (Unix seconds), for packing: how busy each card was."""
+
+    job_start: float
+    load_start: float | None = Field(default=None, description="the load's first request (warm-up included)")
+    load_end: float | None = None
+    job_end: float | None = None
+
+
 class ErrorInfo(_Record):
     """An unforeseen failure of the job itself."""
 
@@ -214,6 +235,7 @@ class RunResult(_Record):
     model_shape: ModelShape = Field(default_factory=ModelShape)
     started: str
     finished: str | None = None
+    timing: Timing | None = Field(default=None, description="absent in results written before it was recorded")
     provenance: Provenance | None = None
 
 

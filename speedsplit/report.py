@@ -62,7 +62,13 @@ def build(
     attribution: pl.DataFrame,
     crossover: pl.DataFrame,
     stability: pl.DataFrame,
+    topologies: pl.DataFrame,
+    scaling: pl.DataFrame,
+    packing: pl.DataFrame,
     svgs: dict[str, str | Path],
+    link: pl.DataFrame | None = None,
+    link_matrix: str | None = None,
+    coordination: pl.DataFrame | None = None,
 ) -> None:
     """Write the report atomically."""
     parts = [
@@ -111,6 +117,45 @@ def build(
         "<h3>Cross-model stability</h3>",
         html_table(stability) if stability.height else "<p>—</p>",
     ]
+    if topologies["topology"].n_unique() > 1:
+        parts += [
+            "<h2>Topologies</h2>",
+            "<p class='note'>Throughput per GPU and per user of every topology (tp<i>k</i>: one "
+            "instance over <i>k</i> cards; <i>m</i>x1: <i>m</i> single-card instances, user <i>u</i> "
+            "served by instance <i>u</i> mod <i>m</i>). Factors: ratios of median throughput with 95% "
+            "bootstrap intervals; efficiency = factor / ideal; a tie when the interval holds 1.</p>",
+            html_table(scaling.drop("numerator", "denominator")) if scaling.height else "<p>—</p>",
+            html_table(topologies.drop([c for c in topologies.columns if c.endswith(("_lo", "_hi"))])),
+        ]
+    if packing.height:
+        parts += [
+            "<h2>Packing: how busy the cards were</h2>",
+            "<p class='note'>Over the wall time from the first benchmark job's start to the last one's "
+            "end: the share of it each card spent measuring (load running) and starting servers (lease "
+            "wait and start-up of each session). Device <i>all</i> pools the cards.</p>",
+            html_table(packing),
+        ]
+    if coordination is not None:
+        parts += [
+            "<h2>Where tensor parallelism loses time</h2>",
+            "<p class='note'>From profiler traces of steady decode (results/profile/): per decode step, "
+            "tp<i>k</i> against tp1. Shortfall = step time - ideal (tp1 step / <i>k</i>); each excess_ "
+            "column is that part at tp<i>k</i> minus its ideal share, and they add up to the shortfall. "
+            "coordination_share = (communication + idle gaps) / shortfall. The profiler itself slows "
+            "the steps it records; the split, not the absolute step time, is the point.</p>",
+            html_table(coordination) if coordination.height else "<p>No tp<i>k</i> was profiled beside tp1.</p>",
+        ]
+    if link is not None:
+        parts += [
+            "<h2>Interconnect control</h2>",
+            "<p class='note'>All-reduce between two ranks, no server: latency per call and bus "
+            "bandwidth per payload, peer-to-peer on (p2p) and off (no_p2p, through host memory). "
+            "Rows marked decode_sized are one decode step's activation (users x hidden x 2 bytes). "
+            "Every payload is in tables/link.csv.</p>",
+            html_table(link.filter(pl.col("decode_sized"))),
+            f"<details><summary>GPU topology (nvidia-smi topo -m)</summary><pre>{html.escape(link_matrix or '—')}</pre>"
+            "</details>",
+        ]
     parts.append("<h2>Plots</h2>")
     for name, svg in svgs.items():
         text = Path(svg).read_text()

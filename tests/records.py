@@ -16,13 +16,15 @@ from speedsplit.record import (
 from speedsplit.results import write_json_atomic
 
 
-def fake_result(stack, users, run, tok_s, status="ok", workload="wide", flags=()) -> RunResult:
+def fake_result(
+    stack, users, run, tok_s, status="ok", workload="wide", flags=(), topology="tp1", tp=1, instances=1
+) -> RunResult:
     dist = Distribution(mean=0.1, median=0.1, p90=0.2, p99=0.3)
     measured = status == "ok"
     return RunResult(
         model="tiny",
         stack=stack,
-        topology="tp1",
+        topology=topology,
         cell=f"u{users}-{workload}-greedy",
         run=run,
         status=status,
@@ -43,14 +45,14 @@ def fake_result(stack, users, run, tok_s, status="ok", workload="wide", flags=()
             stall_timeout_s=30.0,
             min_measured_s=1.0,
         ),
-        session_key=f"tiny/{stack}/tp1/all",
+        session_key=f"tiny/{stack}/{topology}/all",
         stack_def=StackDef(
             variant="gptq" if "marlin" in stack else "fp16",
             dialect="transformers" if stack.startswith("hf") else "vllm",
             dtype="bfloat16",
             platform="cpu",
-            tensor_parallel=1,
-            instances=1,
+            tensor_parallel=tp,
+            instances=instances,
             expect_kernel="CPUWNA16" if "marlin" in stack else "",
         ),
         summary=Summary(

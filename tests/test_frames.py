@@ -120,11 +120,9 @@ def test_tables_round_trip_typed_and_read_as_people_read_them(result_files, tmp_
 
 
 def test_plots_and_report_render_offline(result_files, tmp_path):
-    runs = runs_of(result_files)
-    cells = T.cells_frame(runs)
-    att = T.attribution_frame(runs, {"study": ["hf-fp16", "vllm-fp16", "vllm-marlin"]})
+    frames = aggregate.build_frames(result_files, {"study": ["hf-fp16", "vllm-fp16", "vllm-marlin"]})
     svgs = {}
-    for name, chart in plots.all_charts(cells, att, ["study"]).items():
+    for name, chart in plots.all_charts(frames["cells"], frames["attribution"], ["study"]).items():
         out = plots.save(chart, tmp_path / "plots" / name)
         assert out["png"].stat().st_size > 1000
         assert "<svg" in out["svg"].read_text()[:500]
@@ -136,12 +134,8 @@ def test_plots_and_report_render_offline(result_files, tmp_path):
         html,
         config={"models": {"tiny": {}}},
         provenance=read_result(result_files[0]).provenance,
-        cells=cells,
-        runs=runs,
-        attribution=att,
-        crossover=T.crossover_frame(att),
-        stability=T.stability_frame(att),
         svgs=svgs,
+        **frames,
     )
     text = html.read_text()
     assert text.count("<svg") >= 4 and "startup_failed" in text and "Test CPU" in text

@@ -109,3 +109,16 @@ def test_each_request_sends_its_own_prompt_and_a_seed_fixed_by_its_identity():
         # prompt k of the run (its identity: warm-ups, then each user's requests) has seed 7 + k
         assert all(b["seed"] == 7 + prompts.index(b["prompt"]) for b in got)
     assert sent["fast"] == sent["slow"]
+
+
+def test_users_are_spread_over_instances_and_each_instance_counts_what_it_served():
+    """User u is served by instance u mod n; the summary says what each instance served."""
+    urls = [serve_in_thread(make_app(delay_s=0.001))[0] for _ in range(2)]
+    s, records = loadgen.run(spec(urls[0], urls=urls, users=3, requests_per_user=2, warmup_requests=0))
+    assert [r.url for r in sorted(records, key=lambda r: (r.user, r.index))] == [
+        urls[u % 2] for u in range(3) for _ in "ab"
+    ]
+    assert [(i.instance, i.requests, i.completed, i.output_tokens) for i in s.per_instance] == [
+        (0, 4, 4, 4 * 5),
+        (1, 2, 2, 2 * 5),
+    ]

@@ -49,7 +49,10 @@ def test_sessions_and_their_last_cell(cfg):
     plan = P.session_plans(cfg)[key]
     assert [plan.is_last(j) for j in members] == [False, False, False, True]
     assert plan.log == "results/logs/sessions/tiny__hf-fp16__tp1__run0.log"
-    assert plan.cache_dir == "results/cache/hf-fp16" and plan.idle_timeout_s == cfg["benchmark"]["idle_timeout_s"]
+    assert (
+        plan.cache_dir == "results/cache/tiny__hf-fp16__tp1__run0"
+        and plan.idle_timeout_s == cfg["benchmark"]["idle_timeout_s"]
+    )
     cfg["benchmark"]["server_reuse"] = "per_cell"
     plans = P.session_plans(cfg)
     assert all(plans[P.session_key(cfg, j)].is_last(j) for j in members)

@@ -105,7 +105,12 @@ def test_tables_and_attribution_come_out(workdir):
         assert len(factors) == 2 and abs(factors[0] * factors[1] - total) < 1e-9 * total
     assert (workdir / "results/tables/cells.parquet").stat().st_size > 0
     assert (workdir / "results/tables/attribution.md").read_text().startswith("|")
-    for name in ("throughput", "latency", "factors-study", "shares-study"):
+    prof = json.loads((workdir / "results/profile/tiny/vllm-fp16/tp1/u4-ci-wide-greedy.json").read_text())
+    assert prof["status"] == "ok" and prof["traces"] and prof["breakdown"] is None and "no GPU" in prof["note"]
+    assert prof["load"]["failed"] == 0
+    link = pl.read_csv(workdir / "results/tables/link.csv")
+    assert set(link["backend"]) == {"gloo"} and link["decode_sized"].any()
+    for name in ("throughput", "latency", "factors-study", "shares-study", "link"):
         for ext in ("html", "svg", "png"):
             assert (workdir / f"results/plots/{name}.{ext}").stat().st_size > 1000
 

@@ -14,5 +14,6 @@ write_report(
     result_paths=list(sm.input.results),
     tables_dir=Path(sm.input.tables[0]).parent,
     plots_dir=sm.input.plots,
+    link_json=sm.input.link[0] if sm.input.link else None,
 )
 print(f"report: {Path(sm.output[0]).resolve()}")

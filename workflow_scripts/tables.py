@@ -14,4 +14,6 @@ write_tables(
     Path(sm.output.cells_parquet).parent,
     sm.input.bandwidth,
     sm.params.tolerate_flags,
+    sm.input.link[0] if sm.input.link else None,
+    list(sm.input.profiles),
 )

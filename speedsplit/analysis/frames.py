@@ -62,6 +62,12 @@ RUNS_SCHEMA = {
     "tensor_parallel": pl.Int64,
     "instances": pl.Int64,
     "model_shape": pl.Utf8,  # JSON object: the served model's shape (for the roofline)
+    "devices": pl.List(pl.Utf8),
+    "lease_wait_s": pl.Float64,
+    "job_start": pl.Float64,  # Unix seconds (null in results written before timing was recorded)
+    "load_start": pl.Float64,
+    "load_end": pl.Float64,
+    "job_end": pl.Float64,
     **{f"{m}_{q}": pl.Float64 for m in LATENCY for q in LATENCY_Q},
 }
 
@@ -103,6 +109,12 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
             "tensor_parallel": res.stack_def.tensor_parallel,
             "instances": res.stack_def.instances,
             "model_shape": res.model_shape.model_dump_json(exclude_none=True),
+            "devices": (res.server.devices if res.server else None) or [],
+            "lease_wait_s": res.server.lease_wait_s if res.server else None,
+            **{
+                k: getattr(res.timing, k) if res.timing else None
+                for k in ("job_start", "load_start", "load_end", "job_end")
+            },
         }
         for metric in LATENCY:
             dist = getattr(s, metric) if ok and s else None
