@@ -85,10 +85,13 @@ rule measurements:
 
 
 # The interconnect control: no server, an all-reduce between each pair of the job's cards
-# (peer-to-peer on and off), payloads from one decode step's activation up to max_mib.
+# (peer-to-peer on and off), payloads from one decode step's activation up to max_mib. It
+# and the profiles run after every benchmark job (order only): in the middle of a lane they
+# would take the cards of its idle server and make its next cell start a new one.
 rule link:
     input:
         models=[f"resources/models/{m}/fp16" for m in ss_config.bench_models(CFG)],
+        after=ancient(bench_results()),
     output:
         "results/hardware/link.json",
     params:
@@ -113,6 +116,7 @@ rule profile:
     input:
         model=lambda wc: f"resources/models/{wc.model}/{ss_plan.variant_dir(CFG, wc.stack)}",
         tokenizer="resources/models/{model}/fp16",
+        after=ancient(bench_results()),
     output:
         result="results/profile/{model}/{stack}/{topology}/{cell}.json",
         traces=directory("results/profile/{model}/{stack}/{topology}/{cell}.traces"),

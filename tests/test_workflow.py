@@ -121,7 +121,10 @@ def test_no_server_is_left_running(workdir):
     from speedsplit import procs, session
 
     ours = [st for st in session.host_states() if st.get("workflow") == str(workdir.resolve())]
-    assert len(ours) == 3  # one per stack (server_reuse: per_stack)
+    keys = sorted(st["key"] for st in ours)
+    # one per stack (server_reuse: per_stack), and the coordination profile's own server
+    want = [f"tiny/{s}/tp1/all" for s in ("hf-fp16", "vllm-fp16", "vllm-marlin")] + ["tiny/vllm-fp16/tp1/profile"]
+    assert keys == sorted(want), keys
     for st in ours:
         assert st["state"] == "stopped" and not session.daemon_alive(st)
         assert st["servers"] and not any(procs.Proc.from_record(r).alive() for r in st["servers"])
