@@ -7,7 +7,7 @@ sys.path.insert(0, workflow.basedir)
 
 from speedsplit import config as ss_config
 from speedsplit import plan as ss_plan
-from speedsplit.analysis.formats import TABLES
+from speedsplit.analysis import TABLES
 
 try:
     CFG = ss_config.validate(config)

@@ -10,13 +10,9 @@ from pathlib import Path
 
 import polars as pl
 
+from speedsplit.analysis import OPTIONAL_TABLES, TABLES  # noqa: F401 (re-exported)
 from speedsplit.results import write_bytes_atomic
 
-# Frames written by the tables rule, in the order the report shows them.
-TABLES = ("runs", "cells", "attribution", "crossover", "stability", "topologies", "scaling", "packing")
-# Written only where their measurement ran (link: the interconnect control; coordination:
-# the profiled split of a tensor-parallel decode step).
-OPTIONAL_TABLES = ("link", "coordination")
 # How a list column is joined in CSV and text (reasons read better one per clause).
 _JOIN = {"excluded": "; "}
 
