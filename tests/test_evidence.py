@@ -51,8 +51,13 @@ def test_tables_rebuild_from_the_committed_raw_results(folder, tmp_path):
         read_result(path)
         assert path.with_name(path.stem + ".requests.jsonl").is_file(), path
     cfg = C.load(*[REPO / c for c in how["config"]])
-    write_tables(results, cfg["chains"], tmp_path, folder / how["bandwidth"], cfg["analysis"]["tolerate_flags"])
-    for name in TABLES:
+    link = folder / how["link"] if how.get("link") else None
+    profiles = sorted(folder.glob(how["profiles"])) if how.get("profiles") else []
+    write_tables(
+        results, cfg["chains"], tmp_path, folder / how["bandwidth"], cfg["analysis"]["tolerate_flags"], link, profiles
+    )
+    names = list(TABLES) + (["link"] if link else []) + (["coordination"] if profiles else [])
+    for name in names:
         rebuilt, committed = (tmp_path / f"{name}.csv").read_text(), (folder / "tables" / f"{name}.csv").read_text()
         assert rebuilt == committed, f"{folder.name}: tables/{name}.csv differs from its rebuild"
 
