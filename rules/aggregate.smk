@@ -4,7 +4,6 @@
 
 localrules:
     job_file,
-    plan,
     measurements,
     tables,
     plots,

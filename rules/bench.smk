@@ -20,20 +20,13 @@ rule job_file:
         "../workflow_scripts/job_file.py"
 
 
-# The server sessions: which jobs share a server, which job stops it, its log and caches,
-# and the timeouts. Bench jobs read it as an ancient input, so a grown grid or a new timeout
-# rewrites it without rerunning any finished cell.
-rule plan:
-    output:
-        "results/plan.json",
-    params:
-        plan=ss_plan.plan_json(CFG),
-    log:
-        "results/logs/plan.log",
-    conda:
-        "../envs/analysis.yaml"
-    script:
-        "../workflow_scripts/plan.py"
+# The server sessions (which jobs share a server, which job stops it, its log and caches,
+# the timeouts) go to results/plan.json when the workflow starts, a file no rule owns: a
+# grown grid or a new timeout rewrites it and reruns no finished cell. (As an ancient input
+# of a plan rule's output it hit snakemake/snakemake#4166: a run that had to rewrite the
+# plan ran only that rule.)
+onstart:
+    ss_plan.write_plan(CFG, PLAN)
 
 
 # Besides its outputs and log, a bench job appends to its session's server log
@@ -47,6 +40,8 @@ rule bench:
     output:
         result="results/bench/{model}/{stack}/{topology}/{cell}/run{run}.json",
         requests="results/bench/{model}/{stack}/{topology}/{cell}/run{run}.requests.jsonl",
+    params:
+        plan=PLAN,
     resources:
         gpu=bench_gpus,
     log:

@@ -84,8 +84,8 @@ def predecessors(config: dict) -> dict[BenchJob, BenchJob | None]:
 @dataclass(frozen=True)
 class SessionPlan:
     """What a bench job needs to know about its server session beyond its own cell. It comes
-    from results/plan.json, an input the bench rule marks ancient: growing the grid or
-    changing a timeout rewrites the plan but reruns no finished cell."""
+    from results/plan.json, written when the workflow starts (no rule owns it): growing the
+    grid or changing a timeout rewrites the plan but reruns no finished cell."""
 
     key: str  # {model}/{stack}/{topology}/{run|all}
     log: str  # the servers' output, appended to by every job of the session
@@ -130,6 +130,17 @@ def plan_json(config: dict) -> dict:
         "sessions": {key: asdict(p) for key, p in session_plans(config).items()},
         "jobs": {job.result: session_key(config, job) for job in bench_jobs(config)},
     }
+
+
+def write_plan(config: dict, path: str | Path) -> None:
+    """Write results/plan.json if its content changed (a cluster job that re-reads the
+    workflow never rewrites it)."""
+    from speedsplit.results import write_json_atomic
+
+    data = plan_json(config)
+    path = Path(path)
+    if not path.exists() or json.loads(path.read_text()) != data:
+        write_json_atomic(path, data)
 
 
 def session_of(plan_path: str | Path, result_path: str) -> SessionPlan:

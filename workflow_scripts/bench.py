@@ -1,7 +1,7 @@
 """Rule bench: measure one cell run on its session's server and write its result.
 
-Reads only its inputs: the job file (stack and cell), the plan (its server session) and the
-model folders."""
+Reads only its inputs and params: the job file (stack and cell), the model folders, and the
+plan its params name (its server session; written when the workflow starts)."""
 
 import json
 from pathlib import Path
@@ -19,7 +19,7 @@ measure(
     stack=job["stack"],
     cell=job["cell"],
     run=int(w.run),
-    session=session_of(sm.input.plan, sm.output.result),
+    session=session_of(sm.params.plan, sm.output.result),
     model_dir=sm.input.model,
     tokenizer_dir=sm.input.tokenizer,
     out_json=sm.output.result,
