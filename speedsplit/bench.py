@@ -228,20 +228,31 @@ def _server_facts(result: RunResult, state: dict, reused: bool) -> None:
     result.engine = EngineFacts(**(state.get("facts") or {}))
 
 
-def _run_load(
-    result: RunResult, state: dict, stack: dict, cell: dict, run: int, tokenizer_dir, progress
-) -> list[RequestRecord]:
-    n_prompts = cell["users"] * (cell["requests_per_user"] + cell["warmup_requests"])
-    prompts = build_prompts(tokenizer_dir, n_prompts, cell["prompt_tokens"], prompt_seed(cell, run))
-    load = loadgen.LoadSpec(
+def cell_load(
+    state: dict,
+    stack: dict,
+    cell: dict,
+    run: int,
+    tokenizer_dir,
+    requests_per_user: int | None = None,
+    warmup_requests: int | None = None,
+) -> loadgen.LoadSpec:
+    """The load of one cell run on a ready session (its URLs and model id in state), with the
+    cell's own request counts unless others are given; prompts are the run's own."""
+    per_user = cell["requests_per_user"] if requests_per_user is None else requests_per_user
+    warmup = cell["warmup_requests"] if warmup_requests is None else warmup_requests
+    prompts = build_prompts(
+        tokenizer_dir, cell["users"] * (per_user + warmup), cell["prompt_tokens"], prompt_seed(cell, run)
+    )
+    return loadgen.LoadSpec(
         urls=state["urls"],
         model=state["model_id"],
         prompts=prompts,
         users=cell["users"],
         prompt_tokens=cell["prompt_tokens"],
         output_tokens=cell["output_tokens"],
-        requests_per_user=cell["requests_per_user"],
-        warmup_requests=cell["warmup_requests"],
+        requests_per_user=per_user,
+        warmup_requests=warmup,
         temperature=cell["temperature"],
         top_p=cell["top_p"],
         seed=cell["seed"] + 100003 * run,
@@ -249,6 +260,12 @@ def _run_load(
         request_timeout_s=cell["request_timeout_s"],
         stall_timeout_s=cell["stall_timeout_s"],
     )
+
+
+def _run_load(
+    result: RunResult, state: dict, stack: dict, cell: dict, run: int, tokenizer_dir, progress
+) -> list[RequestRecord]:
+    load = cell_load(state, stack, cell, run, tokenizer_dir)
     result.timing.load_start = time.time()
     result.summary, records = loadgen.run(load, progress=progress)
     result.timing.load_end = time.time()

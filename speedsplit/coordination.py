@@ -20,8 +20,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from speedsplit import loadgen, procs
+from speedsplit.analysis.intervals import length, overlap, union
 from speedsplit import session as sessions
-from speedsplit.bench import build_prompts, prompt_seed
+from speedsplit.bench import cell_load
 from speedsplit.models import model_identity
 from speedsplit.plan import SessionPlan
 from speedsplit.results import provenance, redact, write_json_atomic
@@ -52,33 +53,6 @@ def _post(url: str, timeout_s: float) -> None:
             raise RuntimeError(f"{url} answered {resp.status}")
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
-    for start, end in sorted(intervals):
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((start, end))
-    return out
-
-
-def _length(intervals: list[tuple[float, float]]) -> float:
-    return sum(e - s for s, e in intervals)
-
-
-def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    i = j = 0
-    total = 0.0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        total += max(0.0, hi - lo)
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
 def split_trace(events: list[dict], steps: int) -> dict | None:
     """Per decode step on one GPU (ms): window, communication, compute, copies, idle gaps.
 
@@ -98,19 +72,19 @@ def split_trace(events: list[dict], steps: int) -> dict | None:
             copy.append(span)
     if not (comm or compute or copy):
         return None
-    comm_u, compute_u, copy_u = _union(comm), _union(compute), _union(copy)
-    busy = _union(comm_u + compute_u + copy_u)
+    comm_u, compute_u, copy_u = union(comm), union(compute), union(copy)
+    busy = union(comm_u + compute_u + copy_u)
     window = busy[-1][1] - busy[0][0]
-    comm_t = _length(comm_u)
-    compute_t = _length(compute_u) - _overlap(compute_u, comm_u)
-    copy_t = _length(busy) - comm_t - compute_t
+    comm_t = length(comm_u)
+    compute_t = length(compute_u) - overlap(compute_u, comm_u)
+    copy_t = length(busy) - comm_t - compute_t
     per_step = 1e-3 / steps  # µs over the window -> ms per step
     return {
         "step_ms": window * per_step,
         "communication_ms": comm_t * per_step,
         "compute_ms": compute_t * per_step,
         "copy_ms": copy_t * per_step,
-        "gap_ms": (window - _length(busy)) * per_step,
+        "gap_ms": (window - length(busy)) * per_step,
         "kernels": len(comm) + len(compute),
         "communication_kernels": len(comm),
     }
@@ -217,24 +191,8 @@ def profile_cell(
 def _profile_load(result: dict, held: dict, stack: dict, cell: dict, tokenizer_dir) -> None:
     """Warm the server with the cell once, arm the profiler, run the cell again under it."""
 
-    def load(run: int) -> loadgen.LoadSpec:
-        prompts = build_prompts(tokenizer_dir, cell["users"], cell["prompt_tokens"], prompt_seed(cell, run))
-        return loadgen.LoadSpec(
-            urls=held["urls"],
-            model=held["model_id"],
-            prompts=prompts,
-            users=cell["users"],
-            prompt_tokens=cell["prompt_tokens"],
-            output_tokens=cell["output_tokens"],
-            requests_per_user=1,
-            warmup_requests=0,
-            temperature=cell["temperature"],
-            top_p=cell["top_p"],
-            seed=cell["seed"],
-            dialect=stack["dialect"],
-            request_timeout_s=cell["request_timeout_s"],
-            stall_timeout_s=cell["stall_timeout_s"],
-        )
+    def load(run: int) -> loadgen.LoadSpec:  # one request per user: all decode together
+        return cell_load(held, stack, cell, run, tokenizer_dir, requests_per_user=1, warmup_requests=0)
 
     loadgen.run(load(1000))  # warm-up, not profiled (distinct prompts: no prefix-cache hits)
     for url in held["urls"]:

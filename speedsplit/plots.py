@@ -22,27 +22,28 @@ def _title(text: str, cells: pl.DataFrame) -> alt.TitleParams:
     return alt.TitleParams(text, subtitle=[f"model: {models} | hardware: {hardware}", ERRORBARS], anchor="start")
 
 
+def _ratios_vs_users(df, y_title: str, tooltip: list, **channels) -> alt.LayerChart:
+    """Ratios (value, lo, hi) against users on log axes: a line with its interval bars."""
+    base = alt.Chart(df).encode(x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"), **channels)
+    line = base.mark_line(point=True).encode(
+        y=alt.Y("value:Q", scale=alt.Scale(type="log"), title=y_title), tooltip=tooltip
+    )
+    return line + base.mark_errorbar().encode(y=alt.Y("lo:Q", title=y_title), y2="hi:Q")
+
+
+_RATIO_TIPS = [alt.Tooltip(f"{c}:Q", format=".3f") for c in ("value", "lo", "hi")]
+
+
 def factors_chart(attribution: pl.DataFrame, cells: pl.DataFrame, chain: str) -> alt.Chart:
     df = attribution.filter((pl.col("chain") == chain) & pl.col("value").is_not_null()).to_pandas()
-    base = alt.Chart(df).encode(
-        x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"),
+    layers = _ratios_vs_users(
+        df,
+        "speedup factor (log)",
+        ["model", "cell", "factor", *_RATIO_TIPS],
         color=alt.Color("factor:N", title="factor"),
     )
-    line = base.mark_line(point=True).encode(
-        y=alt.Y("value:Q", scale=alt.Scale(type="log"), title="speedup factor (log)"),
-        tooltip=[
-            "model",
-            "cell",
-            "factor",
-            alt.Tooltip("value:Q", format=".3f"),
-            alt.Tooltip("lo:Q", format=".3f"),
-            alt.Tooltip("hi:Q", format=".3f"),
-        ],
-    )
-    bars = base.mark_errorbar().encode(y=alt.Y("lo:Q", title="speedup factor (log)"), y2="hi:Q")
     return (
-        (line + bars)
-        .properties(width=260, height=220)
+        layers.properties(width=260, height=220)
         .facet(column=alt.Column("workload:N"), row=alt.Row("model:N"))
         .properties(title=_title(f"Speedup factors along chain '{chain}' vs concurrent users", cells))
     )
@@ -160,28 +161,12 @@ def topology_chart(topologies: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
 def scaling_chart(scaling: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
     """Each topology comparison vs users, with intervals; 1 = no gain."""
     df = scaling.filter(pl.col("value").is_not_null()).to_pandas()
-    base = alt.Chart(df).encode(
-        x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"),
-        color=alt.Color("comparison:N"),
-        strokeDash=alt.StrokeDash("workload:N"),
+    tips = ["stack", "cell", "comparison", *_RATIO_TIPS, alt.Tooltip("efficiency:Q", format=".2f"), "winner"]
+    layers = _ratios_vs_users(
+        df, "throughput ratio (log)", tips, color=alt.Color("comparison:N"), strokeDash=alt.StrokeDash("workload:N")
     )
-    line = base.mark_line(point=True).encode(
-        y=alt.Y("value:Q", scale=alt.Scale(type="log"), title="throughput ratio (log)"),
-        tooltip=[
-            "stack",
-            "cell",
-            "comparison",
-            alt.Tooltip("value:Q", format=".3f"),
-            alt.Tooltip("lo:Q", format=".3f"),
-            alt.Tooltip("hi:Q", format=".3f"),
-            alt.Tooltip("efficiency:Q", format=".2f"),
-            "winner",
-        ],
-    )
-    bars = base.mark_errorbar().encode(y=alt.Y("lo:Q", title="throughput ratio (log)"), y2="hi:Q")
     return (
-        (line + bars)
-        .properties(width=300, height=220)
+        layers.properties(width=300, height=220)
         .facet(column=alt.Column("stack:N"), row=alt.Row("model:N"))
         .properties(title=_title("Topology factors vs concurrent users", cells))
     )

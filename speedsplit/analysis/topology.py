@@ -17,6 +17,7 @@ import polars as pl
 
 from speedsplit.analysis import attribution as attr
 from speedsplit.analysis.frames import clean_runs
+from speedsplit.analysis.intervals import length, union
 
 KEYS = ["model", "stack", "cell", "users", "workload", "sampling", "prompt_tokens", "output_tokens"]
 
@@ -206,15 +207,6 @@ def coordination_frame(profiles: list[dict]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema)
 
 
-def _union_s(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
-
-
 PACKING_SCHEMA = {
     "device": pl.Utf8,
     "wall_s": pl.Float64,
@@ -248,7 +240,7 @@ def packing_frame(runs: pl.DataFrame) -> pl.DataFrame:
                 start = r["job_start"] + (r["lease_wait_s"] or 0.0)
                 d["starting"].append((start, start + r["startup_s"]))
     for dev, d in sorted(per_device.items()):
-        m, s = _union_s(d["measuring"]), _union_s(d["starting"])
+        m, s = length(union(d["measuring"])), length(union(d["starting"]))
         rows.append(
             {
                 "device": dev,
