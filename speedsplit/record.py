@@ -23,7 +23,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 SCHEMA_VERSION = 2
 
 Status = Literal["ok", "startup_failed", "server_died", "server_hung", "failed", "error"]
-STATUSES: tuple[str, ...] = Status.__args__
 Flag = Literal[
     "request_failures", "output_length_mismatch", "prompt_length_mismatch", "short_measurement", "kernel_mismatch"
 ]
@@ -241,8 +240,6 @@ class RunResult(_Record):
 
 class RequestRecord(_Record):
     """One request as the client saw it (times in seconds from its phase's start)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=False)
 
     user: int
     index: int = Field(description="the user's n-th request in its phase")
