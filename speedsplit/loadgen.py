@@ -134,12 +134,11 @@ async def _phase(
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     total = spec.users * per_user
     done = 0
-    tokens = 0
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         t0 = time.perf_counter()
 
         async def user(u: int) -> None:
-            nonlocal done, tokens
+            nonlocal done
             url = spec.urls[u % len(spec.urls)]
             for i in range(per_user):
                 rec = RequestRecord(user=u, index=i, phase=phase, url=url, sent=time.perf_counter() - t0)
@@ -148,13 +147,15 @@ async def _phase(
                 body = request_body(spec, spec.prompts[k % len(spec.prompts)], spec.seed + k)
                 await _one_request(http, spec, rec, body, t0)
                 done += 1
-                tokens += rec.output_tokens or 0
 
         async def report() -> None:
             while True:
                 await asyncio.sleep(2.0)
+                # Chunks streamed so far, finished requests or not: with one request per user
+                # all of them end together, and a count of finished ones reads 0 until then.
                 elapsed = time.perf_counter() - t0
-                progress(f"{phase}: {done}/{total} requests, {tokens / max(elapsed, 1e-9):.1f} output tok/s")
+                streamed = sum(r.chunks for r in records)
+                progress(f"{phase}: {done}/{total} requests done, {streamed / max(elapsed, 1e-9):.1f} chunks/s streamed")
 
         reporter = asyncio.create_task(report()) if progress else None
         try:

@@ -122,3 +122,13 @@ def test_users_are_spread_over_instances_and_each_instance_counts_what_it_served
         (0, 4, 4, 4 * 5),
         (1, 2, 2, 2 * 5),
     ]
+
+
+def test_progress_counts_tokens_streamed_before_any_request_ends():
+    """With one request per user they all end together; the live line still shows the rate."""
+    url, _ = serve_in_thread(make_app(delay_s=0.6))
+    lines = []
+    loadgen.run(spec(url, requests_per_user=1, warmup_requests=0, output_tokens=5), progress=lines.append)
+    first = next(line for line in lines if line.startswith("measured:"))
+    assert first.startswith("measured: 0/3 requests done, ")
+    assert float(first.split(", ")[1].split()[0]) > 0
