@@ -155,9 +155,6 @@ def _write(result: RunResult, records: list[RequestRecord], out_json, out_reques
     return clean
 
 
-ATTACH_TRIES = 3
-
-
 def _measure_on_session(
     result: RunResult,
     launch: dict,
@@ -169,49 +166,32 @@ def _measure_on_session(
     owner: procs.Proc,
     progress,
 ) -> list[RequestRecord]:
-    """Find or start the session's servers, hold them for this cell, run the load; returns the
-    request records. The last cell of a session, or any interrupted cell, stops its servers."""
-    sess = generation = None
-    finished = False
-    last = plan.is_last(result)
+    """Hold the session's servers for this cell and run the load; returns the request records.
+    The last cell of a session, or any interrupted cell, stops its servers."""
     try:
-        for _ in range(ATTACH_TRIES):
-            try:
-                sess, reused, generation = sessions.open_session(
-                    plan.key, launch, Path(plan.log), owner, plan.idle_timeout_s, plan.lease_timeout_s
-                )
-            except sessions.SessionBusy as busy:
-                result.status = "startup_failed"
-                result.server = _no_server(str(busy))
-                finished = True
-                return []
-            state = sessions.wait_ready(sess, generation, stack["startup_timeout_s"] + plan.lease_timeout_s)
-            _server_facts(result, state, reused)
-            if state["state"] in (sessions.STOPPING, sessions.STOPPED):
-                continue  # stopped before we attached (evicted, idle, replaced): start again
-            if state["state"] != sessions.READY:
-                # died before this cell: server_died; never ready: startup_failed
-                result.status = "server_died" if state["state"] == sessions.DIED else "startup_failed"
-                result.server.error = result.server.error or f"server session {state['state']}"
-                finished = True
-                return []
-            with sessions.attached(sess, generation) as held:
-                if held is None:
-                    continue  # evicted between finding it and taking the cell lock
-                _server_facts(result, held, reused)
-                records = _run_load(result, held, stack, cell, run, tokenizer_dir, progress)
-                sessions.transition(sess, generation, sessions.READY, cells_measured=held["cells_measured"] + 1)
-            _check_servers(result, sess, generation, held, stack)
-            result.flags = honesty_flags(result, stack, cell)
-            finished = True
-            return records
-        result.status = "startup_failed"
-        result.server.error = f"the session was stopped {ATTACH_TRIES} times before this cell could attach"
-        finished = True
+        with sessions.hold_ready(
+            plan,
+            launch,
+            owner,
+            ready_timeout_s=stack["startup_timeout_s"] + plan.lease_timeout_s,
+            keep=not plan.is_last(result),
+        ) as held:
+            _server_facts(result, held.state, held.reused)
+            records = _run_load(result, held.state, stack, cell, run, tokenizer_dir, progress)
+            sessions.transition(
+                held.sess, held.generation, sessions.READY, cells_measured=held.state["cells_measured"] + 1
+            )
+            _check_servers(result, held.sess, held.generation, held.state, stack)
+    except sessions.NotReady as no:
+        result.status = no.status
+        if no.state is None:
+            result.server = _no_server(no.error)
+        else:
+            _server_facts(result, no.state, no.reused)
+            result.server.error = no.error
         return []
-    finally:
-        if sess is not None and (last or not finished):
-            sessions.stop_daemon(sess, generation)
+    result.flags = honesty_flags(result, stack, cell)
+    return records
 
 
 def _no_server(error: str) -> ServerFacts:

@@ -155,32 +155,25 @@ def profile_cell(
         "model": model_identity(model_dir),
         "cache_dir": str(Path(session.cache_dir).resolve()),
     }
-    sess = generation = None
     with sessions.stop_on_signals():
         try:
-            sess, _, generation = sessions.open_session(
-                session.key,
+            with sessions.hold_ready(
+                session,
                 launch,
-                Path(session.log),
                 owner or sessions.workflow_owner(),
-                session.idle_timeout_s,
-                session.lease_timeout_s,
-            )
-            state = sessions.wait_ready(sess, generation, stack["startup_timeout_s"] + session.lease_timeout_s)
-            if state["state"] != sessions.READY:
-                result.update(status="startup_failed", error=state.get("error") or f"server session {state['state']}")
-            else:
-                with sessions.attached(sess, generation) as held:
-                    _profile_load(result, held, stack, cell, tokenizer_dir)
+                ready_timeout_s=stack["startup_timeout_s"] + session.lease_timeout_s,
+                keep=False,  # a profiled server serves nothing else
+            ) as held:
+                _profile_load(result, held.state, stack, cell, tokenizer_dir)
+                # the workers write their traces late: the servers stay up until they are complete
                 files = wait_for_traces(trace_dir, stack["tensor_parallel"] * stack["instances"], 600.0)
-                _breakdown(result, files, iterations)
+            _breakdown(result, files, iterations)
+        except sessions.NotReady as no:
+            result.update(status=no.status, error=redact(no.error, workdir))
         except sessions.Stop:
             raise
         except Exception as exc:  # recorded, never lost
             result.update(status="error", error=f"{type(exc).__name__}: {redact(str(exc), workdir)}")
-        finally:
-            if sess is not None:
-                sessions.stop_daemon(sess, generation)
     result["traces"] = [str(p.relative_to(trace_dir)) for p in trace_files(trace_dir)]
     result["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     result["provenance"] = provenance(workdir)

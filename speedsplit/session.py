@@ -29,11 +29,13 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from speedsplit import lease as leases
 from speedsplit import procs, stacks
 from speedsplit.models import ModelError, check_model
+from speedsplit.plan import SessionPlan
 from speedsplit.results import redact, write_json_atomic
 
 POLL_S = 0.25
@@ -277,6 +279,73 @@ def attached(sess: Session, generation: str):
             yield None
         else:
             yield st
+
+
+ATTACH_TRIES = 3
+
+
+@dataclass
+class Held:
+    """A session's servers held ready for one job (see `hold_ready`)."""
+
+    sess: Session
+    generation: str
+    reused: bool  # an existing daemon was found, not spawned by this job
+    state: dict  # the session's ready state: urls, servers, facts, cells_measured
+
+
+class NotReady(Exception):
+    """The session's servers could not be held for the job. `status` is what its result
+    records (startup_failed or server_died); `state` and `reused` describe the last attempt
+    (state is None when no session was had at all)."""
+
+    def __init__(self, status: str, error: str, state: dict | None = None, reused: bool = False):
+        super().__init__(error)
+        self.status, self.error, self.state, self.reused = status, error, state, reused
+
+
+@contextlib.contextmanager
+def hold_ready(plan: SessionPlan, launch: dict, owner: procs.Proc, ready_timeout_s: float, keep: bool):
+    """Find or start the servers of a planned session and hold them, ready, for one job (its
+    cell lock).
+
+    A session stopped (evicted, idle, replaced) between being found and being held is started
+    again, up to ATTACH_TRIES times. Raises NotReady when it is busy, never gets ready, died,
+    or kept being stopped. Afterwards the session's servers keep running only if `keep` and
+    the job ended without an exception (NotReady included: a failed start is not retried per
+    job); any other end, an interruption too, stops them."""
+    sess = generation = None
+    ended_cleanly = False
+    try:
+        state, reused = None, False
+        for _ in range(ATTACH_TRIES):
+            try:
+                sess, reused, generation = open_session(
+                    plan.key, launch, Path(plan.log), owner, plan.idle_timeout_s, plan.lease_timeout_s
+                )
+            except SessionBusy as busy:
+                ended_cleanly = True
+                raise NotReady(STARTUP_FAILED, str(busy)) from None
+            state = wait_ready(sess, generation, ready_timeout_s)
+            if state["state"] in (STOPPING, STOPPED):
+                continue  # stopped before we attached: start again
+            if state["state"] != READY:  # died before this job, or never ready
+                ended_cleanly = True
+                status = "server_died" if state["state"] == DIED else STARTUP_FAILED
+                raise NotReady(status, state.get("error") or f"server session {state['state']}", state, reused)
+            with attached(sess, generation) as held:
+                if held is None:
+                    continue  # evicted between finding it and taking the cell lock
+                yield Held(sess, generation, reused, held)
+            ended_cleanly = True
+            return
+        ended_cleanly = True
+        raise NotReady(
+            STARTUP_FAILED, f"the session was stopped {ATTACH_TRIES} times before this job could attach", state, reused
+        )
+    finally:
+        if sess is not None and not (keep and ended_cleanly):
+            stop_daemon(sess, generation)
 
 
 def _stop_processes(st: dict, timeout_s: float) -> None:
