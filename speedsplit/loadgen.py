@@ -155,7 +155,9 @@ async def _phase(
                 # all of them end together, and a count of finished ones reads 0 until then.
                 elapsed = time.perf_counter() - t0
                 streamed = sum(r.chunks for r in records)
-                progress(f"{phase}: {done}/{total} requests done, {streamed / max(elapsed, 1e-9):.1f} chunks/s streamed")
+                progress(
+                    f"{phase}: {done}/{total} requests done, {streamed / max(elapsed, 1e-9):.1f} chunks/s streamed"
+                )
 
         reporter = asyncio.create_task(report()) if progress else None
         try:
