@@ -42,6 +42,7 @@ def build_frames(
     """Every analysis frame from result files (and the link control's, if given); refuses
     (ResultError) a corrupt or truncated result."""
     runs = f.runs_frame([read_result(p) for p in result_paths])
+    f.check_one_machine(runs)
     cells = f.with_mbu(f.cells_frame(runs), bandwidth_gb_s(bandwidth_json))
     attribution = f.attribution_frame(runs, chains, tolerate_flags)
     frames = {
@@ -138,9 +139,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"no result files match {' '.join(args.results)}")
     out = Path(args.out)
     profiles = sorted(glob.glob(args.profiles, recursive=True)) if args.profiles else []
-    write_tables(
-        paths, cfg["chains"], out / "tables", args.bandwidth, cfg["analysis"]["tolerate_flags"], args.link, profiles
-    )
+    try:
+        write_tables(
+            paths, cfg["chains"], out / "tables", args.bandwidth, cfg["analysis"]["tolerate_flags"], args.link, profiles
+        )
+    except f.MixedHardware as exc:
+        raise SystemExit(f"speedsplit: {exc}") from None
     write_plots(out / "tables", list(cfg["chains"]), out / "plots")
     write_report(
         out / "report.html",

@@ -106,6 +106,21 @@ def test_corrupt_or_truncated_results_are_refused(result_files, tmp_path):
         aggregate.build_frames([alien], {})
 
 
+def test_results_of_different_machines_are_never_pooled(result_files, tmp_path):
+    from speedsplit.record import Gpu
+
+    other = fake_result("vllm-fp16", 8, 3, 500.0)
+    other.provenance.hardware.gpus = [Gpu(index="0", name="NVIDIA H200", driver="580", memory="143771 MiB")]
+    failed_elsewhere = fake_result("vllm-fp16", 8, 4, None, status="startup_failed")
+    failed_elsewhere.provenance.hardware.gpus = other.provenance.hardware.gpus
+    # a failed run measured nothing: it pools nothing
+    aggregate.build_frames(result_files + [write_result(tmp_path / "f.json", failed_elsewhere)], {})
+    with pytest.raises(T.MixedHardware, match=r"2 kinds of hardware \(CPU: Test CPU; NVIDIA H200\)"):
+        aggregate.build_frames(result_files + [write_result(tmp_path / "h200.json", other)], {})
+    with pytest.raises(SystemExit, match="speedsplit: results measured on 2 kinds of hardware"):
+        aggregate.main(["--results", str(tmp_path / "*.json"), "--out", str(tmp_path / "out")])
+
+
 def test_tables_round_trip_typed_and_read_as_people_read_them(result_files, tmp_path):
     frames = aggregate.build_frames(result_files, {"study": ["hf-fp16", "vllm-fp16", "vllm-marlin"]})
     formats.write_frames(frames, tmp_path, markdown=("crossover",))

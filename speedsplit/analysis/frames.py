@@ -124,6 +124,21 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=RUNS_SCHEMA)
 
 
+class MixedHardware(ValueError):
+    """Measurements from more than one kind of machine: no table pools them into one median."""
+
+
+def check_one_machine(runs: pl.DataFrame) -> None:
+    """Refuse runs measured on different hardware (GPU names, or the CPU where there is none):
+    keep each cluster's or GPU type's results in a folder of its own and aggregate each apart."""
+    machines = sorted(set(runs.filter(pl.col("status") == "ok")["hardware"].to_list()))
+    if len(machines) > 1:
+        raise MixedHardware(
+            f"results measured on {len(machines)} kinds of hardware ({'; '.join(machines)}) would pool into "
+            "one median: aggregate each apart (python -m speedsplit.aggregate --results 'GLOB' per machine)"
+        )
+
+
 _INTERVALS = ["output_tok_s", "ttft_s_p99", "e2e_s_p99"] + [f"{m}_median" for m in LATENCY]
 CELLS_TYPES = {
     "statuses": pl.List(pl.Utf8),
