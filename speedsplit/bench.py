@@ -134,6 +134,9 @@ def measure(
         result.finished = _now()
         result.timing.job_end = time.time()
         result.provenance = Provenance.model_validate(provenance(workdir))
+        if result.provenance.hardware.platform != stack["platform"]:
+            # planned on another machine (a cluster's submitting host) for a platform this node lacks
+            result.flags.append("platform_mismatch")
         try:
             return _write(result, records, out_json, out_requests, workdir)
         except OSError as exc:  # e.g. a full disk: a small error result may still fit

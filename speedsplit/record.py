@@ -24,7 +24,12 @@ SCHEMA_VERSION = 2
 
 Status = Literal["ok", "startup_failed", "server_died", "server_hung", "failed", "error"]
 Flag = Literal[
-    "request_failures", "output_length_mismatch", "prompt_length_mismatch", "short_measurement", "kernel_mismatch"
+    "request_failures",
+    "output_length_mismatch",
+    "prompt_length_mismatch",
+    "short_measurement",
+    "kernel_mismatch",
+    "platform_mismatch",
 ]
 
 
@@ -200,6 +205,11 @@ class Hardware(_Record):
     host_cpu: str
     cpu_count: int | None
     gpus: list[Gpu] | None = Field(default=None, description="absent on a host without nvidia-smi")
+    platform: str | None = Field(
+        default=None,
+        description="the platform the job found where it ran: cuda where nvidia-smi lists a GPU, else cpu "
+        "(absent in results written before it was recorded)",
+    )
 
 
 class Provenance(_Record):

@@ -117,6 +117,7 @@ def hardware() -> dict[str, Any]:
             ]
         except (OSError, subprocess.SubprocessError):
             info["gpus"] = []
+    info["platform"] = "cuda" if info.get("gpus") else "cpu"
     return info
 
 

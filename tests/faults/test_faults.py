@@ -162,6 +162,17 @@ def test_stack_that_cannot_start(cfg, tmp_path, tiny_model):
     assert read_result(tmp_path / "r.json").summary is None
 
 
+def test_a_cell_planned_for_cuda_on_a_node_without_one(cfg, tmp_path, tiny_model):
+    """What a cluster job gets when the submitting host planned the wrong platform: the
+    result says it did not run, and that the node had the other platform."""
+    stack = C.stack_params({**cfg, "platform": "cuda"}, "tiny", "hf-fp16", "tp1")
+    res = run_cell(tmp_path, stack, cell(cfg), tiny_model, tiny_model, "faults/platform/run0")
+    assert res.status != "ok" and res.summary is None
+    assert res.stack_def.platform == "cuda" and res.provenance.hardware.platform == "cpu"
+    assert res.flags == ["platform_mismatch"]
+    assert read_result(tmp_path / "r.json").flags == ["platform_mismatch"]
+
+
 def test_server_that_never_gets_ready(cfg, tmp_path, tiny_model):
     """Start-up timeout: startup_failed in bounded time, and the server that was starting (with
     every process it had started) is gone."""
