@@ -26,6 +26,13 @@ rule job_file:
 # of a plan rule's output it hit snakemake/snakemake#4166: a run that had to rewrite the
 # plan ran only that rule.)
 onstart:
+    # The executor is known only now (not while the Snakefile is read): a cluster run's
+    # platform must come from the config or profile, never from this machine.
+    if not workflow.local_exec:
+        try:
+            ss_config.check_cluster_platform(CFG)
+        except ss_config.ConfigError as exc:
+            raise SystemExit(f"speedsplit: {exc}")
     ss_plan.write_plan(CFG, PLAN)
 
 
@@ -44,6 +51,13 @@ rule bench:
         plan=PLAN,
     resources:
         gpu=bench_gpus,
+        runtime=bench_runtime,
+    # On a cluster, a lane's jobs (whole sessions, one after another on the same cards) go out
+    # as one submission, so a server still serves every cell of its session (connected jobs of
+    # one group form one group job; a lane's jobs are chained by their order-only inputs).
+    # Locally, groups are ignored.
+    group:
+        "lane"
     log:
         "results/logs/bench/{model}/{stack}/{topology}/{cell}/run{run}.log",
     conda:

@@ -1,11 +1,13 @@
 # Helpers shared by every rule: the validated config, the benchmark plan, input and params
 # functions. The logic itself lives in the speedsplit package.
+import functools
 import re
 import sys
 
 sys.path.insert(0, workflow.basedir)
 
 from speedsplit import config as ss_config
+from speedsplit import estimate as ss_estimate
 from speedsplit import plan as ss_plan
 from speedsplit.analysis import TABLES
 
@@ -97,6 +99,17 @@ def bench_cell(wc):
 def bench_gpus(wc):
     # On a CPU every server takes the one "card" so servers never overlap.
     return ss_config.topology_gpus(CFG, wc.topology) if PLATFORM == "cuda" else 1
+
+
+@functools.cache
+def _bench_estimates():
+    return {e.job.result: e for e in ss_estimate.job_estimates(CFG)}
+
+
+def bench_runtime(wc):
+    # Minutes a cluster allows the job: its estimate (python -m speedsplit.estimate) x margin.
+    job = ss_plan.BenchJob(wc.model, wc.stack, wc.topology, wc.cell, int(wc.run))
+    return ss_estimate.runtime_minutes(CFG, _bench_estimates()[job.result])
 
 
 def model_entry(wc):

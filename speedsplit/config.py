@@ -210,6 +210,16 @@ def coordination_cell(config: dict) -> Cell:
     return cell_by_name(config, name) if name else cells(config)[0]
 
 
+def check_cluster_platform(config: dict) -> None:
+    """For a run whose jobs go to other machines (a cluster executor): the machine that builds
+    the DAG cannot resolve `platform: auto` for them."""
+    if config.get("platform", "auto") == "auto":
+        raise ConfigError(
+            "config key platform: 'auto' cannot be resolved for a cluster run (the submitting host "
+            "decides nothing about the nodes): set platform to cuda or cpu (profiles/slurm sets cuda)"
+        )
+
+
 def platform_of(config: dict) -> str:
     """'cpu' or 'cuda'; 'auto' is cuda where nvidia-smi exists on the machine that asks."""
     if config.get("platform", "auto") != "auto":

@@ -29,6 +29,26 @@ def tiny_model(tmp_path_factory) -> Path:
     return out
 
 
+PLANTED_TOKEN = "hf_PlantedSecretToken0123456789abcdef"
+
+
+@pytest.fixture(scope="session")
+def local_run(tmp_path_factory):
+    """The whole DAG run once, locally, on tests/config/ci.yaml in a fresh folder (with a
+    planted HF_TOKEN that must reach no output)."""
+    wd = tmp_path_factory.mktemp("wf")
+    shutil.copy(REPO / "tests/config/ci.yaml", wd / "ci.yaml")
+    out = run_snakemake(
+        ["--configfile", "ci.yaml", "--cores", "2", "--resources", "gpu=1"],
+        wd,
+        timeout=1200,
+        env={"HF_TOKEN": PLANTED_TOKEN},
+    )
+    (wd / "snakemake.out").write_text(out.stdout + out.stderr)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-5000:]
+    return wd
+
+
 def snakemake_bin() -> str:
     exe = Path(sys.executable).parent / "snakemake"
     return str(exe) if exe.exists() else shutil.which("snakemake")

@@ -71,6 +71,14 @@ def test_bad_values_fail_with_one_line_naming_the_key(edit, expect):
     assert "\n" not in str(err.value)
 
 
+def test_auto_platform_is_refused_for_a_cluster_run():
+    cfg = C.validate(base())
+    assert cfg["platform"] == "auto"  # fine where this machine runs the jobs
+    with pytest.raises(C.ConfigError, match="config key platform: 'auto' cannot be resolved for a cluster run"):
+        C.check_cluster_platform(cfg)
+    C.check_cluster_platform({**cfg, "platform": "cuda"})
+
+
 def test_misspelled_key_fails_fast_in_snakemake(tmp_path):
     bad = base()
     bad["grid"]["userz"] = [1]

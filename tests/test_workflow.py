@@ -10,10 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, planned_outputs, run_snakemake, snakemake_bin
+from conftest import PLANTED_TOKEN, REPO, planned_outputs, run_snakemake, snakemake_bin
 from speedsplit.record import read_result
-
-PLANTED_TOKEN = "hf_PlantedSecretToken0123456789abcdef"
 
 
 def test_snakemake_lint_is_clean():
@@ -52,20 +50,22 @@ def test_the_shipped_study_config_dry_runs(tmp_path):
     assert counts["bench"] > 0 and counts["report"] == 1
 
 
+def test_a_cluster_run_plans_the_profiles_platform_not_the_submitting_hosts(tmp_path):
+    """No GPU here, yet through profiles/slurm a GPU config plans cuda cells: tp2 asks Slurm
+    for two cards (a dry run; tests/test_slurm.py sees a real run refuse `platform: auto`)."""
+    gpu_configs = ["--configfile", str(REPO / "config/h200-smoke.yaml"), str(REPO / "config/h200-topologies.yaml")]
+    out = run_snakemake(["-n", "--profile", str(REPO / "profiles/slurm"), *gpu_configs], tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    bench = [b for b in out.stdout.split("\n\n") if "rule bench:" in b]
+    tp2 = [b for b in bench if "topology=tp2" in b]
+    assert tp2 and all("gpu=2" in b and "runtime=" in b for b in tp2)
+    assert all("gpu=1" in b for b in bench if "topology=tp1" in b)
+
+
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    """Run the whole DAG once on tests/config/ci.yaml in a fresh folder."""
-    wd = tmp_path_factory.mktemp("wf")
-    shutil.copy(REPO / "tests/config/ci.yaml", wd / "ci.yaml")
-    out = run_snakemake(
-        ["--configfile", "ci.yaml", "--cores", "2", "--resources", "gpu=1"],
-        wd,
-        timeout=1200,
-        env={"HF_TOKEN": PLANTED_TOKEN},
-    )
-    (wd / "snakemake.out").write_text(out.stdout + out.stderr)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-5000:]
-    return wd
+def workdir(local_run):
+    """The whole DAG, run once on tests/config/ci.yaml in a fresh folder (conftest)."""
+    return local_run
 
 
 @pytest.mark.slow
