@@ -11,6 +11,7 @@ SITE=/tmp/site
 CONFIG=${CONFIG:-config/h200-smoke.yaml}  # space-separated
 TARGETS=${TARGETS:-measurements}
 GPUS=${GPUS:-1}
+EXTRA=${EXTRA:-}  # further snakemake options (e.g. --prioritize FILES), before the targets
 export PYTHONPATH=$SITE:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_UPDATE_CHECK=1
 case "$1" in
   gather)  # copy one carried part folder into /tmp/parts
@@ -38,7 +39,7 @@ case "$1" in
     nvidia-smi topo -m > results/topo.txt 2>&1 || true
     # shellcheck disable=SC2086  # CONFIG and TARGETS are lists
     setsid nohup python3 -m snakemake --configfile $CONFIG --cores all --resources gpu=$GPUS \
-      --scheduler greedy -- $TARGETS > results/snakemake.out 2>&1 < /dev/null &
+      --scheduler greedy $EXTRA -- $TARGETS > results/snakemake.out 2>&1 < /dev/null &
     echo "started: results/snakemake.out"
     ;;
   status)
