@@ -87,3 +87,20 @@ def test_packing_shares_of_the_wall_time(tmp_path):
     assert p["0"]["wall_s"] == 100.0 and p["0"]["measuring_share"] == pytest.approx(0.5)
     assert p["0"]["starting_share"] == pytest.approx(0.2) and p["1"]["starting_s"] == 0.0
     assert p["all"]["measuring_share"] == pytest.approx(75 / 200)
+
+
+def test_packing_counts_no_time_between_runs_measured_apart(tmp_path):
+    """A second run added to the folder an hour later: the hour is nobody's wall time."""
+    from records import fake_result
+
+    from speedsplit.record import Timing
+
+    paths = []
+    for i, t0 in enumerate((1000.0, 1000.0 + 3600.0)):
+        r = fake_result("vllm-fp16", 8, i, 100.0)
+        r.server.devices, r.server.reused, r.server.startup_s, r.server.lease_wait_s = ["0"], False, 10.0, 0.0
+        r.timing = Timing(job_start=t0, load_start=t0 + 10.0, load_end=t0 + 40.0, job_end=t0 + 50.0)
+        paths.append(write_result(tmp_path / f"r{i}.json", r))
+    p = {r["device"]: r for r in aggregate.build_frames(paths, {})["packing"].iter_rows(named=True)}
+    assert p["0"]["wall_s"] == 100.0  # two runs of 50 s
+    assert p["0"]["measuring_share"] == pytest.approx(0.6) and p["0"]["starting_share"] == pytest.approx(0.2)

@@ -4,11 +4,12 @@ how long each card was busy."""
 from __future__ import annotations
 
 
-def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The intervals merged where they touch or overlap, in order."""
+def union(intervals: list[tuple[float, float]], join_gaps_under: float = 0.0) -> list[tuple[float, float]]:
+    """The intervals merged where they touch or overlap (or lie less than join_gaps_under
+    apart), in order."""
     out: list[tuple[float, float]] = []
     for start, end in sorted(intervals):
-        if out and start <= out[-1][1]:
+        if out and start <= out[-1][1] + join_gaps_under:
             out[-1] = (out[-1][0], max(out[-1][1], end))
         else:
             out.append((start, end))

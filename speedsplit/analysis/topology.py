@@ -218,16 +218,23 @@ PACKING_SCHEMA = {
 }
 
 
+RUN_GAP_S = 900.0  # no bench job running for this long: the next job belongs to another run
+
+
 def packing_frame(runs: pl.DataFrame) -> pl.DataFrame:
-    """How busy each card was over the run's wall time (first bench job's start to the last
-    one's end): the share spent measuring (load running on it) and starting servers (from each
-    session's first job: lease wait, then start-up). A last row, device 'all', pools the cards
-    (GPU-busy share of the makespan). Empty for results without timing."""
+    """How busy each card was over the runs' wall time: the share spent measuring (load running
+    on it) and starting servers (from each session's first job: lease wait, then start-up). A
+    last row, device 'all', pools the cards (GPU-busy share of the makespan). Empty for results
+    without timing.
+
+    The wall time is each workflow run's, from its first bench job's start to its last one's
+    end, summed over runs; results measured apart (no bench job running for RUN_GAP_S, e.g. a
+    later run on another host added to the same folder) are separate runs, so the time between
+    them counts for none."""
     timed = runs.filter(pl.col("job_start").is_not_null() & pl.col("job_end").is_not_null())
     if timed.height == 0:
         return pl.DataFrame(schema=PACKING_SCHEMA)
-    t0, t1 = timed["job_start"].min(), timed["job_end"].max()
-    wall = t1 - t0
+    wall = length(union(list(zip(timed["job_start"], timed["job_end"])), join_gaps_under=RUN_GAP_S))
     rows = []
     per_device: dict[str, dict[str, list]] = {}
     for r in timed.iter_rows(named=True):
