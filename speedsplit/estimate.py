@@ -1,12 +1,14 @@
 """How long will a grid take? An estimate per bench job and for the whole grid, before it runs.
 
-A job is its server's start (the first job of a session only) plus its load: every request
-of its cell, warm-up included. The load's rate comes, in this order, from
-1. results already measured for the same model, stack, topology and cell on this platform
-   (median output tok/s of the ok runs; the sessions' median start-up likewise),
-2. the decode roofline (cuda, a known model shape, the measured or configured copy
-   bandwidth) times `estimate.roofline_efficiency`,
-3. the configured `estimate.output_tok_s` of the platform.
+A job is its server's start (the first job of a session only) plus the rest of the job: its
+load (every request of its cell, warm-up included) and the job's own overhead. That comes, in
+this order, from
+1. results already measured for the same model, stack, topology and cell on this platform:
+   the median time their jobs took beyond their servers' start (and the sessions' median
+   start-up),
+2. the load at the decode roofline (cuda, a known model shape, the measured or configured
+   copy bandwidth) times `estimate.roofline_efficiency`, plus `estimate.job_overhead_s`,
+3. the load at the configured `estimate.output_tok_s` of the platform, plus the overhead.
 Lanes run side by side and a lane's jobs one after another, so the grid takes its longest
 lane (model preparation and aggregation not counted). Each bench job asks a cluster for its
 estimate times `estimate.margin` (rule bench's `runtime`, minutes).
@@ -40,7 +42,7 @@ class JobEstimate:
     job: planmod.BenchJob
     lane: int
     start_s: float  # the server's start-up, on a session's first job; else 0
-    load_s: float
+    load_s: float  # the rest of the job: its load and the job's own overhead
     rate_tok_s: float
     source: str  # where the rate came from: measured, roofline, configured
 
@@ -54,11 +56,13 @@ class Measured:
     """What earlier results say, per (model, stack, topology[, cell]) on one platform."""
 
     rate: dict[tuple[str, str, str, str], float]  # median output tok/s of ok runs
+    job_s: dict[tuple[str, str, str, str], float]  # median job time beyond its server's start
     startup: dict[tuple[str, str, str], float]  # median start-up of their sessions
 
     @classmethod
     def read(cls, pattern: str, platform: str) -> Measured:
         rates: dict[tuple, list[float]] = {}
+        jobs: dict[tuple, list[float]] = {}
         starts: dict[tuple, list[float]] = {}
         for path in glob.glob(pattern, recursive=True):
             if path.endswith(".requests.jsonl"):
@@ -74,8 +78,13 @@ class Measured:
                 starts.setdefault(key, []).append(r.server.startup_s)
             if r.status == "ok" and r.summary and r.summary.output_tok_s:
                 rates.setdefault((*key, r.cell), []).append(r.summary.output_tok_s)
+                t = r.timing
+                if t and t.job_start is not None and t.job_end is not None:
+                    started = 0.0 if r.server.reused else (r.server.startup_s or 0.0) + (r.server.lease_wait_s or 0.0)
+                    jobs.setdefault((*key, r.cell), []).append(t.job_end - t.job_start - started)
         return cls(
             rate={k: statistics.median(v) for k, v in rates.items()},
+            job_s={k: statistics.median(v) for k, v in jobs.items()},
             startup={k: statistics.median(v) for k, v in starts.items()},
         )
 
@@ -139,16 +148,19 @@ def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: 
         lanes[job] = lanes[before] if before else len(set(lanes.values()))
         first = before is None or planmod.session_key(config, before) != planmod.session_key(config, job)
         cell = cfgmod.cell_params(config, cfgmod.cell_by_name(config, job.cell))
-        rate = measured.rate.get((job.model, job.stack, job.topology, job.cell))
-        source = "measured"
+        key = (job.model, job.stack, job.topology, job.cell)
+        tokens = cell["users"] * (cell["requests_per_user"] + cell["warmup_requests"]) * cell["output_tokens"]
+        rate, source = measured.rate.get(key), "measured"
         if rate is None:
             rate = roofline_rate(config, job.model, job.stack, job.topology, cell, bandwidth_json)
             source = "roofline"
         if rate is None:
             rate, source = float(est["output_tok_s"][platform]), "configured"
-        tokens = cell["users"] * (cell["requests_per_user"] + cell["warmup_requests"]) * cell["output_tokens"]
+        rest = measured.job_s.get(key) if source == "measured" else None
+        if rest is None:
+            rest = tokens / rate + float(est["job_overhead_s"])
         start = measured.startup.get((job.model, job.stack, job.topology), float(est["startup_s"][platform]))
-        out.append(JobEstimate(job, lanes[job], start if first else 0.0, tokens / rate, rate, source))
+        out.append(JobEstimate(job, lanes[job], start if first else 0.0, rest, rate, source))
     return out
 
 

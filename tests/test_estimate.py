@@ -27,7 +27,7 @@ def test_without_results_every_job_runs_at_the_configured_rate_and_each_session_
     assert [e.job for e in est] == plan.bench_jobs(ci)
     for e in est:
         assert e.source == "configured" and e.rate_tok_s == 20
-        assert e.load_s == pytest.approx(tokens(ci, e.job.cell) / 20)
+        assert e.load_s == pytest.approx(tokens(ci, e.job.cell) / 20 + 5)  # the load, and the job's overhead
     starts = [e for e in est if e.start_s]
     assert [e.job.stack for e in starts] == list(dict.fromkeys(e.job.stack for e in est))  # one per session
     assert all(e.start_s == 90 for e in starts)
@@ -35,8 +35,12 @@ def test_without_results_every_job_runs_at_the_configured_rate_and_each_session_
 
 
 def test_measured_rates_and_start_ups_come_first(ci, tmp_path):
+    from speedsplit.record import Timing
+
     for run, rate in ((0, 100.0), (1, 300.0)):
         res = fake_result("hf-fp16", 4, run, rate, workload="ci-wide")
+        res.server.reused, res.server.lease_wait_s = run > 0, 2.0  # run 0 started the server (10 s)
+        res.timing = Timing(job_start=0.0, job_end=40.0 + 10 * run)
         write_result(tmp_path / f"r{run}.json", res)
     failed = fake_result("hf-fp16", 2, 0, 0.0, status="server_died", workload="ci-narrow")
     write_result(tmp_path / "failed.json", failed)
@@ -44,6 +48,7 @@ def test_measured_rates_and_start_ups_come_first(ci, tmp_path):
     wide = est[("hf-fp16", "u4-ci-wide-greedy", 0)]
     assert wide.source == "measured" and wide.rate_tok_s == 200.0  # the median of the ok runs
     assert wide.start_s == 10.0  # the measured start-up of that stack's sessions
+    assert wide.load_s == (40.0 - 12.0 + 50.0) / 2  # the jobs' median time beyond their server's start
     assert est[("hf-fp16", "u2-ci-narrow-greedy", 0)].source == "configured"  # a failed run says nothing
     assert est[("vllm-fp16", "u4-ci-wide-greedy", 0)].start_s == 90  # no result for that stack
 
