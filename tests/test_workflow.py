@@ -20,9 +20,10 @@ def test_snakemake_lint_is_clean():
     assert "Congratulations, your workflow is in a good condition!" in out.stdout + out.stderr
 
 
-def dry_run_counts(configfile: Path, cwd: Path, gpus: int) -> dict[str, int]:
+def dry_run_counts(configfile: Path | list[Path], cwd: Path, gpus: int) -> dict[str, int]:
+    files = [str(f) for f in (configfile if isinstance(configfile, list) else [configfile])]
     out = run_snakemake(
-        ["-n", "--configfile", str(configfile), "--cores", "all", "--resources", f"gpu={gpus}", "--quiet", "rules"],
+        ["-n", "--configfile", *files, "--cores", "all", "--resources", f"gpu={gpus}", "--quiet", "rules"],
         cwd,
         timeout=300,
         env={"HF_HUB_OFFLINE": "1"},
@@ -43,6 +44,18 @@ def test_a_hub_grid_dry_run_builds_the_full_dag_without_gpu_or_network(tmp_path)
     assert counts["model"] == 2 and counts["quantize"] == 2
     assert counts["bench"] == 2 * 4 * 2 * 7
     assert counts["tables"] == counts["plots"] == counts["report"] == 1
+
+
+@pytest.mark.parametrize(
+    "overlay, bench",
+    [
+        ("h200x4-topologies.yaml", 2 * 3 * 2 * 2),  # 2 stacks x (tp1, tp4, 4x1) x 2 cells x 2 runs
+        ("h200x4-70b.yaml", 2 * 2 * 2 * 2),  # 2 stacks x (tp4, 2x2) x 2 cells x 2 runs
+    ],
+)
+def test_the_four_card_configs_dry_run(tmp_path, overlay, bench):
+    counts = dry_run_counts([REPO / "config/h200-smoke.yaml", REPO / "config" / overlay], tmp_path, gpus=4)
+    assert counts["bench"] == bench
 
 
 def test_the_shipped_study_config_dry_runs(tmp_path):
