@@ -23,6 +23,7 @@ rule tables:
     params:
         chains=CFG["chains"],
         tolerate_flags=CFG["analysis"]["tolerate_flags"],
+        factorial=ss_config.factorial_spec(CFG),
     log:
         "results/logs/tables.log",
     conda:

@@ -66,6 +66,7 @@ def table_names():
         list(TABLES)
         + (["link"] if CFG["link_control"]["enabled"] else [])
         + (["coordination"] if CFG["coordination"]["enabled"] else [])
+        + (["factorial"] if CFG["factorial"]["enabled"] else [])
     )
 
 

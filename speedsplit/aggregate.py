@@ -16,7 +16,7 @@ from pathlib import Path
 import polars as pl
 
 from speedsplit import plots, report
-from speedsplit.analysis import formats
+from speedsplit.analysis import factorial, formats
 from speedsplit.analysis import frames as f
 from speedsplit.analysis import topology
 from speedsplit.record import read_result
@@ -38,6 +38,7 @@ def build_frames(
     tolerate_flags: list[str] | tuple[str, ...] = (),
     link_json: str | Path | None = None,
     profile_paths: list[str | Path] = (),
+    factorial_spec: dict | None = None,
 ) -> dict[str, pl.DataFrame]:
     """Every analysis frame from result files (and the link control's, if given); refuses
     (ResultError) a corrupt or truncated result."""
@@ -59,6 +60,8 @@ def build_frames(
         frames["link"] = topology.link_frame(json.loads(Path(link_json).read_text()))
     if profile_paths:
         frames["coordination"] = topology.coordination_frame([json.loads(Path(p).read_text()) for p in profile_paths])
+    if factorial_spec:
+        frames["factorial"] = factorial.factorial_frame(runs, factorial_spec, tolerate_flags)
     return frames
 
 
@@ -70,9 +73,12 @@ def write_tables(
     tolerate_flags: list[str] | tuple[str, ...] = (),
     link_json: str | Path | None = None,
     profile_paths: list[str | Path] = (),
+    factorial_spec: dict | None = None,
 ) -> None:
     """The frames as results/tables/{name}.parquet, .csv and attribution.md."""
-    frames = build_frames(result_paths, chains, bandwidth_json, tolerate_flags, link_json, profile_paths)
+    frames = build_frames(
+        result_paths, chains, bandwidth_json, tolerate_flags, link_json, profile_paths, factorial_spec
+    )
     formats.write_frames(frames, out_dir, markdown=("attribution",))
 
 
@@ -141,7 +147,14 @@ def main(argv: list[str] | None = None) -> None:
     profiles = sorted(glob.glob(args.profiles, recursive=True)) if args.profiles else []
     try:
         write_tables(
-            paths, cfg["chains"], out / "tables", args.bandwidth, cfg["analysis"]["tolerate_flags"], args.link, profiles
+            paths,
+            cfg["chains"],
+            out / "tables",
+            args.bandwidth,
+            cfg["analysis"]["tolerate_flags"],
+            args.link,
+            profiles,
+            cfgmod.factorial_spec(cfg),
         )
     except f.MixedHardware as exc:
         raise SystemExit(f"speedsplit: {exc}") from None

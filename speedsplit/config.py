@@ -183,6 +183,7 @@ def _check_references(config: dict) -> None:
                     f"({entry['max_model_len']})"
                 )
     _check_coordination(config)
+    _check_factorial(config)
 
 
 def _check_coordination(config: dict) -> None:
@@ -202,6 +203,28 @@ def _check_coordination(config: dict) -> None:
             )
     if co["cell"] is not None and co["cell"] not in {c.name for c in cells(config)}:
         raise ConfigError(f"config error at coordination.cell: unknown cell {co['cell']!r}")
+
+
+def _check_factorial(config: dict) -> None:
+    fa = config["factorial"]
+    if not fa["enabled"]:
+        return
+    for key in ("fast", "low", "high"):
+        if fa[key] not in config["stacks"]:
+            raise ConfigError(f"config error at factorial.{key}: unknown stack {fa[key]!r}")
+    for i, name in enumerate(fa["sampling"]):
+        if name not in config["sampling"]:
+            raise ConfigError(f"config error at factorial.sampling[{i}]: unknown sampling {name!r}")
+    if fa["workload"] is not None and fa["workload"] not in config["workloads"]:
+        raise ConfigError(f"config error at factorial.workload: unknown workload {fa['workload']!r}")
+
+
+def factorial_spec(config: dict) -> dict | None:
+    """The factorial section with its workload resolved, or None when it is off."""
+    fa = config["factorial"]
+    if not fa["enabled"]:
+        return None
+    return {**fa, "workload": fa["workload"] or cells(config)[0].workload}
 
 
 def coordination_cell(config: dict) -> Cell:

@@ -69,6 +69,7 @@ def build(
     link: pl.DataFrame | None = None,
     link_matrix: str | None = None,
     coordination: pl.DataFrame | None = None,
+    factorial: pl.DataFrame | None = None,
 ) -> None:
     """Write the report atomically."""
     parts = [
@@ -144,6 +145,15 @@ def build(
             "coordination_share = (communication + idle gaps) / shortfall. The profiler itself slows "
             "the steps it records; the split, not the absolute step time, is the point.</p>",
             html_table(coordination) if coordination.height else "<p>No tp<i>k</i> was profiled beside tp1.</p>",
+        ]
+    if factorial is not None:
+        parts += [
+            "<h2>The operational number's confounds</h2>",
+            "<p class='note'>The runtime factor (fast stack over the HF reference) at two batch "
+            "ceilings of the reference x two sampling modes, at one cell (config <i>factorial</i>). "
+            "Effects are on the log scale (shown as factors); the decomposition rows multiply exactly: "
+            "operational = matched x batch ceiling x sampling.</p>",
+            html_table(factorial),
         ]
     if link is not None:
         parts += [

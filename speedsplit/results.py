@@ -91,9 +91,15 @@ def git_commit(cwd: str | Path = ".") -> str:
     if os.environ.get("SPEEDSPLIT_WORKFLOW_COMMIT"):
         return os.environ["SPEEDSPLIT_WORKFLOW_COMMIT"]
     try:
+        # --no-optional-locks: `git status` must not rewrite the index (a job killed mid-write,
+        # e.g. by a file-size limit, would leave index.lock behind and block the repository).
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5)
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True, text=True, timeout=5
+            ["git", "--no-optional-locks", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=5,
         ).stdout.strip()
         return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
     except (OSError, subprocess.SubprocessError):

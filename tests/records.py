@@ -17,7 +17,17 @@ from speedsplit.results import write_json_atomic
 
 
 def fake_result(
-    stack, users, run, tok_s, status="ok", workload="wide", flags=(), topology="tp1", tp=1, instances=1
+    stack,
+    users,
+    run,
+    tok_s,
+    status="ok",
+    workload="wide",
+    flags=(),
+    topology="tp1",
+    tp=1,
+    instances=1,
+    sampling="greedy",
 ) -> RunResult:
     dist = Distribution(mean=0.1, median=0.1, p90=0.2, p99=0.3)
     measured = status == "ok"
@@ -25,14 +35,14 @@ def fake_result(
         model="tiny",
         stack=stack,
         topology=topology,
-        cell=f"u{users}-{workload}-greedy",
+        cell=f"u{users}-{workload}-{sampling}",
         run=run,
         status=status,
         flags=list(flags),
         params=CellParams(
-            cell=f"u{users}-{workload}-greedy",
+            cell=f"u{users}-{workload}-{sampling}",
             workload=workload,
-            sampling="greedy",
+            sampling=sampling,
             users=users,
             prompt_tokens=8,
             output_tokens=16,

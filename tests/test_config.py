@@ -71,6 +71,18 @@ def test_bad_values_fail_with_one_line_naming_the_key(edit, expect):
     assert "\n" not in str(err.value)
 
 
+def test_the_factorial_names_known_stacks_and_sampling():
+    cfg = C.load(REPO / "config/config.yaml")
+    cfg["factorial"] = {"enabled": True, "high": "hf-generate-b128"}
+    with pytest.raises(C.ConfigError, match="config error at factorial.high: unknown stack 'hf-generate-b128'"):
+        C.validate(cfg)
+    cfg["factorial"] = {"enabled": True, "sampling": ["greedy", "nucleus"]}
+    with pytest.raises(C.ConfigError, match=r"factorial.sampling\[1\]: unknown sampling 'nucleus'"):
+        C.validate(cfg)
+    cfg["factorial"] = {"enabled": True}
+    assert C.factorial_spec(C.validate(cfg))["workload"] == C.cells(cfg)[0].workload
+
+
 def test_auto_platform_is_refused_for_a_cluster_run():
     cfg = C.validate(base())
     assert cfg["platform"] == "auto"  # fine where this machine runs the jobs

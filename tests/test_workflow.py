@@ -58,6 +58,15 @@ def test_the_four_card_configs_dry_run(tmp_path, overlay, bench):
     assert counts["bench"] == bench
 
 
+def test_the_factorial_config_dry_runs_with_its_table(tmp_path):
+    files = [str(REPO / "config/h200-smoke.yaml"), str(REPO / "config/h200-factorial.yaml")]
+    out = run_snakemake(["-n", "--configfile", *files, "--cores", "all", "--resources", "gpu=1"], tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "results/tables/factorial.parquet" in out.stdout
+    # 3 stacks x 2 cells (greedy, ancestral) x 2 runs
+    assert len(planned_outputs(out.stdout)) == 12
+
+
 def test_the_shipped_study_config_dry_runs(tmp_path):
     counts = dry_run_counts(REPO / "config/study.yaml", tmp_path, gpus=4)
     assert counts["bench"] > 0 and counts["report"] == 1

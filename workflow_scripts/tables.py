@@ -16,4 +16,5 @@ write_tables(
     sm.params.tolerate_flags,
     sm.input.link[0] if sm.input.link else None,
     list(sm.input.profiles),
+    sm.params.factorial,
 )

@@ -4,5 +4,5 @@
 # the Snakefile reads these names on hosts without the analysis packages).
 TABLES = ("runs", "cells", "attribution", "crossover", "stability", "topologies", "scaling", "packing")
 # Written only where their measurement ran (link: the interconnect control; coordination:
-# the profiled split of a tensor-parallel decode step).
-OPTIONAL_TABLES = ("link", "coordination")
+# the profiled split of a tensor-parallel decode step; factorial: the confound factorial).
+OPTIONAL_TABLES = ("link", "coordination", "factorial")

@@ -439,6 +439,8 @@ def test_a_full_disk_while_the_result_is_written(cfg, tmp_path, tiny_model, limi
         assert not (tmp_path / "r.json").exists()
     assert_gone(tree + [session.daemon_of(st)])
     assert card_is_free()
+    # the job's provenance reads git without taking the index lock it could not release
+    assert not (REPO / ".git/index.lock").exists()
 
 
 def test_two_workflows_with_the_same_names_keep_their_own_servers(cfg, tmp_path, tiny_model, monkeypatch):
