@@ -52,12 +52,10 @@ rule bench:
     resources:
         gpu=bench_gpus,
         runtime=bench_runtime,
-    # On a cluster, a lane's jobs (whole sessions, one after another on the same cards) go out
-    # as one submission, so a server still serves every cell of its session (connected jobs of
-    # one group form one group job; a lane's jobs are chained by their order-only inputs).
-    # Locally, groups are ignored.
+    # On a cluster, a session's cells still to run go out as one submission (a group job), so
+    # its server still serves all of them there. Locally, groups are ignored.
     group:
-        "lane"
+        bench_group
     log:
         "results/logs/bench/{model}/{stack}/{topology}/{cell}/run{run}.log",
     conda:

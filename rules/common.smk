@@ -1,6 +1,7 @@
 # Helpers shared by every rule: the validated config, the benchmark plan, input and params
 # functions. The logic itself lives in the speedsplit package.
 import functools
+import os
 import re
 import sys
 
@@ -111,6 +112,16 @@ def bench_runtime(wc):
     # Minutes a cluster allows the job: its estimate (python -m speedsplit.estimate) x margin.
     job = ss_plan.BenchJob(wc.model, wc.stack, wc.topology, wc.cell, int(wc.run))
     return ss_estimate.runtime_minutes(CFG, _bench_estimates()[job.result])
+
+
+@functools.cache
+def _session_groups():
+    return ss_plan.session_groups(CFG, lambda job: os.path.exists(job.result))
+
+
+def bench_group(wc):
+    # A session's cells still to run: one submission on a cluster (ignored locally).
+    return _session_groups()[ss_plan.BenchJob(wc.model, wc.stack, wc.topology, wc.cell, int(wc.run))]
 
 
 def model_entry(wc):

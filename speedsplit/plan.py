@@ -9,7 +9,7 @@ drift of the machine spreads over all stacks instead of biasing one.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -79,6 +79,25 @@ def predecessors(config: dict) -> dict[BenchJob, BenchJob | None]:
             prev[job] = lane_tail.get(lane)
             lane_tail[lane] = job
     return prev
+
+
+def session_groups(config: dict, finished: Callable[[BenchJob], bool]) -> dict[BenchJob, str | None]:
+    """Each bench job's Snakemake group: one per stretch of a session's jobs still to run.
+
+    On a cluster a group is one submission, so a session's server serves all its cells
+    there. A finished job (its result exists) splits its session's stretch and has no group of
+    its own: Snakemake refuses a group whose jobs connect through a job outside it, which an
+    order-only lane input through a finished cell would be."""
+    groups: dict[BenchJob, str | None] = {}
+    stretch: dict[str, int] = {}
+    for job in bench_jobs(config):
+        key = session_key(config, job)
+        if finished(job):
+            stretch[key] = stretch.get(key, 0) + 1
+            groups[job] = None
+        else:
+            groups[job] = f"{key.replace('/', '__')}__{stretch.get(key, 0)}"
+    return groups
 
 
 @dataclass(frozen=True)

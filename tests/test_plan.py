@@ -90,3 +90,19 @@ def test_a_job_finds_its_session_in_the_plan_file(cfg, tmp_path):
     assert plan == P.session_plans(cfg)[P.session_key(cfg, jobs[1])]
     with pytest.raises(C.ConfigError, match="no job writes results/bench/x.json"):
         P.session_of(tmp_path / "plan.json", "results/bench/x.json")
+
+
+def test_a_sessions_cells_to_run_share_a_group_that_a_finished_cell_splits(cfg):
+    jobs = P.bench_jobs(cfg)
+    first = [j for j in jobs if P.session_key(cfg, j) == P.session_key(cfg, jobs[0])]
+    assert len(first) == 4  # per_run: one stack's four cells of one run
+    fresh = P.session_groups(cfg, finished=lambda job: False)
+    assert {fresh[j] for j in first} == {"tiny__hf-fp16__tp1__run0__0"}
+    assert len(set(fresh.values())) == len({P.session_key(cfg, j) for j in jobs})  # one per session
+    split = P.session_groups(cfg, finished=lambda job: job == first[1])
+    assert [split[j] for j in first] == [
+        "tiny__hf-fp16__tp1__run0__0",
+        None,  # finished: in no group
+        "tiny__hf-fp16__tp1__run0__1",
+        "tiny__hf-fp16__tp1__run0__1",
+    ]

@@ -1,6 +1,6 @@
 """The workflow through a real Slurm: a one-node cluster on this machine (tests/slurm_cluster.py)
 runs the default workflow on the tiny model through profiles/slurm. Jobs go through sbatch, a
-lane's cells go out as one submission and share their servers, and the results have the
+session's cells go out as one submission and share its server, and the results have the
 structure of a local run's."""
 
 import json
@@ -18,7 +18,7 @@ from speedsplit.record import read_result
 
 pytestmark = pytest.mark.slow
 
-# Two stacks, both cells, two runs (8 bench jobs in one lane); no link control or profile.
+# Two stacks, both cells, two runs (8 bench jobs, a session per stack); no link control or profile.
 OVERRIDES = """benchmark: {stacks: [hf-fp16, vllm-fp16]}
 link_control: {enabled: false}
 coordination: {enabled: false}
@@ -78,10 +78,11 @@ def submissions(log: str) -> dict[int, str]:
     return {int(m[1]): m[2] for m in re.finditer(r"submitted with SLURM jobid (\d+) \(log: ([^)]+)\)", log)}
 
 
-def test_every_job_went_through_slurm_and_a_lane_is_one_submission(slurm_run):
+def test_every_job_went_through_slurm_and_a_session_is_one_submission(slurm_run):
     subs = submissions(slurm_run["log"])
     logs = sorted(subs.values())
-    assert len([p for p in logs if "/group_lane" in p]) == 1, logs  # the 8 bench jobs
+    groups = [p for p in logs if "/group_" in p]
+    assert len(groups) == 2, logs  # one per session (hf-fp16, vllm-fp16), 4 bench jobs each
     assert not [p for p in logs if "/rule_bench/" in p], logs
     assert any("/rule_model/" in p for p in logs) and any("/rule_bandwidth/" in p for p in logs), logs
     shown = {}
@@ -90,11 +91,11 @@ def test_every_job_went_through_slurm_and_a_lane_is_one_submission(slurm_run):
             ["scontrol", "show", "job", str(jobid)], capture_output=True, text=True, env=slurm_run["env"], timeout=10
         ).stdout
         assert "JobState=COMPLETED" in shown[path], shown[path]
-    group_log = next(p for p in logs if "/group_lane" in p)
-    ran = set(re.findall(r"output: (results/bench/\S+/run\d\.json)", open(group_log).read()))
-    assert len(ran) == 8, ran
-    # the profile's gpu resource became a request for one card (a lane of tp1 servers)
-    assert "TresPerJob=gres:gpu:1" in shown[group_log], shown[group_log]
+    for group_log in groups:
+        ran = set(re.findall(r"output: (results/bench/\S+/run\d\.json)", open(group_log).read()))
+        assert len(ran) == 4 and len({r.split("/")[3] for r in ran}) == 1, ran  # one stack's 4 cells
+        # the profile's gpu resource became a request for one card (a tp1 server)
+        assert "TresPerJob=gres:gpu:1" in shown[group_log], shown[group_log]
 
 
 def test_a_sessions_cells_shared_one_server(slurm_run):
