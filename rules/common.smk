@@ -110,8 +110,7 @@ def _bench_estimates():
 
 def bench_runtime(wc):
     # Minutes a cluster allows the job: its estimate (python -m speedsplit.estimate) x margin.
-    job = ss_plan.BenchJob(wc.model, wc.stack, wc.topology, wc.cell, int(wc.run))
-    return ss_estimate.runtime_minutes(CFG, _bench_estimates()[job.result])
+    return ss_estimate.runtime_minutes(CFG, _bench_estimates()[_job(wc).result])
 
 
 @functools.cache
@@ -121,7 +120,7 @@ def _session_groups():
 
 def bench_group(wc):
     # A session's cells still to run: one submission on a cluster (ignored locally).
-    return _session_groups()[ss_plan.BenchJob(wc.model, wc.stack, wc.topology, wc.cell, int(wc.run))]
+    return _session_groups()[_job(wc)]
 
 
 def model_entry(wc):
