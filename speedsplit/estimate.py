@@ -113,11 +113,10 @@ def _bandwidth(config: dict, path: str) -> float | None:
 
 
 def roofline_rate(
-    config: dict, model: str, stack: str, topology: str, cell: dict, bandwidth_json: str = BANDWIDTH
+    config: dict, shape: dict | None, stack: str, topology: str, cell: dict, bandwidth: float | None
 ) -> float | None:
-    """Output tok/s at the decode roofline times the configured efficiency (cuda only)."""
-    bandwidth = _bandwidth(config, bandwidth_json)
-    shape = _model_shape(config, model)
+    """Output tok/s at the decode roofline times the configured efficiency (cuda only), for a
+    model of this shape (config.json) on cards of this copy bandwidth (GB/s)."""
     if cfgmod.platform_of(config) != "cuda" or not bandwidth or not shape:
         return None
     variant = config["stacks"][stack]["variant"]
@@ -140,6 +139,8 @@ def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: 
     platform = cfgmod.platform_of(config)
     est = config["estimate"]
     measured = Measured.read(results, platform)
+    bandwidth = _bandwidth(config, bandwidth_json)  # read once, not per job
+    shapes = {model: _model_shape(config, model) for model in cfgmod.bench_models(config)}
     prev = planmod.predecessors(config)
     lanes: dict[planmod.BenchJob, int] = {}
     out = []
@@ -152,7 +153,7 @@ def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: 
         tokens = cell["users"] * (cell["requests_per_user"] + cell["warmup_requests"]) * cell["output_tokens"]
         rate, source = measured.rate.get(key), "measured"
         if rate is None:
-            rate = roofline_rate(config, job.model, job.stack, job.topology, cell, bandwidth_json)
+            rate = roofline_rate(config, shapes[job.model], job.stack, job.topology, cell, bandwidth)
             source = "roofline"
         if rate is None:
             rate, source = float(est["output_tok_s"][platform]), "configured"
