@@ -12,6 +12,10 @@ min_version("9.11")
 configfile: "config/config.yaml" if os.path.exists("config/config.yaml") else f"{workflow.basedir}/config/config.yaml"
 
 
+# `snakemake --report report.html` (after a run): the plots and main tables, with this text.
+report: "docs/report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/models.smk"
 include: "rules/bench.smk"

@@ -18,12 +18,12 @@ rule tables:
         profiles=profile_results(),
     output:
         # parquet: the typed frames plots and the report read; CSV and markdown: for people
-        **{f"{name}_{ext}": f"results/tables/{name}.{ext}" for name in table_names() for ext in ("parquet", "csv")},
+        # (the main CSVs also in `snakemake --report`)
+        **{f"{name}_parquet": f"results/tables/{name}.parquet" for name in table_names()},
+        **{f"{name}_csv": report_table(name) for name in table_names()},
         attribution_md="results/tables/attribution.md",
     params:
-        chains=CFG["chains"],
-        tolerate_flags=CFG["analysis"]["tolerate_flags"],
-        factorial=ss_config.factorial_spec(CFG),
+        analysis=ss_config.analysis_spec(CFG),
     log:
         "results/logs/tables.log",
     conda:
@@ -36,9 +36,10 @@ rule plots:
     input:
         tables=[f"results/tables/{name}.parquet" for name in table_names()],
     output:
-        directory("results/plots"),
+        report(directory("results/plots"), patterns=["{name}.svg"], caption="../docs/report/plots.rst", category="Plots"),
     params:
         chains=list(CFG["chains"]),
+        kernel_reference=ss_config.kernel_reference(CFG),
     log:
         "results/logs/plots.log",
     conda:
@@ -54,7 +55,7 @@ rule report:
         tables=[f"results/tables/{name}.parquet" for name in table_names()],
         plots="results/plots",
     output:
-        "results/report.html",
+        report("results/report.html", caption="../docs/report/report.rst", category="Report"),
     params:
         config=CFG,
     log:

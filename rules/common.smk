@@ -62,6 +62,14 @@ def profile_session(wc):
     return ss_plan.profile_session(CFG, wc.model, wc.stack, wc.topology)
 
 
+def report_table(name):
+    """A table's CSV, registered with `snakemake --report` where a reader looks first."""
+    path = f"results/tables/{name}.csv"
+    if name in ("answer", "attribution", "cells", "runs"):
+        return report(path, caption="../docs/report/tables.rst", category="Tables")
+    return path
+
+
 def table_names():
     return (
         list(TABLES)

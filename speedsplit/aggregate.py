@@ -16,7 +16,7 @@ from pathlib import Path
 import polars as pl
 
 from speedsplit import plots, report
-from speedsplit.analysis import factorial, formats
+from speedsplit.analysis import answer, factorial, formats
 from speedsplit.analysis import frames as f
 from speedsplit.analysis import topology
 from speedsplit.record import read_result
@@ -34,22 +34,28 @@ def bandwidth_gb_s(path: str | Path | None) -> float | None:
 def build_frames(
     result_paths: list[str | Path],
     chains: dict[str, list[str]],
+    *,
     bandwidth_json: str | Path | None = None,
     tolerate_flags: list[str] | tuple[str, ...] = (),
     link_json: str | Path | None = None,
     profile_paths: list[str | Path] = (),
     factorial_spec: dict | None = None,
+    steps: dict[str, list[str]] | None = None,
+    headline: list[dict] = (),
 ) -> dict[str, pl.DataFrame]:
     """Every analysis frame from result files (and the link control's, if given); refuses
-    (ResultError) a corrupt or truncated result."""
+    (ResultError) a corrupt or truncated result. The keyword arguments after the files'
+    are config.analysis_spec's."""
     runs = f.runs_frame([read_result(p) for p in result_paths])
     f.check_one_machine(runs)
     cells = f.with_mbu(f.cells_frame(runs), bandwidth_gb_s(bandwidth_json))
     attribution = f.attribution_frame(runs, chains, tolerate_flags)
+    attribution = answer.with_headline(answer.with_steps(attribution, steps or {}), list(headline))
     frames = {
         "runs": runs,
         "cells": cells,
         "attribution": attribution,
+        "answer": answer.sentences(attribution, chains),
         "crossover": f.crossover_frame(attribution),
         "stability": f.stability_frame(attribution),
         "topologies": topology.topology_frame(cells),
@@ -65,21 +71,10 @@ def build_frames(
     return frames
 
 
-def write_tables(
-    result_paths: list[str | Path],
-    chains: dict[str, list[str]],
-    out_dir: str | Path,
-    bandwidth_json: str | Path | None = None,
-    tolerate_flags: list[str] | tuple[str, ...] = (),
-    link_json: str | Path | None = None,
-    profile_paths: list[str | Path] = (),
-    factorial_spec: dict | None = None,
-) -> None:
-    """The frames as results/tables/{name}.parquet, .csv and attribution.md."""
-    frames = build_frames(
-        result_paths, chains, bandwidth_json, tolerate_flags, link_json, profile_paths, factorial_spec
-    )
-    formats.write_frames(frames, out_dir, markdown=("attribution",))
+def write_tables(result_paths: list[str | Path], out_dir: str | Path, **kwargs) -> None:
+    """The frames (build_frames, same keyword arguments) as results/tables/{name}.parquet,
+    .csv and attribution.md."""
+    formats.write_frames(build_frames(result_paths, **kwargs), out_dir, markdown=("attribution",))
 
 
 def read_tables(tables_dir: str | Path) -> dict[str, pl.DataFrame]:
@@ -91,11 +86,19 @@ def read_tables(tables_dir: str | Path) -> dict[str, pl.DataFrame]:
     return tables
 
 
-def write_plots(tables_dir: str | Path, chains: list[str], out_dir: str | Path) -> None:
+def write_plots(
+    tables_dir: str | Path, chains: list[str], out_dir: str | Path, kernel_reference: str | None = None
+) -> None:
     frames = read_tables(tables_dir)
     with atomic_dir(out_dir) as tmp:
         charts = plots.all_charts(
-            frames["cells"], frames["attribution"], chains, frames["topologies"], frames["scaling"], frames.get("link")
+            frames["cells"],
+            frames["attribution"],
+            chains,
+            frames["topologies"],
+            frames["scaling"],
+            frames.get("link"),
+            kernel_reference,
         )
         for name, chart in charts.items():
             plots.save(chart, tmp / name)
@@ -148,17 +151,15 @@ def main(argv: list[str] | None = None) -> None:
     try:
         write_tables(
             paths,
-            cfg["chains"],
             out / "tables",
-            args.bandwidth,
-            cfg["analysis"]["tolerate_flags"],
-            args.link,
-            profiles,
-            cfgmod.factorial_spec(cfg),
+            bandwidth_json=args.bandwidth,
+            link_json=args.link,
+            profile_paths=profiles,
+            **cfgmod.analysis_spec(cfg),
         )
     except f.MixedHardware as exc:
         raise SystemExit(f"speedsplit: {exc}") from None
-    write_plots(out / "tables", list(cfg["chains"]), out / "plots")
+    write_plots(out / "tables", list(cfg["chains"]), out / "plots", cfgmod.kernel_reference(cfg))
     write_report(
         out / "report.html",
         config=cfg,

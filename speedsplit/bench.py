@@ -248,7 +248,9 @@ def cell_load(
 def _run_load(
     result: RunResult, state: dict, stack: dict, cell: dict, run: int, tokenizer_dir, progress
 ) -> list[RequestRecord]:
-    load = cell_load(state, stack, cell, run, tokenizer_dir)
+    warm = 0 if cell.get("warmup") == "session_start" and state.get("cells_measured") else None
+    load = cell_load(state, stack, cell, run, tokenizer_dir, warmup_requests=warm)
+    result.params.warmup_requests = load.warmup_requests
     result.timing.load_start = time.time()
     result.summary, records = loadgen.run(load, progress=progress)
     result.timing.load_end = time.time()

@@ -146,6 +146,9 @@ def _check_references(config: dict) -> None:
         for key, known in (("workload", workloads), ("sampling", config["sampling"])):
             if c[key] not in known:
                 raise ConfigError(f"config error at grid.cells[{i}].{key}: unknown {key} {c[key]!r}")
+        for j, stack in enumerate(c.get("stacks", [])):
+            if stack not in stacks:
+                raise ConfigError(f"config error at grid.cells[{i}].stacks[{j}]: unknown stack {stack!r}")
     if not config["grid"]["workloads"]:
         config["grid"]["workloads"] = list(workloads)
     if not config["grid"]["sampling"]:
@@ -184,6 +187,7 @@ def _check_references(config: dict) -> None:
                 )
     _check_coordination(config)
     _check_factorial(config)
+    _check_report(config)
 
 
 def _check_coordination(config: dict) -> None:
@@ -219,12 +223,80 @@ def _check_factorial(config: dict) -> None:
         raise ConfigError(f"config error at factorial.workload: unknown workload {fa['workload']!r}")
 
 
+def _check_report(config: dict) -> None:
+    rep = config["report"]
+    for i, h in enumerate(rep["headline"]):
+        if h["workload"] not in config["workloads"]:
+            raise ConfigError(f"config error at report.headline[{i}].workload: unknown workload {h['workload']!r}")
+        if "sampling" in h and h["sampling"] not in config["sampling"]:
+            raise ConfigError(f"config error at report.headline[{i}].sampling: unknown sampling {h['sampling']!r}")
+    if rep["kernel_reference"] is not None and rep["kernel_reference"] not in config["stacks"]:
+        raise ConfigError(f"config error at report.kernel_reference: unknown stack {rep['kernel_reference']!r}")
+
+
+def kernel_reference(config: dict) -> str | None:
+    """The FP16 stack the kernel plot compares INT4 kernels against (report.kernel_reference,
+    else the stack before the first gptq stack of the first chain that has one)."""
+    if config["report"]["kernel_reference"]:
+        return config["report"]["kernel_reference"]
+    for chain in config["chains"].values():
+        for before, stack in zip(chain, chain[1:]):
+            if config["stacks"][stack]["variant"] == "gptq":
+                return before
+    return None
+
+
+def _family(entry: dict) -> str:
+    """'vllm' for a stack that runs vLLM, else 'hf' (transformers serve, stock generate())."""
+    return "vllm" if any("vllm" in arg for arg in entry["args"]) else "hf"
+
+
+def chain_steps(config: dict) -> dict[str, list[str]]:
+    """What each step of each chain changes, in words, from the two stacks' definitions:
+    'runtime' (HF to vLLM, same weights), 'INT4 weights + kernel' (FP16 to GPTQ, when the chain
+    has no later kernel step), 'INT4 format' and 'kernel' (when it has: GPTQ to GPTQ is a
+    kernel change), 'scheduler' (HF to HF), 'configuration' (vLLM to vLLM, same weights)."""
+    out = {}
+    for name, chain in config["chains"].items():
+        entries = [config["stacks"][s] for s in chain]
+        pairs = list(zip(entries, entries[1:]))
+        kernel_split = any(a["variant"] == b["variant"] == "gptq" for a, b in pairs)
+        steps = []
+        for a, b in pairs:
+            if a["variant"] != b["variant"]:
+                steps.append(
+                    ("INT4 format" if kernel_split else "INT4 weights + kernel")
+                    if b["variant"] == "gptq"
+                    else "FP16 weights"
+                )
+            elif b["variant"] == "gptq":
+                steps.append("kernel")
+            elif _family(a) != _family(b):
+                steps.append("runtime")
+            else:
+                steps.append("scheduler" if _family(b) == "hf" else "configuration")
+        out[name] = steps
+    return out
+
+
 def factorial_spec(config: dict) -> dict | None:
     """The factorial section with its workload resolved, or None when it is off."""
     fa = config["factorial"]
     if not fa["enabled"]:
         return None
     return {**fa, "workload": fa["workload"] or cells(config)[0].workload}
+
+
+def analysis_spec(config: dict) -> dict:
+    """What the tables are built with (aggregate.build_frames' keyword arguments), as plain
+    builtins (Snakemake params)."""
+    return {
+        "chains": config["chains"],
+        "tolerate_flags": list(config["analysis"]["tolerate_flags"]),
+        "factorial_spec": factorial_spec(config),
+        "steps": chain_steps(config),
+        "headline": list(config["report"]["headline"]),
+    }
 
 
 def coordination_cell(config: dict) -> Cell:
@@ -282,16 +354,20 @@ class Cell:
     users: int
     workload: str
     sampling: str
+    stacks: tuple[str, ...] = ()  # only these stacks measure it (empty: every one)
 
     @property
     def name(self) -> str:
         return f"u{self.users}-{self.workload}-{self.sampling}"
 
+    def measured_by(self, stack: str) -> bool:
+        return not self.stacks or stack in self.stacks
+
 
 def cells(config: dict) -> list[Cell]:
     g = config["grid"]
     if g["cells"]:
-        return [Cell(c["users"], c["workload"], c["sampling"]) for c in g["cells"]]
+        return [Cell(c["users"], c["workload"], c["sampling"], tuple(c.get("stacks", ()))) for c in g["cells"]]
     return [Cell(u, w, s) for w in g["workloads"] for s in g["sampling"] for u in g["users"]]
 
 
@@ -315,6 +391,7 @@ def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
         "output_tokens": w["output_tokens"],
         "requests_per_user": w["requests_per_user"],
         "warmup_requests": w["warmup_requests"],
+        "warmup": b["warmup"],
         "sampling": cell.sampling,
         "temperature": float(s["temperature"]),
         "top_p": float(s["top_p"]),

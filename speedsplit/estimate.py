@@ -150,7 +150,8 @@ def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: 
         first = before is None or planmod.session_key(config, before) != planmod.session_key(config, job)
         cell = cfgmod.cell_params(config, cfgmod.cell_by_name(config, job.cell))
         key = (job.model, job.stack, job.topology, job.cell)
-        tokens = cell["users"] * (cell["requests_per_user"] + cell["warmup_requests"]) * cell["output_tokens"]
+        warmup = cell["warmup_requests"] if first or cell["warmup"] == "every_cell" else 0
+        tokens = cell["users"] * (cell["requests_per_user"] + warmup) * cell["output_tokens"]
         rate, source = measured.rate.get(key), "measured"
         if rate is None:
             rate = roofline_rate(config, shapes[job.model], job.stack, job.topology, cell, bandwidth)

@@ -40,18 +40,22 @@ def session_key(config: dict, job: BenchJob) -> str:
 
 def bench_jobs(config: dict) -> list[BenchJob]:
     """Every benchmark job, in lane order (sessions run-major, cells in config order)."""
-    cells = [c.name for c in cfgmod.cells(config)]
+    cells = cfgmod.cells(config)
     jobs = []
+
+    def of(model: str, stack: str, topology: str, run: int) -> list[BenchJob]:
+        return [BenchJob(model, stack, topology, c.name, run) for c in cells if c.measured_by(stack)]
+
     for topology in config["benchmark"]["topologies"]:
         for model in cfgmod.bench_models(config):
             if config["benchmark"]["server_reuse"] == "per_stack":  # a session's jobs must be adjacent
                 for stack in cfgmod.bench_stacks(config, topology):
                     for run in range(config["grid"]["runs"]):
-                        jobs += [BenchJob(model, stack, topology, cell, run) for cell in cells]
+                        jobs += of(model, stack, topology, run)
                 continue
             for run in range(config["grid"]["runs"]):
                 for stack in cfgmod.bench_stacks(config, topology):
-                    jobs += [BenchJob(model, stack, topology, cell, run) for cell in cells]
+                    jobs += of(model, stack, topology, run)
     return jobs
 
 

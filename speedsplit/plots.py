@@ -11,6 +11,7 @@ from pathlib import Path
 import altair as alt
 import polars as pl
 
+from speedsplit.analysis import answer
 from speedsplit.analysis.formats import flat
 
 ERRORBARS = "error bars: 95% bootstrap interval over runs"
@@ -72,6 +73,97 @@ def shares_chart(attribution: pl.DataFrame, cells: pl.DataFrame, chain: str) -> 
             )
         )
     )
+
+
+def waterfall_chart(waterfall: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
+    """The headline decompositions as log-scale waterfalls (answer.waterfall_frame), a row per
+    chain and model, a column per cell: each factor a bar from the running product before it
+    to the one after it, then the total from 1; on the log axis the factor bars add up to the
+    total bar."""
+    df = waterfall.with_columns(
+        pl.format("{} ({})", "cell", "topology").alias("where"),
+        pl.format("{}: {}", "chain", "model").alias("chain_model"),
+        pl.format("{}x", pl.col("value").round_sig_figs(3)).alias("label"),
+        pl.max_horizontal("start", "end").alias("top"),
+    ).to_pandas()
+    low = min(1.0, float(waterfall["end"].min())) / 1.2
+    high = max(1.0, float(waterfall["end"].max()), float(waterfall["start"].max())) * 1.6
+    base = alt.Chart().encode(
+        x=alt.X("bar:N", sort=alt.EncodingSortField("order"), title=None, axis=alt.Axis(labelAngle=-20, labelLimit=200))
+    )
+    bars = base.mark_bar(size=34).encode(
+        y=alt.Y(
+            "start:Q",
+            scale=alt.Scale(type="log", domain=[low, high], nice=False),
+            title="speedup (log; bars add up to the total)",
+        ),
+        y2="end:Q",
+        color=alt.Color(
+            "direction:N",
+            scale=alt.Scale(domain=["speeds up", "slows down", "total"], range=["#4c78a8", "#e45756", "#555555"]),
+            title=None,
+        ),
+        tooltip=["chain", "model", "cell", "factor", *_RATIO_TIPS],
+    )
+    text = base.mark_text(dy=-7, fontSize=12).encode(y=alt.Y("top:Q"), text="label:N")
+    one = base.mark_rule(strokeDash=[3, 3], color="#999").encode(y=alt.datum(1))
+    return (
+        alt.layer(bars, text, one, data=df)
+        .properties(width=220, height=200)
+        .facet(column=alt.Column("where:N", title=None), row=alt.Row("chain_model:N", title=None))
+        .resolve_scale(x="independent")
+        .properties(
+            title=alt.TitleParams(
+                "Where the speedup came from, at the headline cells (rows: chain: model)",
+                subtitle=[
+                    f"hardware: {'; '.join(sorted(set(cells['hardware'].to_list())))}",
+                    "intervals: in the sentences above and the tooltips",
+                ],
+                anchor="start",
+            )
+        )
+    )
+
+
+def kernels_chart(cells: pl.DataFrame, reference: str) -> alt.Chart:
+    """Every INT4 (gptq) stack's throughput vs users, each labelled with the kernel its engine
+    reported, against the FP16 reference stack (dashed)."""
+    df = cells.filter(
+        ((pl.col("variant") == "gptq") | (pl.col("stack") == reference)) & pl.col("output_tok_s").is_not_null()
+    ).with_columns(
+        pl.when(pl.col("stack") == reference)
+        .then(pl.format("{} (FP16 reference)", "stack"))
+        .otherwise(pl.format("{} ({})", "stack", pl.col("linear_kernel").fill_null("kernel not reported")))
+        .alias("kernel"),
+        (pl.col("stack") == reference).alias("reference"),
+    )
+    base = alt.Chart(df.to_pandas()).encode(
+        x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"),
+        color=alt.Color("kernel:N", title="stack (kernel the engine reported)"),
+        strokeDash=alt.StrokeDash(
+            "reference:N", scale=alt.Scale(domain=[False, True], range=[[1, 0], [6, 3]]), legend=None
+        ),
+    )
+    line = base.mark_line(point=True).encode(
+        y=alt.Y("output_tok_s:Q", scale=alt.Scale(type="log"), title="output tokens/s (log)"),
+        tooltip=["stack", "linear_kernel", "kernel_ok", "cell", alt.Tooltip("output_tok_s:Q", format=".1f")],
+    )
+    bars = base.mark_errorbar().encode(
+        y=alt.Y("output_tok_s_lo:Q", title="output tokens/s (log)"), y2="output_tok_s_hi:Q"
+    )
+    return (
+        (line + bars)
+        .properties(width=300, height=240)
+        .facet(column=alt.Column("workload:N"), row=alt.Row("model:N"))
+        .properties(title=_title(f"INT4 kernels vs users, against {reference} (dashed)", cells))
+    )
+
+
+def kernel_sweep_ran(cells: pl.DataFrame, reference: str) -> bool:
+    """Whether the kernel chart has something to compare: the reference and two gptq stacks."""
+    measured = cells.filter(pl.col("output_tok_s").is_not_null())
+    gptq = measured.filter(pl.col("variant") == "gptq")["stack"].n_unique()
+    return gptq >= 2 and measured.filter(pl.col("stack") == reference).height > 0
 
 
 def throughput_chart(cells: pl.DataFrame) -> alt.Chart:
@@ -227,10 +319,18 @@ def all_charts(
     topologies: pl.DataFrame | None = None,
     scaling: pl.DataFrame | None = None,
     link: pl.DataFrame | None = None,
+    kernel_reference: str | None = None,
 ) -> dict[str, alt.Chart]:
-    """Every chart from the typed frames (the topology charts where more than one topology ran)."""
+    """Every chart from the typed frames (the topology charts where more than one topology ran,
+    the kernel chart where a kernel sweep ran)."""
+    waterfall = answer.waterfall_frame(attribution)
     cells, attribution = flat(cells), flat(attribution)  # tooltips show lists as text
-    charts = {"throughput": throughput_chart(cells), "latency": latency_chart(cells)}
+    charts = {}
+    if waterfall.height:
+        charts["waterfall"] = waterfall_chart(waterfall, cells)
+    charts |= {"throughput": throughput_chart(cells), "latency": latency_chart(cells)}
+    if kernel_reference and kernel_sweep_ran(cells, kernel_reference):
+        charts["kernels"] = kernels_chart(cells, kernel_reference)
     if topologies is not None and topologies["topology"].n_unique() > 1:
         charts["topologies"] = topology_chart(topologies, cells)
     if scaling is not None and scaling.filter(pl.col("value").is_not_null()).height:

@@ -95,6 +95,9 @@ class CellParams(_Record):
     output_tokens: int
     requests_per_user: int
     warmup_requests: int = Field(description="warm-up requests per user, before the measured phase")
+    warmup: Literal["every_cell", "session_start"] = Field(
+        "every_cell", description="which cells warm up: every one, or only a session's first (later ones: 0 requests)"
+    )
     temperature: float
     top_p: float
     seed: int

@@ -1,5 +1,8 @@
-"""One self-contained HTML report: setup, every table and plot (SVG inlined, so it opens
-offline with no script), and every failure.
+"""One self-contained HTML report that answers first: its first screen states each chain's
+decomposition at its headline cells in one sentence with intervals, draws it as a log-scale
+waterfall and lists the flags that qualify it; then every table and plot (SVG inlined, so it
+opens offline; no script is loaded), every failure, and the setup with the configuration
+collapsed.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from pathlib import Path
 
 import polars as pl
 
+from speedsplit.analysis.answer import qualifiers
 from speedsplit.analysis.formats import for_people, value_text
 from speedsplit.record import Provenance
 from speedsplit.results import redact, write_bytes_atomic
@@ -20,6 +24,9 @@ table{border-collapse:collapse;font-size:12px;margin:1rem 0}
 td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
 .bad{background:#fde8e8}.note{color:#666;font-size:13px}
+#answer{border-bottom:2px solid #ddd;margin-bottom:1rem}
+.headline{font-size:17px;line-height:1.45;margin:.4rem 0}
+.flags li{font-size:13px;color:#8a4b00}.clean{font-size:13px;color:#2d6a2d}
 figure{margin:1.5rem 0}figcaption{font-size:13px;color:#555}
 code,pre{background:#f6f6f6;padding:2px 4px}pre{padding:8px;overflow:auto;font-size:12px}
 """
@@ -33,6 +40,53 @@ def html_table(df: pl.DataFrame, bad_col: str | None = None, max_rows: int = 500
         rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(value_text(v))}</td>" for v in row.values()) + "</tr>")
     more = f'<p class="note">{df.height - max_rows} more rows in the table files.</p>' if df.height > max_rows else ""
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>{more}"
+
+
+# Inline (no file is loaded): once the page has laid out, each figure records the size its
+# SVG rendered at and the body where the first headline sentence ends, so a headless browser
+# can check what a reader's first screen shows (tests/test_workflow.py).
+RENDER_PROBE = """<script>
+addEventListener('load', () => {
+  for (const f of document.querySelectorAll('figure')) {
+    const svg = f.querySelector('svg'), r = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
+    f.dataset.rendered = Math.round(r.width) + 'x' + Math.round(r.height);
+  }
+  const h = document.querySelector('#answer .headline');
+  document.body.dataset.headlineBottom = h ? Math.round(h.getBoundingClientRect().bottom) : -1;
+  document.body.dataset.viewport = innerWidth + 'x' + innerHeight;
+});
+</script>"""
+
+
+def _figure(name: str, svg: str | Path) -> str:
+    return (
+        f"<figure id='plot-{html.escape(name)}'>{Path(svg).read_text()}<figcaption>{html.escape(name)} "
+        f"(also as <a href='plots/{html.escape(name)}.html'>interactive HTML</a> and PNG)</figcaption></figure>"
+    )
+
+
+def answer_section(sentences: pl.DataFrame, waterfalls: dict[str, str | Path], qualifiers: list[str]) -> str:
+    """The first screen: the decomposition in words, its waterfall, what qualifies it."""
+    parts = ["<section id='answer'><h2>The answer</h2>"]
+    if sentences.height:
+        parts += [f"<p class='headline'>{html.escape(t)}</p>" for t in sentences["sentence"].to_list()]
+    else:
+        parts.append(
+            "<p class='headline'>No chain has every stack measured in these results: nothing to decompose "
+            "(what was measured is in the sections below).</p>"
+        )
+    parts += [_figure(name, svg) for name, svg in waterfalls.items()]
+    if qualifiers:
+        parts.append("<p><b>What qualifies these numbers:</b></p><ul class='flags'>")
+        parts += [f"<li>{html.escape(q)}</li>" for q in qualifiers]
+        parts.append("</ul>")
+    else:
+        parts.append(
+            "<p class='clean'>Nothing qualifies them: every run counted, every engine ran the kernel "
+            "asked for, every measured phase was long enough, every request completed.</p>"
+        )
+    parts.append("</section>")
+    return "".join(parts)
 
 
 def setup_section(prov: Provenance | None, config: dict) -> str:
@@ -60,6 +114,7 @@ def build(
     cells: pl.DataFrame,
     runs: pl.DataFrame,
     attribution: pl.DataFrame,
+    answer: pl.DataFrame,
     crossover: pl.DataFrame,
     stability: pl.DataFrame,
     topologies: pl.DataFrame,
@@ -72,14 +127,15 @@ def build(
     factorial: pl.DataFrame | None = None,
 ) -> None:
     """Write the report atomically."""
+    waterfalls = {name: svg for name, svg in svgs.items() if name == "waterfall"}
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>speedsplit report</title>"
-        f"<style>{CSS}</style></head><body>",
+        f"<style>{CSS}</style>{RENDER_PROBE}</head><body>",
         "<h1>speedsplit: where did the serving speedup come from?</h1>",
+        answer_section(answer, waterfalls, qualifiers(runs, attribution)),
         "<p class='note'>Throughput = output tokens / wall time of the measured phase. Factors are "
         "ratios of median throughput between neighbouring stacks of a chain; they multiply to the "
         "total exactly. Intervals: 95% bootstrap over runs. Log share = ln(factor) / ln(total).</p>",
-        setup_section(provenance, config),
     ]
     fact = attribution.filter(pl.col("position") > 0) if attribution.height else attribution
     parts += [
@@ -94,6 +150,7 @@ def build(
                         "topology",
                         "cell",
                         "factor",
+                        "step",
                         "value",
                         "lo",
                         "hi",
@@ -167,13 +224,7 @@ def build(
             "</details>",
         ]
     parts.append("<h2>Plots</h2>")
-    for name, svg in svgs.items():
-        text = Path(svg).read_text()
-        parts.append(
-            f"<figure id='plot-{html.escape(name)}'>{text}<figcaption>{html.escape(name)} "
-            f"(also as <a href='plots/{html.escape(name)}.html'>interactive HTML</a> and PNG)"
-            f"</figcaption></figure>"
-        )
+    parts += [_figure(name, svg) for name, svg in svgs.items() if name not in waterfalls]
     parts += [
         "<h2>Cells</h2>",
         html_table(cells.drop([c for c in cells.columns if c.endswith(("_lo", "_hi"))]), bad_col="failed_requests"),
@@ -188,5 +239,86 @@ def build(
         if failures.height
         else "<p>None: every run completed every request, unflagged.</p>",
     ]
+    parts.append(setup_section(provenance, config))
     parts.append("</body></html>")
     write_bytes_atomic(out, redact("\n".join(parts)).encode())
+
+
+def render(report: str | Path, png: str | Path | None = None, window: tuple[int, int] = (1400, 900)) -> dict:
+    """Open the report in headless Chromium (Debian's `chromium`) as a reader's first screen of
+    `window` pixels: what the render probe recorded (each figure's rendered size, where the
+    first headline sentence ends, the viewport) and, if `png` is given, a screenshot of it."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    import tempfile
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        raise FileNotFoundError("chromium is not installed (Debian: apt-get install chromium)")
+    uri = Path(report).resolve().as_uri()
+    with tempfile.TemporaryDirectory() as home:
+        base = [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={home}/profile",
+            f"--window-size={window[0]},{window[1]}",
+        ]
+        env = {**os.environ, "HOME": home}
+        dom = subprocess.run(
+            [*base, "--virtual-time-budget=10000", "--dump-dom", uri],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=env,
+        ).stdout
+        if png:
+            subprocess.run(
+                [*base, f"--screenshot={Path(png).resolve()}", uri], capture_output=True, timeout=180, env=env
+            )
+    figures = re.findall(r"<figure id=\"([^\"]+)\"[^>]*data-rendered=\"(\d+)x(\d+)\"", dom)
+    body = re.search(r"<body[^>]*>", dom)
+    attrs = dict(re.findall(r"data-([a-z-]+)=\"([^\"]*)\"", body.group(0))) if body else {}
+    return {
+        "dom": dom,
+        "figures": {name: (int(w), int(h)) for name, w, h in figures},
+        "figures_in_page": dom.count("<figure"),
+        "headline_bottom": int(attrs.get("headline-bottom", -1)),
+        "viewport": tuple(int(x) for x in attrs.get("viewport", "0x0").split("x")),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(
+        description="Check a report's first screen in headless Chromium; optionally save it as PNG."
+    )
+    p.add_argument("report", help="results/report.html")
+    p.add_argument("--png", default=None, help="where to save the first screen")
+    args = p.parse_args(argv)
+    seen = render(args.report, args.png)
+    blank = [name for name, size in seen["figures"].items() if 0 in size]
+    print(
+        f"{len(seen['figures'])} of {seen['figures_in_page']} figures rendered"
+        + (f" (blank: {', '.join(blank)})" if blank else "")
+        + f"; first headline ends at {seen['headline_bottom']} px of a {seen['viewport'][1]} px screen"
+    )
+    if (
+        len(seen["figures"]) != seen["figures_in_page"]
+        or blank
+        or not 0 < seen["headline_bottom"] <= seen["viewport"][1]
+    ):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -96,3 +96,13 @@ def test_the_command_prints_every_job_and_the_grid(capsys, tmp_path):
     out = capsys.readouterr().out
     assert out.count("tiny/") == len(plan.bench_jobs(C.load(REPO / "tests/config/ci.yaml")))
     assert "grid: " in out and "lane(s)" in out
+
+
+def test_warming_up_only_at_a_sessions_start_counts_the_warm_up_once(ci, tmp_path):
+    once = C.merge(ci, {"benchmark": {"warmup": "session_start"}})
+    every = {e.job: e for e in E.job_estimates(ci, results=str(tmp_path / "none/*.json"))}
+    for e in E.job_estimates(once, results=str(tmp_path / "none/*.json")):
+        cell = C.cell_params(ci, C.cell_by_name(ci, e.job.cell))
+        warm_up = cell["users"] * cell["warmup_requests"] * cell["output_tokens"] / 20
+        saved = 0.0 if e.start_s else warm_up  # the session's first job still warms up
+        assert e.load_s == pytest.approx(every[e.job].load_s - saved)

@@ -54,9 +54,15 @@ def test_tables_rebuild_from_the_committed_raw_results(folder, tmp_path):
     link = folder / how["link"] if how.get("link") else None
     profiles = sorted(folder.glob(how["profiles"])) if how.get("profiles") else []
     write_tables(
-        results, cfg["chains"], tmp_path, folder / how["bandwidth"], cfg["analysis"]["tolerate_flags"], link, profiles
+        results,
+        tmp_path,
+        bandwidth_json=folder / how["bandwidth"],
+        link_json=link,
+        profile_paths=profiles,
+        **C.analysis_spec(cfg),
     )
     names = list(TABLES) + (["link"] if link else []) + (["coordination"] if profiles else [])
+    names += ["factorial"] if cfg["factorial"]["enabled"] else []
     for name in names:
         rebuilt, committed = (tmp_path / f"{name}.csv").read_text(), (folder / "tables" / f"{name}.csv").read_text()
         assert rebuilt == committed, f"{folder.name}: tables/{name}.csv differs from its rebuild"

@@ -74,7 +74,7 @@ def test_the_report_shows_it(paths, tmp_path):
     from conftest import REPO
     from speedsplit import config as C
 
-    aggregate.write_tables(paths, {}, tmp_path / "tables", factorial_spec=SPEC)
+    aggregate.write_tables(paths, tmp_path / "tables", chains={}, factorial_spec=SPEC)
     (tmp_path / "plots").mkdir()
     aggregate.write_report(
         tmp_path / "report.html",

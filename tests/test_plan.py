@@ -106,3 +106,21 @@ def test_a_sessions_cells_to_run_share_a_group_that_a_finished_cell_splits(cfg):
         "tiny__hf-fp16__tp1__run0__1",
         "tiny__hf-fp16__tp1__run0__1",
     ]
+
+
+def test_a_cell_with_a_stack_list_is_measured_by_those_stacks_only(cfg):
+    cfg = copy.deepcopy(cfg)
+    cfg["grid"]["cells"] = [
+        {"users": 2, "workload": "wide", "sampling": "greedy"},
+        {"users": 2, "workload": "wide", "sampling": "ancestral", "stacks": ["vllm-fp16"]},
+    ]
+    cfg = C.validate(cfg)
+    jobs = P.bench_jobs(cfg)
+    ancestral = {j.stack for j in jobs if j.cell == "u2-wide-ancestral"}
+    assert ancestral == {"vllm-fp16"} and len(jobs) == (3 + 1) * 2
+    # the session's last job is its own last cell, whichever cells it measures
+    plans = P.session_plans(cfg)
+    assert plans[P.session_key(cfg, jobs[0])].last_job.endswith("u2-wide-greedy/run0.json")
+    cfg["grid"]["cells"][1]["stacks"] = ["vllm-fp17"]
+    with pytest.raises(C.ConfigError, match=r"grid.cells\[1\].stacks\[0\]: unknown stack 'vllm-fp17'"):
+        C.validate(cfg)

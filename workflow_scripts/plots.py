@@ -8,4 +8,4 @@ from speedsplit.aggregate import write_plots
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
 to_log(sm)
-write_plots(Path(sm.input.tables[0]).parent, sm.params.chains, sm.output[0])
+write_plots(Path(sm.input.tables[0]).parent, sm.params.chains, sm.output[0], sm.params.kernel_reference)

@@ -1,4 +1,4 @@
-"""Rule tables: runs, cells (with intervals and MBU), attribution, crossover and stability."""
+"""Rule tables: every analysis frame (speedsplit.aggregate.build_frames)."""
 
 from pathlib import Path
 
@@ -10,11 +10,9 @@ sm = snakemake  # noqa: F821 (injected by Snakemake)
 to_log(sm)
 write_tables(
     list(sm.input.results),
-    sm.params.chains,
     Path(sm.output.cells_parquet).parent,
-    sm.input.bandwidth,
-    sm.params.tolerate_flags,
-    sm.input.link[0] if sm.input.link else None,
-    list(sm.input.profiles),
-    sm.params.factorial,
+    bandwidth_json=sm.input.bandwidth,
+    link_json=sm.input.link[0] if sm.input.link else None,
+    profile_paths=list(sm.input.profiles),
+    **sm.params.analysis,
 )

@@ -1,0 +1,225 @@
+"""The answer first: for each chain at its headline cells, the decomposition in one sentence
+with intervals, the waterfall that draws it (bars that add on a log axis to the total), and the
+flags that qualify it. Pure functions over the attribution and runs frames.
+"""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+
+from speedsplit.analysis.formats import value_text
+
+GROUP = ["chain", "model", "topology", "cell"]
+SENTENCE_SCHEMA = {**{k: pl.Utf8 for k in GROUP}, "users": pl.Int64, "sentence": pl.Utf8}
+
+
+def with_steps(attribution: pl.DataFrame, steps: dict[str, list[str]]) -> pl.DataFrame:
+    """Adds `step`: what the factor's step changes, in words (config.chain_steps); 'total'
+    for the total row."""
+    labels = [
+        "total" if pos == 0 else (steps.get(chain) or [])[pos - 1] if pos - 1 < len(steps.get(chain) or []) else ""
+        for chain, pos in zip(attribution["chain"].to_list(), attribution["position"].to_list())
+    ]
+    return attribution.with_columns(pl.Series("step", labels, dtype=pl.Utf8))
+
+
+def with_headline(attribution: pl.DataFrame, headline: list[dict]) -> pl.DataFrame:
+    """Adds `headline`: whether the row's cell is one the first screen answers for. The
+    configured cells ({users, workload[, sampling]}), else for each (chain, model, topology,
+    workload, sampling) the cell with the most users."""
+    if not attribution.height:
+        return attribution.with_columns(pl.lit(False).alias("headline"))
+    if headline:
+        hit = pl.lit(False)
+        for h in headline:
+            one = (pl.col("users") == h["users"]) & (pl.col("workload") == h["workload"])
+            if "sampling" in h:
+                one = one & (pl.col("sampling") == h["sampling"])
+            hit = hit | one
+        return attribution.with_columns(hit.alias("headline"))
+    most = pl.col("users").max().over(["chain", "model", "topology", "workload", "sampling"])
+    return attribution.with_columns((pl.col("users") == most).alias("headline"))
+
+
+def _x(v: float | None) -> str:
+    return f"{value_text(v, 3)}×"
+
+
+def _ci(lo: float | None, hi: float | None) -> str:
+    return f"[{value_text(lo, 3)}, {value_text(hi, 3)}]" if lo is not None and hi is not None else "[no interval]"
+
+
+def unmeasured(note: str | None) -> list[str]:
+    """The stacks an undefined factor's note says were not measured, if that is all it says
+    (else empty: a stack was measured but no run of it counted)."""
+    missing = [c.split(": ", 1) for c in (note or "").split("; ") if ": " in c]
+    if not missing or any(why != "not measured" for _, why in missing):
+        return []
+    return [stack for stack, _ in missing]
+
+
+def sentences(attribution: pl.DataFrame, chains: dict[str, list[str]]) -> pl.DataFrame:
+    """One sentence per (chain, model, topology, headline cell), e.g. 'study (hf-fp16 -> vllm-
+    marlin) at 64 users x 512 in / 256 out tokens, greedy (llama-3.1-8b, tp1): runtime 11.4x
+    [11.2, 11.5] x INT4 weights + kernel 0.844x [0.839, 0.849] = 9.61x [9.49, 9.73].' (with
+    the arrow and multiplication signs)."""
+    rows = []
+    if not attribution.height:
+        return pl.DataFrame(schema=SENTENCE_SCHEMA)
+    order = {name: i for i, name in enumerate(chains)}
+    head = attribution.filter(pl.col("headline")).sort(
+        pl.col("chain").replace_strict(order, default=len(order)), maintain_order=True
+    )
+    for key, df in head.group_by(GROUP, maintain_order=True):
+        chain, model, topology, cell = key
+        first = df.row(0, named=True)
+        where = (
+            f"{chain} ({chains[chain][0]} → {chains[chain][-1]}) at {first['users']} users × "
+            f"{first['prompt_tokens']} in / {first['output_tokens']} out tokens, {first['sampling']} ({model}, {topology})"
+        )
+        factors = df.filter(pl.col("position") > 0).sort("position")
+        total = df.filter(pl.col("position") == 0).row(0, named=True)
+        if total["value"] is None:
+            if unmeasured(total["note"]):
+                continue  # a chain these results do not cover: one line among the qualifiers
+            text = f"{where}: not decomposable, {total['note'] or 'a stack has no clean run'}."
+        else:
+            parts = [
+                f"{r['step'] or r['factor']} {_x(r['value'])} {_ci(r['lo'], r['hi'])}"
+                for r in factors.iter_rows(named=True)
+            ]
+            text = f"{where}: {' × '.join(parts)} = {_x(total['value'])} {_ci(total['lo'], total['hi'])}."
+        rows.append(
+            {
+                "chain": chain,
+                "model": model,
+                "topology": topology,
+                "cell": cell,
+                "users": first["users"],
+                "sentence": text,
+            }
+        )
+    return pl.DataFrame(rows, schema=SENTENCE_SCHEMA)
+
+
+def waterfall_frame(attribution: pl.DataFrame) -> pl.DataFrame:
+    """The bars of each headline decomposition on a log axis: factor i runs from the product of
+    the factors before it to the product including it; the total bar runs from 1 to the total.
+    So the factor bars' log lengths add up to the total bar's (exactly: the factors multiply to
+    the total). Only decompositions with every factor defined."""
+    rows = []
+    if not attribution.height:
+        return pl.DataFrame()
+    head = attribution.filter(pl.col("headline"))
+    for key, df in head.group_by(GROUP, maintain_order=True):
+        factors = df.filter(pl.col("position") > 0).sort("position")
+        total = df.filter(pl.col("position") == 0).row(0, named=True)
+        if total["value"] is None or factors["value"].null_count():
+            continue
+        base = dict(zip(GROUP, key)) | {"workload": total["workload"], "users": total["users"]}
+        level = 1.0
+        for r in factors.iter_rows(named=True):
+            rows.append(
+                base
+                | {
+                    "order": r["position"],
+                    "bar": f"{r['position']}. {r['step'] or r['factor']}",
+                    "factor": r["factor"],
+                    "start": level,
+                    "end": level * r["value"],
+                    "value": r["value"],
+                    "lo": r["lo"],
+                    "hi": r["hi"],
+                    "direction": "speeds up" if r["value"] >= 1 else "slows down",
+                }
+            )
+            level *= r["value"]
+        rows.append(
+            base
+            | {
+                "order": len(factors) + 1,
+                "bar": "= total",
+                "factor": "total",
+                "start": 1.0,
+                "end": total["value"],
+                "value": total["value"],
+                "lo": total["lo"],
+                "hi": total["hi"],
+                "direction": "total",
+            }
+        )
+    return pl.DataFrame(rows)
+
+
+def log_lengths(waterfall: pl.DataFrame) -> pl.DataFrame:
+    """Per decomposition: the factor bars' summed log length and the total bar's (equal)."""
+    return (
+        waterfall.with_columns((pl.col("end").log() - pl.col("start").log()).alias("log_len"))
+        .group_by(GROUP, maintain_order=True)
+        .agg(
+            pl.col("log_len").filter(pl.col("factor") != "total").sum().alias("factors"),
+            pl.col("log_len").filter(pl.col("factor") == "total").sum().alias("total"),
+        )
+    )
+
+
+def qualifiers(runs: pl.DataFrame, attribution: pl.DataFrame) -> list[str]:
+    """The flags that qualify the headline numbers, one line each: runs left out of them,
+    kernels other than the one asked for, measured phases shorter than the minimum, failed
+    requests, servers that never served. Empty when nothing qualifies them."""
+    out = []
+    head = attribution.filter(pl.col("headline")) if attribution.height else attribution
+    if head.height:
+        excluded = sorted({w for ws in head["excluded"].to_list() for w in ws})
+        if excluded:
+            out.append(f"Left out of the headline numbers ({len(excluded)}): " + "; ".join(excluded))
+        undefined = head.filter(pl.col("value").is_null() & (pl.col("position") == 0))
+        not_covered: dict[str, tuple[set, int]] = {}
+        for r in undefined.iter_rows(named=True):
+            if stacks := unmeasured(r["note"]):
+                seen, n = not_covered.get(r["chain"], (set(), 0))
+                not_covered[r["chain"]] = (seen | set(stacks), n + 1)
+            else:
+                out.append(
+                    f"Not decomposable: chain {r['chain']} at {r['cell']} ({r['model']}, {r['topology']}): {r['note']}"
+                )
+        for chain, (stacks, n) in not_covered.items():
+            out.append(
+                f"Chain {chain} is not decomposed at {n} headline cell(s): {', '.join(sorted(stacks))} not measured here"
+            )
+    if runs.height:
+        for flag, what in (
+            ("kernel_mismatch", "ran another kernel than the one asked for"),
+            ("short_measurement", "measured for less than benchmark.min_measured_s"),
+            ("request_failures", "had failed requests"),
+        ):
+            hit = runs.filter(pl.col("flags").list.contains(flag))
+            if hit.height:
+                names = sorted({f"{r['stack']} {r['cell']} run{r['run']}" for r in hit.iter_rows(named=True)})
+                kernels = ""
+                if flag == "kernel_mismatch":
+                    got = sorted({f"{r['stack']}: {r['linear_kernel']}" for r in hit.iter_rows(named=True)})
+                    kernels = f" (reported: {', '.join(got)})"
+                out.append(
+                    f"{hit.height} run(s) {what}{kernels}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}"
+                )
+        failed = runs.filter(pl.col("status") != "ok")
+        if failed.height:
+            names = sorted(
+                {f"{r['stack']} {r['cell']} run{r['run']} ({r['status']})" for r in failed.iter_rows(named=True)}
+            )
+            out.append(
+                f"{failed.height} run(s) did not complete: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}"
+            )
+    return out
+
+
+def check_adds_up(waterfall: pl.DataFrame, rel: float = 1e-9) -> None:
+    """Raises if a waterfall's factor bars do not add up (log axis) to its total bar."""
+    for r in log_lengths(waterfall).iter_rows(named=True):
+        if not math.isclose(r["factors"], r["total"], rel_tol=rel, abs_tol=1e-12):
+            raise AssertionError(
+                f"waterfall of {r['chain']} at {r['cell']}: factors {r['factors']} != total {r['total']}"
+            )
