@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from speedsplit.record import ResultError, read_result
+from speedsplit.record import ResultError, read_result, requests_path
 
 
 def failed_results(results_dir: str | Path, flagged: bool = False) -> list[tuple[Path, str]]:
@@ -47,7 +47,7 @@ def failed_results(results_dir: str | Path, flagged: bool = False) -> list[tuple
 def move_aside(paths: list[Path], results_root: Path, into: Path) -> None:
     """Move result files (and their request records) from results_root/... to into/..."""
     for path in paths:
-        for f in (path, path.with_name(path.stem + ".requests.jsonl")):
+        for f in (path, requests_path(path)):
             if f.exists():
                 dest = into / f.relative_to(results_root)
                 dest.parent.mkdir(parents=True, exist_ok=True)

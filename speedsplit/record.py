@@ -321,9 +321,29 @@ def read_result(path: str | Path) -> RunResult:
     return parse_result(data, f"result file {path}")
 
 
+def requests_path(result: str | Path) -> Path:
+    """A result's request records: run{N}.requests.jsonl beside it, or that file gzipped
+    (committed evidence keeps them compressed)."""
+    plain = Path(result).with_name(Path(result).stem + ".requests.jsonl")
+    packed = plain.with_name(plain.name + ".gz")
+    return packed if packed.exists() and not plain.exists() else plain
+
+
+def request_lines(path: str | Path) -> list[str]:
+    """The lines of a .requests.jsonl file (gzipped if its name ends in .gz), blank ones left out."""
+    path = Path(path)
+    if path.suffix == ".gz":
+        import gzip
+
+        text = gzip.decompress(path.read_bytes()).decode()
+    else:
+        text = path.read_text()
+    return [line for line in text.splitlines() if line.strip()]
+
+
 def read_requests(path: str | Path) -> list[RequestRecord]:
-    lines = Path(path).read_text().splitlines()
-    return [RequestRecord.model_validate_json(line) for line in lines if line.strip()]
+    """The request records of a .requests.jsonl file (gzipped if its name ends in .gz)."""
+    return [RequestRecord.model_validate_json(line) for line in request_lines(path)]
 
 
 def to_json(res: RunResult) -> dict:

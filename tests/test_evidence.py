@@ -9,7 +9,7 @@ import yaml
 from conftest import REPO
 from speedsplit import config as C
 from speedsplit.aggregate import TABLES, write_tables
-from speedsplit.record import read_result
+from speedsplit.record import read_result, requests_path
 
 EVIDENCE = sorted(p for p in (REPO / "docs/evidence").iterdir() if p.is_dir())
 FILE_LIKE = re.compile(r"\.(json|jsonl|csv|md|html|yaml|yml|sh|png|svg|parquet|log|py|txt)$")
@@ -49,7 +49,7 @@ def test_tables_rebuild_from_the_committed_raw_results(folder, tmp_path):
     assert results, f"{folder.name}: no raw results match {how['results']}"
     for path in results:
         read_result(path)
-        assert path.with_name(path.stem + ".requests.jsonl").is_file(), path
+        assert requests_path(path).is_file(), path
     cfg = C.load(*[REPO / c for c in how["config"]])
     link = folder / how["link"] if how.get("link") else None
     profiles = sorted(folder.glob(how["profiles"])) if how.get("profiles") else []
