@@ -75,9 +75,10 @@ class Batcher:
 
             def __call__(self, input_ids, scores, **kwargs):
                 step = input_ids.shape[1] - width - 1  # 0 for the first new token
-                for i, req in enumerate(batch):
+                newest = input_ids[:, -1].tolist()  # one device-to-host copy per step, not one per row
+                for req, token in zip(batch, newest):
                     if step < req.max_tokens:  # a shorter request's stream ends; its row runs on
-                        loop.call_soon_threadsafe(req.out.put_nowait, int(input_ids[i, -1]))
+                        loop.call_soon_threadsafe(req.out.put_nowait, token)
                 return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
         first = batch[0]
