@@ -73,7 +73,8 @@ RUNS_SCHEMA = {
 
 
 def runs_frame(results: list[RunResult]) -> pl.DataFrame:
-    """One row per run."""
+    """One row per run, in (model, stack, topology, users, workload, sampling, run) order whatever the order of
+    the results given (so every table built from it is too)."""
     rows = []
     for res in results:
         p, s, ok = res.params, res.summary, res.status == "ok"
@@ -121,7 +122,9 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
             for q in LATENCY_Q:
                 row[f"{metric}_{q}"] = getattr(dist, q) if dist else None
         rows.append(row)
-    return pl.DataFrame(rows, schema=RUNS_SCHEMA)
+    return pl.DataFrame(rows, schema=RUNS_SCHEMA).sort(
+        ["model", "stack", "topology", "users", "workload", "sampling", "run"], maintain_order=True
+    )
 
 
 class MixedHardware(ValueError):
