@@ -5,6 +5,7 @@ write the cell's result and per-request records. Always writes a result, whateve
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import sys
@@ -15,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from speedsplit import lease as leases
 from speedsplit import loadgen, procs, stacks
 from speedsplit import session as sessions
 from speedsplit.models import ModelError, model_identity, model_info, read_model_config
@@ -248,6 +250,8 @@ def cell_load(
 def _run_load(
     result: RunResult, state: dict, stack: dict, cell: dict, run: int, tokenizer_dir, progress
 ) -> list[RequestRecord]:
+    if state.get("cpus"):  # the client runs on its servers' cores, off the other lanes'
+        os.sched_setaffinity(0, leases.parse_cpu_ranges(state["cpus"]))
     warm = 0 if cell.get("warmup") == "session_start" and state.get("cells_measured") else None
     load = cell_load(state, stack, cell, run, tokenizer_dir, warmup_requests=warm)
     result.params.warmup_requests = load.warmup_requests

@@ -427,4 +427,5 @@ def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[st
         "tensor_parallel": topo["tensor_parallel"],
         "instances": topo["instances"],
         "max_model_len": config["models"][model]["max_model_len"],
+        "cpu_isolation": plat == "cuda" and config["benchmark"]["cpu_isolation"],
     }

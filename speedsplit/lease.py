@@ -81,6 +81,40 @@ def visible_devices() -> list[str]:
     return []
 
 
+def cpu_share(devices: list[str], visible: list[str] | None = None, cores: list[int] | None = None) -> list[int]:
+    """The host cores that go with `devices`: the cores this process may use (its affinity,
+    as Slurm or a cgroup set it) split into equal contiguous blocks over the visible cards in
+    order, one block per card held. Servers on different cards then never compete for a
+    core (a vLLM start-up compiles on every core it may use; stock generate() slows when its
+    Python loop is starved). Empty, meaning unpinned, when there is nothing to split."""
+    visible = visible_devices() if visible is None else visible
+    cores = sorted(os.sched_getaffinity(0)) if cores is None else sorted(cores)
+    if not devices or not visible or len(cores) < len(visible) or any(d not in visible for d in devices):
+        return []
+    per = len(cores) // len(visible)
+    return sorted(c for d in devices for c in cores[visible.index(d) * per : (visible.index(d) + 1) * per])
+
+
+def cpu_ranges(cores: list[int]) -> str:
+    """[0, 1, 2, 3, 8, 9] -> '0-3,8-9' (as taskset and cgroups write them)."""
+    out: list[str] = []
+    for c in sorted(cores):
+        if out and int(out[-1].split("-")[-1]) == c - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{c}"
+        else:
+            out.append(str(c))
+    return ",".join(out)
+
+
+def parse_cpu_ranges(text: str) -> list[int]:
+    """'0-3,8-9' -> [0, 1, 2, 3, 8, 9]."""
+    out = []
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        out += range(int(lo), int(hi or lo) + 1)
+    return out
+
+
 def _try_lock(path: Path):
     f = open_private(path)
     try:

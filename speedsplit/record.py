@@ -136,6 +136,9 @@ class ServerFacts(_Record):
     startup_s: float | None = Field(description="seconds from launch to ready (of the session, not this run)")
     lease_wait_s: float | None = Field(description="seconds waited for cards and ports")
     devices: list[str] | None = Field(description="cards the session held")
+    cpus: str | None = Field(
+        None, description="host cores its servers and this run's client were pinned to ('0-15'); None: not pinned"
+    )
     argv: str | None = Field(description="the server command line (redacted)")
     model_id: str | None = Field(description="model name the server answers to")
     error: str | None = Field(description="why the session did not serve this run")

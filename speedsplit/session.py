@@ -440,9 +440,12 @@ def _daemon(launch_path: Path) -> int:
             )
             t_start = time.monotonic()
             log_path = Path(meta["log_path"])
+            pinned: list[int] = []
             for i in range(stack["instances"]):
                 devs = held.devices[i * stack["tensor_parallel"] : (i + 1) * stack["tensor_parallel"]]
                 devs = devs if platform_devices is None else []
+                cpus = leases.cpu_share(devs) if stack.get("cpu_isolation") else []
+                pinned += cpus
                 env_stack = dict(stack, env={**stack["env"], "VLLM_PORT": str(held.port())})
                 servers.append(
                     stacks.launch(
@@ -454,6 +457,7 @@ def _daemon(launch_path: Path) -> int:
                         Path(str(log_path).removesuffix(".log") + f".server{i}.log"),
                         Path(launch["cache_dir"]) / f"instance{i}",
                         keep_fds=held.fds(),
+                        cpus=cpus,
                     )
                 )
                 if transition(sess, generation, STARTING, servers=[s.proc_id.as_record() for s in servers]) is None:
@@ -469,6 +473,7 @@ def _daemon(launch_path: Path) -> int:
                 startup_s=time.monotonic() - t_start,
                 lease_wait_s=t_start - t_lease,
                 devices=held.devices,
+                cpus=leases.cpu_ranges(pinned) or None,
                 facts=stacks.engine_facts("\n".join(s.launch_output() for s in servers)),
                 argv=redact(" ".join(servers[0].argv), sess.workdir),
                 server_logs=[str(s.log_path) for s in servers],

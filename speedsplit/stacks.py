@@ -8,6 +8,7 @@ processes that would otherwise keep holding the GPU.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
 import signal
@@ -79,6 +80,12 @@ def _die_with_parent() -> None:
         pass
 
 
+def _child_setup(cpus: tuple[int, ...]) -> None:
+    _die_with_parent()
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
 def render_args(args: list[str], values: dict) -> list[str]:
     out = []
     for a in args:
@@ -98,9 +105,11 @@ def launch(
     log_path: Path,
     cache_dir: Path | None = None,
     keep_fds: list[int] | tuple[int, ...] = (),
+    cpus: list[int] | tuple[int, ...] = (),
 ) -> Server:
     """Start one server instance in its own process group; returns at once. keep_fds (the
-    lease's lock files) stay open in the server so its cards stay locked while it lives."""
+    lease's lock files) stay open in the server so its cards stay locked while it lives;
+    cpus, if given, are the only host cores it (and every process it starts) may run on."""
     values = {
         "python": sys.executable,
         "model_dir": str(model_dir),
@@ -150,7 +159,7 @@ def launch(
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         env=env,
-        preexec_fn=_die_with_parent,
+        preexec_fn=functools.partial(_child_setup, tuple(cpus)),
         pass_fds=tuple(keep_fds),
     )
     log.close()

@@ -119,3 +119,12 @@ def test_cells_and_params_are_plain_builtins():
     allowed = (int, float, str, bool, list, dict, type(None))
     assert all(isinstance(v, allowed) for v in {**params, **stack}.values())
     assert params["cell"] == cell.name == f"u{cell.users}-{cell.workload}-{cell.sampling}"
+
+
+def test_cpu_isolation_applies_on_cuda_only():
+    cfg = C.load()
+    assert C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")["cpu_isolation"] is (C.platform_of(cfg) == "cuda")
+    cuda = C.merge(cfg, {"platform": "cuda"})
+    assert C.stack_params(cuda, "tiny", "vllm-fp16", "tp1")["cpu_isolation"] is True
+    off = C.merge(cuda, {"benchmark": {"cpu_isolation": False}})
+    assert C.stack_params(off, "tiny", "vllm-fp16", "tp1")["cpu_isolation"] is False

@@ -122,3 +122,15 @@ def test_lock_files_are_never_opened_through_a_link(tmp_path, monkeypatch):
     with pytest.raises(lease.LeaseError, match="is a link"):
         lease.acquire_gpus(1, timeout_s=1, devices=["0"])
     assert victim.read_text() == "keep me"
+
+
+def test_each_card_gets_its_own_block_of_the_cores_this_process_may_use():
+    cores = list(range(64))
+    assert lease.cpu_share(["2"], visible=["0", "1", "2", "3"], cores=cores) == list(range(32, 48))
+    assert lease.cpu_share(["0", "1"], visible=["0", "1", "2", "3"], cores=cores) == list(range(0, 32))  # tp2
+    # Slurm: two cards of the node and the cores of the job's cgroup
+    assert lease.cpu_share(["5"], visible=["3", "5"], cores=list(range(8, 16))) == [12, 13, 14, 15]
+    assert lease.cpu_share(["0"], visible=["0", "1", "2"], cores=[0, 1]) == []  # fewer cores than cards: unpinned
+    assert lease.cpu_share(["7"], visible=["0", "1"], cores=cores) == [] and lease.cpu_share([], ["0"], cores) == []
+    assert lease.cpu_ranges([0, 1, 2, 3, 8, 9, 11]) == "0-3,8-9,11"
+    assert lease.parse_cpu_ranges("0-3,8-9,11") == [0, 1, 2, 3, 8, 9, 11]

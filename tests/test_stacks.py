@@ -150,3 +150,22 @@ def test_the_served_port_must_be_loopback_only_and_other_listeners_are_recorded(
                 assert len(srv.wide_listeners) == 1 and srv.wide_listeners[0].startswith("::")
         finally:
             stacks.stop(srv)
+
+
+def test_a_pinned_server_and_its_children_run_on_their_cores_only(tmp_path, tiny_model):
+    """Two lanes' servers must not share cores: the launch pins the server, and what it starts
+    (vLLM's engine core, compile workers) inherits the pinning."""
+    mine = sorted(os.sched_getaffinity(0))
+    script = (
+        "import os,subprocess,sys; print('server', sorted(os.sched_getaffinity(0)), flush=True); "
+        "subprocess.run([sys.executable, '-c', 'import os; print(\"child\", sorted(os.sched_getaffinity(0)))'])"
+    )
+    log = tmp_path / "s.log"
+    srv = stacks.launch(_stack(["{python}", "-c", script, "{host}"]), tiny_model, "m", 1, [], log, cpus=mine[-1:])
+    srv.proc.wait(timeout=30)
+    text = log.read_text()
+    assert f"server [{mine[-1]}]" in text and f"child [{mine[-1]}]" in text
+    unpinned = tmp_path / "u.log"
+    srv = stacks.launch(_stack(["{python}", "-c", script, "{host}"]), tiny_model, "m", 1, [], unpinned)
+    srv.proc.wait(timeout=30)
+    assert f"server {mine}" in unpinned.read_text()
