@@ -68,6 +68,11 @@ def build_frames(
         frames["coordination"] = topology.coordination_frame([json.loads(Path(p).read_text()) for p in profile_paths])
     if factorial_spec:
         frames["factorial"] = factorial.factorial_frame(runs, factorial_spec, tolerate_flags)
+    # The chains in output tokens per joule, where NVML's energy counter was read (else no rows).
+    energy = f.attribution_frame(runs, chains, tolerate_flags, metric="tokens_per_joule")
+    if not runs["tokens_per_joule"].drop_nulls().len():
+        energy = energy.clear()
+    frames["energy"] = answer.with_steps(energy, steps or {})
     return frames
 
 

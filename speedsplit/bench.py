@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from speedsplit import lease as leases
-from speedsplit import loadgen, procs, stacks
+from speedsplit import loadgen, procs, slo, stacks, telemetry
 from speedsplit import session as sessions
 from speedsplit.models import ModelError, model_identity, model_info, read_model_config
 from speedsplit.plan import SessionPlan
@@ -255,9 +255,18 @@ def _run_load(
     warm = 0 if cell.get("warmup") == "session_start" and state.get("cells_measured") else None
     load = cell_load(state, stack, cell, run, tokenizer_dir, warmup_requests=warm)
     result.params.warmup_requests = load.warmup_requests
+    sampler = telemetry.Sampler(
+        telemetry.ServerProbe(state["urls"]), telemetry.GpuProbe(state.get("devices") or []), cell["telemetry_s"]
+    )
     result.timing.load_start = time.time()
-    result.summary, records = loadgen.run(load, progress=progress)
+    with sampler:
+        result.summary, records = loadgen.run(load, progress=progress)
     result.timing.load_end = time.time()
+    s = result.summary
+    result.slo = slo.assess(records, s, cell["slo_ttft_p99_s"], cell["slo_tpot_p99_s"])
+    result.telemetry = telemetry.summarize(
+        sampler, s.measured_from, s.measured_from + s.wall_s, s.output_tokens, state.get("devices") or []
+    )
     return records
 
 

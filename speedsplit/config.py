@@ -399,6 +399,9 @@ def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
         "request_timeout_s": float(b["request_timeout_s"]),
         "stall_timeout_s": float(b["stall_timeout_s"]),
         "min_measured_s": float(b["min_measured_s"]),
+        "telemetry_s": float(b["telemetry_s"]),
+        "slo_ttft_p99_s": float(config["slo"]["ttft_p99_s"]),
+        "slo_tpot_p99_s": float(config["slo"]["tpot_p99_s"]),
     }
 
 

@@ -180,6 +180,7 @@ async def run_async(
     measured: list[RequestRecord] = []
     t0, t1 = await _phase(spec, "measured", spec.requests_per_user, measured, progress)
     summary = summarize(measured, t1 - t0, spec, warm_s, sum(1 for r in warm if not r.ok))
+    summary.measured_from = time.time() - (time.perf_counter() - t0)
     return summary, warm + measured
 
 

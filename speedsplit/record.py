@@ -79,6 +79,9 @@ class Summary(_Record):
     wrong_prompt_length: int = Field(description="completed requests whose prompt the server counted otherwise")
     warmup_s: float = Field(description="wall time of the warm-up phase (not measured)")
     warmup_failed: int = Field(description="failed warm-up requests")
+    measured_from: float | None = Field(
+        None, description="Unix time the measured phase began (it ended wall_s later); telemetry is cut to it"
+    )
     per_instance: list[InstanceLoad] = Field(
         default_factory=list, description="requests and tokens each instance served, so imbalance shows"
     )
@@ -95,6 +98,9 @@ class CellParams(_Record):
     output_tokens: int
     requests_per_user: int
     warmup_requests: int = Field(description="warm-up requests per user, before the measured phase")
+    telemetry_s: float = Field(0.5, description="seconds between telemetry readings")
+    slo_ttft_p99_s: float = Field(2.0, description="latency objective: p99 TTFT at most this")
+    slo_tpot_p99_s: float = Field(0.1, description="latency objective: p99 TPOT at most this")
     warmup: Literal["every_cell", "session_start"] = Field(
         "every_cell", description="which cells warm up: every one, or only a session's first (later ones: 0 requests)"
     )
@@ -225,6 +231,62 @@ class Provenance(_Record):
     hardware: Hardware
 
 
+class Slo(_Record):
+    """The measured phase against the latency objectives (speedsplit/slo.py)."""
+
+    ttft_p99_s: float = Field(description="objective: p99 time to first token at most this")
+    tpot_p99_s: float = Field(description="objective: p99 time per output token at most this")
+    met: bool = Field(description="no request failed and both p99s held")
+    violations: list[str] = Field(description="what did not hold, in words")
+    good_requests: int = Field(description="completed requests whose own TTFT and TPOT met the objectives")
+    goodput_rps: float | None = Field(description="good requests per second of the measured phase")
+
+
+class ServerTelemetry(_Record):
+    """The server's own counters (vLLM's /metrics) over the measured phase."""
+
+    samples: int = Field(description="readings inside the measured phase")
+    kv_cache_usage_peak: float | None = Field(description="highest KV-cache use, a fraction of the cache")
+    kv_cache_usage_mean: float | None
+    running_mean: float | None = Field(description="requests being decoded, mean over readings")
+    waiting_mean: float | None = Field(description="requests queued, mean over readings")
+    waiting_peak: float | None
+    preemptions: float | None = Field(description="requests preempted during the phase (counter difference)")
+    prefix_cache_hit_rate: float | None = Field(description="prefix-cache hits / queries during the phase")
+    prefix_cache_hits_flagged: bool = Field(
+        description="hit rate above 5%: with distinct prompts the server should be reusing almost nothing"
+    )
+    series: dict[str, list[float | None]] = Field(
+        description="the readings: t (s from the phase start), kv_cache, running, waiting"
+    )
+
+
+class GpuTelemetry(_Record):
+    """NVML over the measured phase, summed (energy, power, memory) or averaged (utilisation)
+    over the session's cards."""
+
+    devices: list[str]
+    samples: int
+    energy_j: float = Field(description="total-energy counter difference over the phase (interpolated at both ends)")
+    energy_per_output_token_j: float | None = Field(description="energy_j / the phase's output tokens")
+    power_mean_w: float
+    power_peak_w: float
+    sm_util_mean_pct: float
+    memory_peak_gib: float
+    series: dict[str, list[float | None]] = Field(description="the readings: t, power_w, sm_util_pct")
+
+
+class Telemetry(_Record):
+    """What the servers and the GPUs were doing while the cell was measured; where a side
+    could not be read, the reason instead."""
+
+    interval_s: float = Field(description="seconds between readings")
+    server: ServerTelemetry | None = None
+    server_absent: str | None = Field(None, description="why there are no server counters")
+    gpu: GpuTelemetry | None = None
+    gpu_absent: str | None = Field(None, description="why there are no GPU readings")
+
+
 class RunResult(_Record):
     """One benchmark run of one cell on one stack: always written, whatever happened."""
 
@@ -251,6 +313,10 @@ class RunResult(_Record):
     started: str
     finished: str | None = None
     timing: Timing | None = Field(default=None, description="absent in results written before it was recorded")
+    slo: Slo | None = Field(default=None, description="the latency objectives, met or not, and goodput")
+    telemetry: Telemetry | None = Field(
+        default=None, description="server and GPU readings over the measured phase (absent: not sampled)"
+    )
     provenance: Provenance | None = None
 
 

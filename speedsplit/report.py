@@ -65,6 +65,40 @@ def _figure(name: str, svg: str | Path) -> str:
     )
 
 
+def energy_section(cells: pl.DataFrame, energy: pl.DataFrame) -> str:
+    """Energy per output token per stack and cell, and the chains' factors in tokens per
+    joule, where the GPUs' energy counter was read; else why not."""
+    if not energy.height:
+        why = sorted({a for xs in cells["telemetry_absent"].to_list() for a in xs if "NVML" in a or "GPU" in a})
+        return f"<h2>Energy</h2><p class='note'>No energy readings: {html.escape('; '.join(why) or 'not sampled')}.</p>"
+    per_cell = cells.select(
+        "model",
+        "stack",
+        "topology",
+        "cell",
+        "energy_per_token_j",
+        "energy_per_token_j_lo",
+        "energy_per_token_j_hi",
+        "power_mean_w",
+        "sm_util_mean_pct",
+    )
+    factors = energy.select(
+        [
+            c
+            for c in ("chain", "model", "topology", "cell", "step", "factor", "value", "lo", "hi", "note")
+            if c in energy.columns
+        ]
+    )
+    return (
+        "<h2>Energy</h2><p class='note'>From NVML's total-energy counter over each measured phase (all the "
+        "session's cards): joules per output token, median over runs with 95% bootstrap intervals. Factors: "
+        "ratios of output tokens per joule between neighbouring stacks of a chain, multiplying to the total "
+        "like the throughput factors; 1 - 1/factor is the energy per token a step saves.</p>"
+        + html_table(per_cell)
+        + html_table(factors)
+    )
+
+
 def answer_section(sentences: pl.DataFrame, waterfalls: dict[str, str | Path], qualifiers: list[str]) -> str:
     """The first screen: the decomposition in words, its waterfall, what qualifies it."""
     parts = ["<section id='answer'><h2>The answer</h2>"]
@@ -115,6 +149,7 @@ def build(
     runs: pl.DataFrame,
     attribution: pl.DataFrame,
     answer: pl.DataFrame,
+    energy: pl.DataFrame,
     crossover: pl.DataFrame,
     stability: pl.DataFrame,
     topologies: pl.DataFrame,
@@ -169,6 +204,7 @@ def build(
         if fact.height
         else "<p>No chain has measurements of all its stacks.</p>",
     ]
+    parts.append(energy_section(cells, energy))
     parts += [
         "<h3>Runtime-share crossover</h3>",
         html_table(for_people("crossover", crossover)) if crossover.height else "<p>—</p>",

@@ -103,6 +103,14 @@ def test_every_result_is_complete_and_honest(workdir):
         assert res.provenance.versions["transformers"]
         requests = path.with_name(path.stem + ".requests.jsonl").read_text().splitlines()
         assert len(requests) == s.requests + res.params.users * res.params.warmup_requests
+        tel = res.telemetry  # vLLM CPU's real /metrics; no GPU here, no /metrics on the HF server
+        assert tel.gpu is None and tel.gpu_absent == "no GPU: the run was on the CPU"
+        if res.stack.startswith("vllm"):
+            assert tel.server.samples >= 1 and 0 < tel.server.kv_cache_usage_peak <= 1, (path, tel)
+            assert tel.server.prefix_cache_hits_flagged is False  # distinct prompts reuse nothing
+        else:
+            assert tel.server is None and "/metrics" in tel.server_absent
+        assert res.slo.ttft_p99_s == 2.0 and 0 < res.slo.good_requests <= s.requests
         if res.stack == "vllm-marlin":
             # vLLM's CPU build has no Marlin: the GPTQ model runs on its CPU int4 kernel, and the
             # result says so

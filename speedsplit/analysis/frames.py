@@ -69,6 +69,23 @@ RUNS_SCHEMA = {
     "load_end": pl.Float64,
     "job_end": pl.Float64,
     **{f"{m}_{q}": pl.Float64 for m in LATENCY for q in LATENCY_Q},
+    # the latency objectives (null: not judged, results older than the objectives)
+    "slo_met": pl.Boolean,
+    "slo_violations": pl.List(pl.Utf8),
+    "goodput_rps": pl.Float64,
+    # telemetry over the measured phase (null with the reason in telemetry_absent)
+    "kv_cache_peak": pl.Float64,
+    "kv_cache_mean": pl.Float64,
+    "waiting_mean": pl.Float64,
+    "preemptions": pl.Float64,
+    "prefix_cache_hit_rate": pl.Float64,
+    "energy_j": pl.Float64,
+    "energy_per_token_j": pl.Float64,
+    "tokens_per_joule": pl.Float64,
+    "power_mean_w": pl.Float64,
+    "sm_util_mean_pct": pl.Float64,
+    "gpu_memory_peak_gib": pl.Float64,
+    "telemetry_absent": pl.List(pl.Utf8),
 }
 
 
@@ -121,10 +138,37 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
             dist = getattr(s, metric) if ok and s else None
             for q in LATENCY_Q:
                 row[f"{metric}_{q}"] = getattr(dist, q) if dist else None
+        row.update(_slo_and_telemetry(res, ok))
         rows.append(row)
     return pl.DataFrame(rows, schema=RUNS_SCHEMA).sort(
         ["model", "stack", "topology", "users", "workload", "sampling", "run"], maintain_order=True
     )
+
+
+def _slo_and_telemetry(res: RunResult, ok: bool) -> dict:
+    """The run's objectives verdict and its telemetry summaries as flat columns."""
+    slo, tel = res.slo, res.telemetry
+    server = tel.server if tel and ok else None
+    gpu = tel.gpu if tel and ok else None
+    energy = gpu.energy_per_output_token_j if gpu else None
+    absent = [x for x in ((tel.server_absent, tel.gpu_absent) if tel else ("not sampled",)) if x]
+    return {
+        "slo_met": slo.met if slo else None,
+        "slo_violations": list(slo.violations) if slo else [],
+        "goodput_rps": slo.goodput_rps if slo and ok else None,
+        "kv_cache_peak": server.kv_cache_usage_peak if server else None,
+        "kv_cache_mean": server.kv_cache_usage_mean if server else None,
+        "waiting_mean": server.waiting_mean if server else None,
+        "preemptions": server.preemptions if server else None,
+        "prefix_cache_hit_rate": server.prefix_cache_hit_rate if server else None,
+        "energy_j": gpu.energy_j if gpu else None,
+        "energy_per_token_j": energy,
+        "tokens_per_joule": 1.0 / energy if energy else None,
+        "power_mean_w": gpu.power_mean_w if gpu else None,
+        "sm_util_mean_pct": gpu.sm_util_mean_pct if gpu else None,
+        "gpu_memory_peak_gib": gpu.memory_peak_gib if gpu else None,
+        "telemetry_absent": absent,
+    }
 
 
 class MixedHardware(ValueError):
@@ -143,7 +187,17 @@ def check_one_machine(runs: pl.DataFrame) -> None:
 
 
 _INTERVALS = ["output_tok_s", "ttft_s_p99", "e2e_s_p99"] + [f"{m}_median" for m in LATENCY]
+_INTERVALS += ["goodput_rps", "energy_per_token_j"]
 CELLS_TYPES = {
+    "slo_met": pl.Boolean,
+    "slo_violations": pl.List(pl.Utf8),
+    "kv_cache_peak": pl.Float64,
+    "waiting_mean": pl.Float64,
+    "preemptions": pl.Float64,
+    "prefix_cache_hit_rate": pl.Float64,
+    "power_mean_w": pl.Float64,
+    "sm_util_mean_pct": pl.Float64,
+    "telemetry_absent": pl.List(pl.Utf8),
     "statuses": pl.List(pl.Utf8),
     "flags": pl.List(pl.Utf8),
     "linear_kernel": pl.List(pl.Utf8),
@@ -161,9 +215,21 @@ def cells_frame(runs: pl.DataFrame) -> pl.DataFrame:
     for group, df in runs.group_by(keys, maintain_order=True):
         row = dict(zip(keys, group))
         ok = df.filter(pl.col("status") == "ok")
-        for metric in ["output_tok_s"] + [f"{m}_median" for m in LATENCY] + ["ttft_s_p99", "e2e_s_p99"]:
+        for metric in _INTERVALS:
             med, lo, hi = attr.median_ci(ok[metric].to_list())
             row[metric], row[f"{metric}_lo"], row[f"{metric}_hi"] = med, lo, hi
+        judged = df["slo_met"].drop_nulls()
+        row.update(
+            slo_met=None if judged.is_empty() else bool(judged.all() and judged.len() == df.height),
+            slo_violations=sorted({v for vs in df["slo_violations"].to_list() for v in vs}),
+            kv_cache_peak=ok["kv_cache_peak"].max(),
+            waiting_mean=_median_or_none(ok["waiting_mean"].drop_nulls().to_list()),
+            preemptions=ok["preemptions"].sum() if ok["preemptions"].null_count() < ok.height else None,
+            prefix_cache_hit_rate=_median_or_none(ok["prefix_cache_hit_rate"].drop_nulls().to_list()),
+            power_mean_w=_median_or_none(ok["power_mean_w"].drop_nulls().to_list()),
+            sm_util_mean_pct=_median_or_none(ok["sm_util_mean_pct"].drop_nulls().to_list()),
+            telemetry_absent=sorted({a for xs in df["telemetry_absent"].to_list() for a in xs}),
+        )
         row.update(
             runs=df.height,
             runs_ok=ok.height,
@@ -243,7 +309,7 @@ def clean_runs(df: pl.DataFrame, tolerate_flags: Collection[str] = ()) -> tuple[
 
 
 def attribution_frame(
-    runs: pl.DataFrame, chains: dict[str, list[str]], tolerate_flags: Collection[str] = ()
+    runs: pl.DataFrame, chains: dict[str, list[str]], tolerate_flags: Collection[str] = (), metric: str = "output_tok_s"
 ) -> pl.DataFrame:
     """One row per (chain, model, topology, cell, factor), plus a 'total' row per cell.
 
@@ -263,10 +329,12 @@ def attribution_frame(
             for stack in chain:
                 sdf = df.filter(pl.col("stack") == stack)
                 clean, excluded[stack] = clean_runs(sdf, tolerate_flags)
-                tp[stack] = clean["output_tok_s"].to_list()
-                used[stack] = clean.height
+                tp[stack] = clean[metric].drop_nulls().to_list()
+                used[stack] = len(tp[stack])
                 if sdf.height == 0:
                     missing[stack] = "not measured"
+                elif clean.height and not tp[stack]:
+                    missing[stack] = f"no {metric} in its clean runs"
                 elif not tp[stack]:
                     reasons = ", ".join(w.removeprefix(f"{stack} ") for w in excluded[stack])
                     missing[stack] = f"no clean run ({reasons})"
