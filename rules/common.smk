@@ -76,6 +76,7 @@ def table_names():
         + (["link"] if CFG["link_control"]["enabled"] else [])
         + (["coordination"] if CFG["coordination"]["enabled"] else [])
         + (["factorial"] if CFG["factorial"]["enabled"] else [])
+        + (["capacity"] if CFG["capacity"]["enabled"] else [])
     )
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import polars as pl
 
 from speedsplit import plots, report
-from speedsplit.analysis import answer, factorial, formats
+from speedsplit.analysis import answer, capacity, factorial, formats
 from speedsplit.analysis import frames as f
 from speedsplit.analysis import topology
 from speedsplit.record import read_result
@@ -42,6 +42,7 @@ def build_frames(
     factorial_spec: dict | None = None,
     steps: dict[str, list[str]] | None = None,
     headline: list[dict] = (),
+    capacity_spec: dict | None = None,
 ) -> dict[str, pl.DataFrame]:
     """Every analysis frame from result files (and the link control's, if given); refuses
     (ResultError) a corrupt or truncated result. The keyword arguments after the files'
@@ -68,6 +69,8 @@ def build_frames(
         frames["coordination"] = topology.coordination_frame([json.loads(Path(p).read_text()) for p in profile_paths])
     if factorial_spec:
         frames["factorial"] = factorial.factorial_frame(runs, factorial_spec, tolerate_flags)
+    if capacity_spec:
+        frames["capacity"] = capacity.capacity_frame(runs, capacity_spec)
     # The chains in output tokens per joule, where NVML's energy counter was read (else no rows).
     energy = f.attribution_frame(runs, chains, tolerate_flags, metric="tokens_per_joule")
     if not runs["tokens_per_joule"].drop_nulls().len():

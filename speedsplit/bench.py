@@ -30,11 +30,13 @@ from speedsplit.record import (
     Provenance,
     QuantConfig,
     RequestRecord,
+    ResultError,
     RunResult,
     ServerFacts,
     StackDef,
     Timing,
     parse_result,
+    read_result,
     to_json,
 )
 from speedsplit.results import provenance, redact, write_json_atomic, write_lines_atomic
@@ -126,9 +128,23 @@ def measure(
                 "model": model_identity(model_dir),
                 "cache_dir": str(Path(session.cache_dir).resolve()),
             }
-            records = _measure_on_session(
-                result, launch, session, stack, cell, run, tokenizer_dir, owner or sessions.workflow_owner(), progress
-            )
+            skip = capacity_skip(out_json, run, cell)
+            if skip:  # past the cliff: not measured, and a session this job would end is stopped
+                result.status, result.error = "skipped", ErrorInfo(type="CapacitySkip", message=skip)
+                if session.is_last(result):
+                    sessions.retire(sessions.Session(session.key, workdir), wait_s=60.0)
+            else:
+                records = _measure_on_session(
+                    result,
+                    launch,
+                    session,
+                    stack,
+                    cell,
+                    run,
+                    tokenizer_dir,
+                    owner or sessions.workflow_owner(),
+                    progress,
+                )
         except sessions.Stop:
             raise
         except Exception as exc:  # anything unforeseen: recorded, and the lane goes on
@@ -144,6 +160,36 @@ def measure(
         except OSError as exc:  # e.g. a full disk: a small error result may still fit
             _record_error(result, exc, workdir, "writing the result failed: ")
             return _write(result, [], out_json, out_requests, workdir)
+
+
+def level_verdict(res: RunResult) -> str | None:
+    """Why a capacity level failed (its status, its failed requests, the objectives it
+    missed), or None when it passed."""
+    if res.status != "ok":
+        return res.status if res.status != "skipped" else "skipped"
+    if res.slo is not None and not res.slo.met:
+        return "; ".join(res.slo.violations)
+    return None
+
+
+def capacity_skip(out_json, run: int, cell: dict) -> str | None:
+    """For a capacity level: the reason to skip it when the `capacity_stop_after` levels just
+    under it (same model, stack, topology and run) all failed; None when any of them passed
+    or is not measured yet (it is then measured)."""
+    below, n = cell.get("capacity_below") or [], int(cell.get("capacity_stop_after", 2))
+    if len(below) < n:
+        return None
+    reasons = []
+    for name in below[-n:]:
+        path = Path(out_json).parent.parent / name / f"run{run}.json"
+        try:
+            verdict = level_verdict(read_result(path))
+        except ResultError:
+            return None
+        if verdict is None:
+            return None
+        reasons.append(f"{name}: {verdict}")
+    return f"the {n} levels below failed ({' | '.join(reasons)})"
 
 
 def _record_error(result: RunResult, exc: BaseException, workdir, prefix: str = "") -> None:

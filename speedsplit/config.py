@@ -188,6 +188,7 @@ def _check_references(config: dict) -> None:
     _check_coordination(config)
     _check_factorial(config)
     _check_report(config)
+    _check_capacity(config)
 
 
 def _check_coordination(config: dict) -> None:
@@ -246,6 +247,21 @@ def kernel_reference(config: dict) -> str | None:
     return None
 
 
+def _check_capacity(config: dict) -> None:
+    cap = config["capacity"]
+    if not cap["enabled"]:
+        return
+    for i, stack in enumerate(cap["stacks"]):
+        if stack not in config["stacks"]:
+            raise ConfigError(f"config error at capacity.stacks[{i}]: unknown stack {stack!r}")
+    if cap["workload"] is not None and cap["workload"] not in config["workloads"]:
+        raise ConfigError(f"config error at capacity.workload: unknown workload {cap['workload']!r}")
+    if cap["sampling"] not in config["sampling"]:
+        raise ConfigError(f"config error at capacity.sampling: unknown sampling {cap['sampling']!r}")
+    if cap["reference"] is not None and cap["reference"] not in config["stacks"]:
+        raise ConfigError(f"config error at capacity.reference: unknown stack {cap['reference']!r}")
+
+
 def _family(entry: dict) -> str:
     """'vllm' for a stack that runs vLLM, else 'hf' (transformers serve, stock generate())."""
     return "vllm" if any("vllm" in arg for arg in entry["args"]) else "hf"
@@ -296,6 +312,7 @@ def analysis_spec(config: dict) -> dict:
         "factorial_spec": factorial_spec(config),
         "steps": chain_steps(config),
         "headline": list(config["report"]["headline"]),
+        "capacity_spec": capacity_spec(config),
     }
 
 
@@ -355,6 +372,8 @@ class Cell:
     workload: str
     sampling: str
     stacks: tuple[str, ...] = ()  # only these stacks measure it (empty: every one)
+    runs: int | None = None  # fewer runs than grid.runs (capacity levels)
+    below: tuple[str, ...] = ()  # capacity levels under it, ascending (empty: not a level)
 
     @property
     def name(self) -> str:
@@ -365,10 +384,35 @@ class Cell:
 
 
 def cells(config: dict) -> list[Cell]:
+    """The grid's cells, then the capacity sweep's levels (ascending users) not already in it."""
     g = config["grid"]
     if g["cells"]:
-        return [Cell(c["users"], c["workload"], c["sampling"], tuple(c.get("stacks", ()))) for c in g["cells"]]
-    return [Cell(u, w, s) for w in g["workloads"] for s in g["sampling"] for u in g["users"]]
+        out = [Cell(c["users"], c["workload"], c["sampling"], tuple(c.get("stacks", ()))) for c in g["cells"]]
+    else:
+        out = [Cell(u, w, s) for w in g["workloads"] for s in g["sampling"] for u in g["users"]]
+    cap = config.get("capacity") or {}
+    if cap.get("enabled"):
+        workload = cap["workload"] or out[0].workload
+        levels = sorted(set(cap["users"]))
+        names = [Cell(u, workload, cap["sampling"]).name for u in levels]
+        taken = {c.name for c in out}
+        for i, users in enumerate(levels):
+            if names[i] not in taken:
+                runs = min(cap["runs"], g["runs"])
+                out.append(Cell(users, workload, cap["sampling"], tuple(cap["stacks"]), runs, tuple(names[:i])))
+    return out
+
+
+def capacity_spec(config: dict) -> dict | None:
+    """The capacity section resolved (workload, reference stack), or None when it is off."""
+    cap = config["capacity"]
+    if not cap["enabled"]:
+        return None
+    return {
+        **cap,
+        "workload": cap["workload"] or cells(config)[0].workload,
+        "reference": cap["reference"] or kernel_reference(config),
+    }
 
 
 def cell_by_name(config: dict, name: str) -> Cell:
@@ -400,6 +444,9 @@ def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
         "stall_timeout_s": float(b["stall_timeout_s"]),
         "min_measured_s": float(b["min_measured_s"]),
         "telemetry_s": float(b["telemetry_s"]),
+        # a capacity level: the levels under it, and after how many failing ones it is skipped
+        "capacity_below": list(cell.below),
+        "capacity_stop_after": int(config["capacity"]["stop_after"]),
         "slo_ttft_p99_s": float(config["slo"]["ttft_p99_s"]),
         "slo_tpot_p99_s": float(config["slo"]["tpot_p99_s"]),
     }

@@ -44,7 +44,11 @@ def bench_jobs(config: dict) -> list[BenchJob]:
     jobs = []
 
     def of(model: str, stack: str, topology: str, run: int) -> list[BenchJob]:
-        return [BenchJob(model, stack, topology, c.name, run) for c in cells if c.measured_by(stack)]
+        return [
+            BenchJob(model, stack, topology, c.name, run)
+            for c in cells
+            if c.measured_by(stack) and (c.runs is None or run < c.runs)
+        ]
 
     for topology in config["benchmark"]["topologies"]:
         for model in cfgmod.bench_models(config):

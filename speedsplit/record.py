@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 SCHEMA_VERSION = 2
 
-Status = Literal["ok", "startup_failed", "server_died", "server_hung", "failed", "error"]
+Status = Literal["ok", "startup_failed", "server_died", "server_hung", "failed", "error", "skipped"]
 Flag = Literal[
     "request_failures",
     "output_length_mismatch",
@@ -101,6 +101,10 @@ class CellParams(_Record):
     telemetry_s: float = Field(0.5, description="seconds between telemetry readings")
     slo_ttft_p99_s: float = Field(2.0, description="latency objective: p99 TTFT at most this")
     slo_tpot_p99_s: float = Field(0.1, description="latency objective: p99 TPOT at most this")
+    capacity_below: list[str] = Field(
+        default_factory=list, description="capacity levels under this one, ascending (empty: not a level)"
+    )
+    capacity_stop_after: int = Field(2, description="consecutive failing levels below after which this one is skipped")
     warmup: Literal["every_cell", "session_start"] = Field(
         "every_cell", description="which cells warm up: every one, or only a session's first (later ones: 0 requests)"
     )

@@ -160,6 +160,7 @@ def build(
     link_matrix: str | None = None,
     coordination: pl.DataFrame | None = None,
     factorial: pl.DataFrame | None = None,
+    capacity: pl.DataFrame | None = None,
 ) -> None:
     """Write the report atomically."""
     waterfalls = {name: svg for name, svg in svgs.items() if name == "waterfall"}
@@ -247,6 +248,15 @@ def build(
             "Effects are on the log scale (shown as factors); the decomposition rows multiply exactly: "
             "operational = matched x batch ceiling x sampling.</p>",
             html_table(factorial),
+        ]
+    if capacity is not None:
+        parts += [
+            "<h2>Capacity</h2>",
+            "<p class='note'>The capacity sweep (config <i>capacity</i>): a level passes when no request "
+            "failed and the latency objectives (<i>slo</i>) held in every run; sustainable users = the "
+            "largest passing level; levels past <i>stop_after</i> failing ones were skipped, not measured. "
+            "vs_reference: sustainable users over the reference stack's.</p>",
+            html_table(capacity) if capacity.height else "<p>No stack measured the ladder.</p>",
         ]
     if link is not None:
         parts += [

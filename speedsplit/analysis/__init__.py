@@ -15,5 +15,6 @@ TABLES = (
     "packing",
 )
 # Written only where their measurement ran (link: the interconnect control; coordination:
-# the profiled split of a tensor-parallel decode step; factorial: the confound factorial).
-OPTIONAL_TABLES = ("link", "coordination", "factorial")
+# the profiled split of a tensor-parallel decode step; factorial: the confound factorial;
+# capacity: the capacity sweep).
+OPTIONAL_TABLES = ("link", "coordination", "factorial", "capacity")

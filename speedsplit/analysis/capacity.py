@@ -1,0 +1,80 @@
+"""The capacity sweep: per stack, the largest ladder level that met the objectives with no
+failed request (its sustainable users), the first level that did not and why, the levels
+skipped past the cliff, and the ratio to a reference stack's capacity (e.g. INT4 over FP16).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+KEYS = ["model", "stack", "topology"]
+SCHEMA = {
+    "model": pl.Utf8,
+    "stack": pl.Utf8,
+    "topology": pl.Utf8,
+    "workload": pl.Utf8,
+    "sampling": pl.Utf8,
+    "levels": pl.List(pl.Utf8),
+    "sustainable_users": pl.Int64,
+    "first_failing_users": pl.Int64,
+    "first_failing_why": pl.Utf8,
+    "skipped_users": pl.List(pl.Int64),
+    "reference": pl.Utf8,
+    "vs_reference": pl.Float64,
+}
+
+
+def level_verdicts(df: pl.DataFrame) -> str | None:
+    """Why one level (all its runs) failed, or None when every run passed."""
+    why = []
+    for r in df.iter_rows(named=True):
+        if r["status"] != "ok":
+            why.append(r["status"] if r["status"] != "skipped" else "skipped")
+        elif r["slo_met"] is not True:
+            why.append("; ".join(r["slo_violations"]) or "not judged against the objectives")
+    return " | ".join(dict.fromkeys(why)) or None
+
+
+def capacity_frame(runs: pl.DataFrame, spec: dict) -> pl.DataFrame:
+    """One row per (model, stack, topology) that measured the ladder."""
+    ladder = runs.filter(
+        (pl.col("workload") == spec["workload"])
+        & (pl.col("sampling") == spec["sampling"])
+        & pl.col("users").is_in(list(spec["users"]))
+    )
+    rows = []
+    for key, df in ladder.group_by(KEYS, maintain_order=True):
+        levels, passing, failing, skipped = [], [], [], []
+        for (users,), level in df.sort("users").group_by(["users"], maintain_order=True):
+            verdict = level_verdicts(level)
+            levels.append(f"{users}: {'pass' if verdict is None else verdict}")
+            if verdict is None:
+                passing.append(users)
+            elif set(level["status"].to_list()) == {"skipped"}:
+                skipped.append(users)
+            else:
+                failing.append((users, verdict))
+        first = min(failing) if failing else None
+        rows.append(
+            {
+                **dict(zip(KEYS, key)),
+                "workload": spec["workload"],
+                "sampling": spec["sampling"],
+                "levels": levels,
+                "sustainable_users": max(passing) if passing else None,
+                "first_failing_users": first[0] if first else None,
+                "first_failing_why": first[1] if first else None,
+                "skipped_users": skipped,
+            }
+        )
+    out = pl.DataFrame(rows, schema={k: v for k, v in SCHEMA.items() if k not in ("reference", "vs_reference")})
+    ref = out.filter(pl.col("stack") == spec.get("reference")).select("model", "topology", "sustainable_users")
+    return (
+        out.join(ref.rename({"sustainable_users": "_ref"}), on=["model", "topology"], how="left")
+        .with_columns(
+            pl.lit(spec.get("reference"), dtype=pl.Utf8).alias("reference"),
+            (pl.col("sustainable_users") / pl.col("_ref")).alias("vs_reference"),
+        )
+        .drop("_ref")
+        .select(list(SCHEMA))
+    )

@@ -1,0 +1,92 @@
+"""The capacity sweep: ladder levels as cells, the stop rule past the cliff, and the table of
+sustainable users against a reference stack."""
+
+import copy
+
+import pytest
+from records import fake_result, write_result
+
+from conftest import REPO
+from speedsplit import aggregate
+from speedsplit import config as C
+from speedsplit import plan as P
+from speedsplit.bench import capacity_skip
+from speedsplit.record import Slo
+
+
+def level(stack, users, met=True, status="ok", why=()):
+    res = fake_result(stack, users, 0, 100.0 if status == "ok" else None, status=status)
+    if status == "ok":
+        res.slo = Slo(ttft_p99_s=2.0, tpot_p99_s=0.1, met=met, violations=list(why), good_requests=4, goodput_rps=2.0)
+    return res
+
+
+def write_levels(root, stack, verdicts):
+    for users, (met, status, why) in verdicts.items():
+        write_result(root / f"u{users}-wide-greedy" / "run0.json", level(stack, users, met, status, why))
+
+
+def cell(below, stop_after=2):
+    return {"capacity_below": [f"u{u}-wide-greedy" for u in below], "capacity_stop_after": stop_after}
+
+
+def test_a_level_above_two_failing_ones_is_skipped_with_their_reasons(tmp_path):
+    write_levels(
+        tmp_path,
+        "vllm-fp16",
+        {
+            16: (True, "ok", ()),
+            32: (False, "ok", ("p99 TTFT 3 s > 2 s",)),
+            64: (True, "server_died", ()),
+        },
+    )
+    out = tmp_path / "u96-wide-greedy" / "run0.json"
+    why = capacity_skip(out, 0, cell([16, 32, 64]))
+    assert why == "the 2 levels below failed (u32-wide-greedy: p99 TTFT 3 s > 2 s | u64-wide-greedy: server_died)"
+    assert capacity_skip(out, 0, cell([16, 32, 64], stop_after=3)) is None  # u16 passed
+    assert capacity_skip(out, 1, cell([16, 32, 64])) is None  # run 1 of the levels below not measured: measure
+    assert capacity_skip(out, 0, cell([16])) is None and capacity_skip(out, 0, {}) is None
+    # a skipped level counts as failing: everything above the cliff is skipped
+    write_result(tmp_path / "u96-wide-greedy" / "run0.json", level("vllm-fp16", 96, status="skipped"))
+    assert "u96-wide-greedy: skipped" in capacity_skip(
+        tmp_path / "u128-wide-greedy/run0.json", 0, cell([16, 32, 64, 96])
+    )
+
+
+def test_the_table_gives_sustainable_users_the_first_failure_and_the_ratio(tmp_path):
+    paths = []
+    verdicts = {
+        "vllm-fp16": {16: (True, "ok", ()), 32: (True, "ok", ()), 64: (False, "ok", ("p99 TPOT 120 ms > 100 ms",))},
+        "vllm-marlin": {16: (True, "ok", ()), 32: (True, "ok", ()), 64: (True, "ok", ())},
+    }
+    verdicts["vllm-fp16"][96] = (True, "skipped", ())
+    for stack, levels in verdicts.items():
+        for users, (met, status, why) in levels.items():
+            paths.append(write_result(tmp_path / f"{stack}-{users}.json", level(stack, users, met, status, why)))
+    spec = {"workload": "wide", "sampling": "greedy", "users": [16, 32, 64, 96], "reference": "vllm-fp16"}
+    cap = {
+        r["stack"]: r for r in aggregate.build_frames(paths, {}, capacity_spec=spec)["capacity"].iter_rows(named=True)
+    }
+    fp16, marlin = cap["vllm-fp16"], cap["vllm-marlin"]
+    assert fp16["sustainable_users"] == 32 and fp16["first_failing_users"] == 64
+    assert fp16["first_failing_why"] == "p99 TPOT 120 ms > 100 ms" and fp16["skipped_users"] == [96]
+    assert fp16["levels"] == ["16: pass", "32: pass", "64: p99 TPOT 120 ms > 100 ms", "96: skipped"]
+    assert marlin["sustainable_users"] == 64 and marlin["first_failing_users"] is None
+    assert marlin["vs_reference"] == pytest.approx(2.0) and fp16["vs_reference"] == pytest.approx(1.0)
+
+
+def test_ladder_levels_are_cells_of_the_sweeping_stacks_run_zero_only():
+    cfg = copy.deepcopy(C.load(REPO / "config" / "config.yaml"))
+    cfg["capacity"] = {"enabled": True, "users": [8, 2, 16], "stacks": ["vllm-fp16", "vllm-marlin"]}
+    cfg = C.validate(cfg)
+    levels = [c for c in C.cells(cfg) if c.below or c.users == 16]
+    # u2 and u8 wide are grid cells already; u16 is new, above both
+    assert [(c.name, c.below, c.runs) for c in levels] == [("u16-wide-greedy", ("u2-wide-greedy", "u8-wide-greedy"), 1)]
+    jobs = [j for j in P.bench_jobs(cfg) if j.cell == "u16-wide-greedy"]
+    assert {(j.stack, j.run) for j in jobs} == {("vllm-fp16", 0), ("vllm-marlin", 0)}
+    params = C.cell_params(cfg, levels[0])
+    assert params["capacity_below"] == ["u2-wide-greedy", "u8-wide-greedy"] and params["capacity_stop_after"] == 2
+    assert C.capacity_spec(cfg)["reference"] == "vllm-fp16"
+    cfg["capacity"]["stacks"] = ["vllm-fp17"]
+    with pytest.raises(C.ConfigError, match=r"capacity.stacks\[0\]: unknown stack 'vllm-fp17'"):
+        C.validate(cfg)
