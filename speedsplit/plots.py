@@ -137,26 +137,17 @@ def kernels_chart(cells: pl.DataFrame, reference: str) -> alt.Chart:
         .alias("kernel"),
         (pl.col("stack") == reference).alias("reference"),
     )
-    base = alt.Chart(df.to_pandas()).encode(
-        x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"),
-        color=alt.Color("kernel:N", title="stack (kernel the engine reported)"),
-        strokeDash=alt.StrokeDash(
-            "reference:N", scale=alt.Scale(domain=[False, True], range=[[1, 0], [6, 3]]), legend=None
+    return _throughput_vs_users(
+        df,
+        dict(
+            color=alt.Color("kernel:N", title="stack (kernel the engine reported)"),
+            strokeDash=alt.StrokeDash(
+                "reference:N", scale=alt.Scale(domain=[False, True], range=[[1, 0], [6, 3]]), legend=None
+            ),
         ),
-    )
-    line = base.mark_line(point=True).encode(
-        y=alt.Y("output_tok_s:Q", scale=alt.Scale(type="log"), title="output tokens/s (log)"),
-        tooltip=["stack", "linear_kernel", "kernel_ok", "cell", alt.Tooltip("output_tok_s:Q", format=".1f")],
-    )
-    bars = base.mark_errorbar().encode(
-        y=alt.Y("output_tok_s_lo:Q", title="output tokens/s (log)"), y2="output_tok_s_hi:Q"
-    )
-    return (
-        (line + bars)
-        .properties(width=300, height=240)
-        .facet(column=alt.Column("workload:N"), row=alt.Row("model:N"))
-        .properties(title=_title(f"INT4 kernels vs users, against {reference} (dashed)", cells))
-    )
+        ["stack", "linear_kernel", "kernel_ok", "cell", alt.Tooltip("output_tok_s:Q", format=".1f")],
+        (300, 240),
+    ).properties(title=_title(f"INT4 kernels vs users, against {reference} (dashed)", cells))
 
 
 def kernel_sweep_ran(cells: pl.DataFrame, reference: str) -> bool:
@@ -166,26 +157,32 @@ def kernel_sweep_ran(cells: pl.DataFrame, reference: str) -> bool:
     return gptq >= 2 and measured.filter(pl.col("stack") == reference).height > 0
 
 
-def throughput_chart(cells: pl.DataFrame) -> alt.Chart:
-    df = cells.filter(pl.col("output_tok_s").is_not_null()).to_pandas()
-    base = alt.Chart(df).encode(
-        x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"),
-        color=alt.Color("stack:N"),
-        strokeDash=alt.StrokeDash("topology:N"),
+def _throughput_vs_users(df: pl.DataFrame, channels: dict, tooltip: list, size: tuple[int, int]) -> alt.FacetChart:
+    """Median output tok/s vs users on log axes with the intervals as error bars, a column per
+    workload and a row per model; `channels` tell the lines apart."""
+    base = alt.Chart(df.to_pandas()).encode(
+        x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"), **channels
     )
     line = base.mark_line(point=True).encode(
-        y=alt.Y("output_tok_s:Q", scale=alt.Scale(type="log"), title="output tokens/s (log)"),
-        tooltip=["stack", "topology", "cell", alt.Tooltip("output_tok_s:Q", format=".1f"), "linear_kernel"],
+        y=alt.Y("output_tok_s:Q", scale=alt.Scale(type="log"), title="output tokens/s (log)"), tooltip=tooltip
     )
     bars = base.mark_errorbar().encode(
         y=alt.Y("output_tok_s_lo:Q", title="output tokens/s (log)"), y2="output_tok_s_hi:Q"
     )
     return (
         (line + bars)
-        .properties(width=260, height=220)
+        .properties(width=size[0], height=size[1])
         .facet(column=alt.Column("workload:N"), row=alt.Row("model:N"))
-        .properties(title=_title("Throughput per stack vs concurrent users", cells))
     )
+
+
+def throughput_chart(cells: pl.DataFrame) -> alt.Chart:
+    return _throughput_vs_users(
+        cells.filter(pl.col("output_tok_s").is_not_null()),
+        dict(color=alt.Color("stack:N"), strokeDash=alt.StrokeDash("topology:N")),
+        ["stack", "topology", "cell", alt.Tooltip("output_tok_s:Q", format=".1f"), "linear_kernel"],
+        (260, 220),
+    ).properties(title=_title("Throughput per stack vs concurrent users", cells))
 
 
 def latency_chart(cells: pl.DataFrame) -> alt.Chart:

@@ -158,7 +158,7 @@ def _series(samples: list[tuple[float, dict]], keys: dict[str, str], start: floa
     return out
 
 
-def server_summary(samples, start: float, end: float, absent: str | None) -> ServerTelemetry | None:
+def server_summary(samples, start: float, end: float) -> ServerTelemetry | None:
     """The measured phase [start, end] of the server's counters: peak and mean KV-cache use,
     mean running and waiting requests, preemptions and the prefix-cache hit rate over it."""
     inside = _within(samples, start, end)
@@ -214,7 +214,7 @@ def gpu_summary(samples, start: float, end: float, output_tokens: int, devices: 
 
 def summarize(sampler: Sampler, start: float, end: float, output_tokens: int, devices: list[str]) -> Telemetry:
     """The run's telemetry over its measured phase, or the reasons there is none."""
-    server = server_summary(sampler.server_samples, start, end, sampler.server.absent)
+    server = server_summary(sampler.server_samples, start, end)
     gpu = gpu_summary(sampler.gpu_samples, start, end, output_tokens, devices)
     too_short = f"no sample inside the measured phase ({end - start:.2f} s; interval {sampler.interval_s} s)"
     return Telemetry(

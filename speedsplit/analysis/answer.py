@@ -18,10 +18,14 @@ SENTENCE_SCHEMA = {**{k: pl.Utf8 for k in GROUP}, "users": pl.Int64, "sentence":
 def with_steps(attribution: pl.DataFrame, steps: dict[str, list[str]]) -> pl.DataFrame:
     """Adds `step`: what the factor's step changes, in words (config.chain_steps); 'total'
     for the total row."""
-    labels = [
-        "total" if pos == 0 else (steps.get(chain) or [])[pos - 1] if pos - 1 < len(steps.get(chain) or []) else ""
-        for chain, pos in zip(attribution["chain"].to_list(), attribution["position"].to_list())
-    ]
+
+    def label(chain: str, position: int) -> str:
+        if position == 0:
+            return "total"
+        named = steps.get(chain) or []
+        return named[position - 1] if position <= len(named) else ""
+
+    labels = [label(c, p) for c, p in zip(attribution["chain"].to_list(), attribution["position"].to_list())]
     return attribution.with_columns(pl.Series("step", labels, dtype=pl.Utf8))
 
 
