@@ -42,19 +42,18 @@ def html_table(df: pl.DataFrame, bad_col: str | None = None, max_rows: int = 500
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>{more}"
 
 
-# Inline (no file is loaded): once the page has laid out, each figure records the size its
-# SVG rendered at and the body where the first headline sentence ends, so a headless browser
-# can check what a reader's first screen shows (tests/test_workflow.py).
+# Inline (no file is loaded), last in the body: each figure records the size its SVG is laid
+# out at and the body where the first headline sentence ends, so a headless browser can check
+# what a reader's first screen shows (tests/test_workflow.py). Asking for a box lays the page
+# out there and then: the probe waits for no event.
 RENDER_PROBE = """<script>
-addEventListener('load', () => {
-  for (const f of document.querySelectorAll('figure')) {
-    const svg = f.querySelector('svg'), r = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
-    f.dataset.rendered = Math.round(r.width) + 'x' + Math.round(r.height);
-  }
-  const h = document.querySelector('#answer .headline');
-  document.body.dataset.headlineBottom = h ? Math.round(h.getBoundingClientRect().bottom) : -1;
-  document.body.dataset.viewport = innerWidth + 'x' + innerHeight;
-});
+for (const f of document.querySelectorAll('figure')) {
+  const svg = f.querySelector('svg'), r = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
+  f.dataset.rendered = Math.round(r.width) + 'x' + Math.round(r.height);
+}
+const headline = document.querySelector('#answer .headline');
+document.body.dataset.headlineBottom = headline ? Math.round(headline.getBoundingClientRect().bottom) : -1;
+document.body.dataset.viewport = innerWidth + 'x' + innerHeight;
 </script>"""
 
 
@@ -166,7 +165,7 @@ def build(
     waterfalls = {name: svg for name, svg in svgs.items() if name == "waterfall"}
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>speedsplit report</title>"
-        f"<style>{CSS}</style>{RENDER_PROBE}</head><body>",
+        f"<style>{CSS}</style></head><body>",
         "<h1>speedsplit: where did the serving speedup come from?</h1>",
         answer_section(answer, waterfalls, qualifiers(runs, attribution)),
         "<p class='note'>Throughput = output tokens / wall time of the measured phase. Factors are "
@@ -286,7 +285,7 @@ def build(
         else "<p>None: every run completed every request, unflagged.</p>",
     ]
     parts.append(setup_section(provenance, config))
-    parts.append("</body></html>")
+    parts.append(RENDER_PROBE + "</body></html>")
     write_bytes_atomic(out, redact("\n".join(parts)).encode())
 
 

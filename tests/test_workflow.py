@@ -94,6 +94,7 @@ def workdir(local_run):
 def test_every_result_is_complete_and_honest(workdir):
     results = sorted((workdir / "results/bench").rglob("run*.json"))
     assert len(results) == 3 * 2 * 2  # stacks x cells x runs
+    served = []
     for path in results:
         res = read_result(path)
         assert res.status == "ok", (path, res.server)
@@ -106,8 +107,9 @@ def test_every_result_is_complete_and_honest(workdir):
         tel = res.telemetry  # vLLM CPU's real /metrics; no GPU here, no /metrics on the HF server
         assert tel.gpu is None and tel.gpu_absent == "no GPU: the run was on the CPU"
         if res.stack.startswith("vllm"):
-            assert tel.server.samples >= 1 and 0 < tel.server.kv_cache_usage_peak <= 1, (path, tel)
+            assert tel.server.samples >= 1 and 0 <= tel.server.kv_cache_usage_peak <= 1, (path, tel)
             assert tel.server.prefix_cache_hits_flagged is False  # distinct prompts reuse nothing
+            served.append(tel.server)
         else:
             assert tel.server is None and "/metrics" in tel.server_absent
         assert res.slo.ttft_p99_s == 2.0 and 0 < res.slo.good_requests <= s.requests
@@ -115,6 +117,9 @@ def test_every_result_is_complete_and_honest(workdir):
             # vLLM's CPU build has no Marlin: the GPTQ model runs on its CPU int4 kernel, and the
             # result says so
             assert res.engine.linear_kernel == "CPUWNA16LinearKernel" and res.kernel_ok is True
+    # a reading can fall before the server took the phase's first requests (KV use 0), but
+    # across the runs the counters show requests being served
+    assert max(t.kv_cache_usage_peak for t in served) > 0 and max(t.running_mean for t in served) > 0
     reused = [read_result(p).server.reused for p in results]
     assert reused.count(False) == 3  # one server start per stack (server_reuse: per_stack)
     quant = json.loads((workdir / "results/quantize/tiny/gptq-w4g128.json").read_text())
