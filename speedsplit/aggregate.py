@@ -50,8 +50,8 @@ def build_frames(
     runs = f.runs_frame([read_result(p) for p in result_paths])
     f.check_one_machine(runs)
     cells = f.with_mbu(f.cells_frame(runs), bandwidth_gb_s(bandwidth_json))
-    attribution = f.attribution_frame(runs, chains, tolerate_flags)
-    attribution = answer.with_headline(answer.with_steps(attribution, steps or {}), list(headline))
+    by_throughput = f.attribution_frame(runs, chains, tolerate_flags)
+    attribution = answer.with_headline(answer.with_steps(by_throughput, steps or {}), list(headline))
     frames = {
         "runs": runs,
         "cells": cells,
@@ -72,9 +72,10 @@ def build_frames(
     if capacity_spec:
         frames["capacity"] = capacity.capacity_frame(runs, capacity_spec)
     # The chains in output tokens per joule, where NVML's energy counter was read (else no rows).
-    energy = f.attribution_frame(runs, chains, tolerate_flags, metric="tokens_per_joule")
-    if not runs["tokens_per_joule"].drop_nulls().len():
-        energy = energy.clear()
+    if runs["tokens_per_joule"].drop_nulls().len():
+        energy = f.attribution_frame(runs, chains, tolerate_flags, metric="tokens_per_joule")
+    else:
+        energy = by_throughput.clear()  # same columns, no bootstrap over chains with nothing to divide
     frames["energy"] = answer.with_steps(energy, steps or {})
     return frames
 

@@ -162,16 +162,6 @@ def measure(
             return _write(result, [], out_json, out_requests, workdir)
 
 
-def level_verdict(res: RunResult) -> str | None:
-    """Why a capacity level failed (its status, its failed requests, the objectives it
-    missed), or None when it passed."""
-    if res.status != "ok":
-        return res.status if res.status != "skipped" else "skipped"
-    if res.slo is not None and not res.slo.met:
-        return "; ".join(res.slo.violations)
-    return None
-
-
 def capacity_skip(out_json, run: int, cell: dict) -> str | None:
     """For a capacity level: the reason to skip it when the `capacity_stop_after` levels just
     under it (same model, stack, topology and run) all failed; None when any of them passed
@@ -183,7 +173,8 @@ def capacity_skip(out_json, run: int, cell: dict) -> str | None:
     for name in below[-n:]:
         path = Path(out_json).parent.parent / name / f"run{run}.json"
         try:
-            verdict = level_verdict(read_result(path))
+            res = read_result(path)
+            verdict = slo.level_failure(res.status, res.slo and res.slo.met, res.slo.violations if res.slo else [])
         except ResultError:
             return None
         if verdict is None:

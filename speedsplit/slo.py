@@ -48,3 +48,14 @@ def assess(records: list[RequestRecord], summary: Summary, ttft_p99_s: float, tp
         good_requests=good,
         goodput_rps=good / summary.wall_s if summary.wall_s > 0 else None,
     )
+
+
+def level_failure(status: str, met: bool | None, violations: list[str]) -> str | None:
+    """Why one run fails a capacity level (its status, or the objectives it missed), or None
+    when it passes: status ok and the objectives met. The stop rule (bench) and the capacity
+    table (analysis) both judge a level by it."""
+    if status != "ok":
+        return status
+    if met is not True:
+        return "; ".join(violations) or "not judged against the objectives"
+    return None

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from speedsplit import slo
+
 KEYS = ["model", "stack", "topology"]
 SCHEMA = {
     "model": pl.Utf8,
@@ -26,13 +28,8 @@ SCHEMA = {
 
 def level_verdicts(df: pl.DataFrame) -> str | None:
     """Why one level (all its runs) failed, or None when every run passed."""
-    why = []
-    for r in df.iter_rows(named=True):
-        if r["status"] != "ok":
-            why.append(r["status"] if r["status"] != "skipped" else "skipped")
-        elif r["slo_met"] is not True:
-            why.append("; ".join(r["slo_violations"]) or "not judged against the objectives")
-    return " | ".join(dict.fromkeys(why)) or None
+    why = [slo.level_failure(r["status"], r["slo_met"], r["slo_violations"]) for r in df.iter_rows(named=True)]
+    return " | ".join(dict.fromkeys(w for w in why if w)) or None
 
 
 def capacity_frame(runs: pl.DataFrame, spec: dict) -> pl.DataFrame:
