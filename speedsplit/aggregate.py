@@ -108,6 +108,7 @@ def write_plots(
             frames["scaling"],
             frames.get("link"),
             kernel_reference,
+            frames.get("capacity"),
         )
         for name, chart in charts.items():
             plots.save(chart, tmp / name)

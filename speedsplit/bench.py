@@ -304,7 +304,18 @@ def _run_load(
     result.telemetry = telemetry.summarize(
         sampler, s.measured_from, s.measured_from + s.wall_s, s.output_tokens, state.get("devices") or []
     )
+    _late_facts(result, state)
     return records
+
+
+def _late_facts(result: RunResult, state: dict) -> None:
+    """Engine facts logged after the server was ready fill the gaps of those read at ready
+    (transformers' continuous batching sizes its KV cache at its first request)."""
+    logs = zip(state.get("server_logs") or [], state.get("log_offsets") or [])
+    text = "\n".join(stacks.launch_output(path, offset) for path, offset in logs)
+    late = stacks.engine_facts(text)
+    known = result.engine.model_dump()
+    result.engine = EngineFacts(**{k: known[k] if known[k] is not None else late.get(k) for k in known})
 
 
 def _check_servers(result: RunResult, sess, generation: str, state: dict, stack: dict) -> None:

@@ -478,4 +478,6 @@ def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[st
         "instances": topo["instances"],
         "max_model_len": config["models"][model]["max_model_len"],
         "cpu_isolation": plat == "cuda" and config["benchmark"]["cpu_isolation"],
+        "card_memory_gib": entry["card_memory_gib"] or config["card_memory_gib"],
+        "memory_cap_args": list(entry["memory_cap_args"]),
     }

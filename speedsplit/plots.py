@@ -17,10 +17,11 @@ from speedsplit.analysis.formats import flat
 ERRORBARS = "error bars: 95% bootstrap interval over runs"
 
 
-def _title(text: str, cells: pl.DataFrame) -> alt.TitleParams:
+def _title(text: str, cells: pl.DataFrame, intervals: bool = True) -> alt.TitleParams:
     models = ", ".join(sorted(set(cells["model"].to_list()))) if "model" in cells.columns else ""
     hardware = "; ".join(sorted(set(cells["hardware"].to_list()))) if "hardware" in cells.columns else ""
-    return alt.TitleParams(text, subtitle=[f"model: {models} | hardware: {hardware}", ERRORBARS], anchor="start")
+    subtitle = [f"model: {models} | hardware: {hardware}"] + ([ERRORBARS] if intervals else [])
+    return alt.TitleParams(text, subtitle=subtitle, anchor="start")
 
 
 def _ratios_vs_users(df, y_title: str, tooltip: list, **channels) -> alt.LayerChart:
@@ -219,6 +220,113 @@ def latency_chart(cells: pl.DataFrame) -> alt.Chart:
     )
 
 
+def capacity_chart(cells: pl.DataFrame, capacity: pl.DataFrame) -> alt.Chart:
+    """The capacity sweep per stack: throughput, goodput and failed requests vs users, each
+    level marked pass / fail / skipped, a dashed rule at the first failing level (the cliff)."""
+    verdicts = capacity.select(
+        "model", "stack", "topology", "workload", "sampling", "passing_users", "skipped_users", "first_failing_users"
+    )
+    levels = cells.join(verdicts, on=["model", "stack", "topology", "workload", "sampling"], how="inner").with_columns(
+        pl.when(pl.col("passing_users").list.contains(pl.col("users")))
+        .then(pl.lit("pass"))
+        .when(pl.col("skipped_users").list.contains(pl.col("users")))
+        .then(pl.lit("skipped"))
+        .otherwise(pl.lit("fail"))
+        .alias("verdict"),
+        pl.col("failed_requests").cast(pl.Float64),
+        pl.format("{} ({})", "stack", "topology").alias("series"),
+    )
+    panels = {"output_tok_s": "output tokens/s", "goodput_rps": "goodput (requests/s)", "failed_requests": "failed"}
+    long = levels.unpivot(
+        index=["model", "series", "users", "verdict", "first_failing_users"],
+        on=list(panels),
+        variable_name="metric",
+        value_name="value",
+    ).with_columns(pl.col("metric").replace(panels))
+    base = alt.Chart().encode(
+        x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"), color=alt.Color("series:N")
+    )
+    lines = base.transform_filter("datum.verdict != 'skipped'").mark_line().encode(y=alt.Y("value:Q", title=None))
+    points = base.mark_point(filled=True, size=70).encode(
+        y="value:Q",
+        shape=alt.Shape(
+            "verdict:N", scale=alt.Scale(domain=["pass", "fail", "skipped"], range=["circle", "cross", "square"])
+        ),
+        tooltip=["series", "users", "verdict", alt.Tooltip("value:Q", format=".2f")],
+    )
+    cliff = base.mark_rule(strokeDash=[4, 3]).encode(x="first_failing_users:Q")
+    return (
+        alt.layer(lines, points, cliff, data=long.filter(pl.col("value").is_not_null()).to_pandas())
+        .properties(width=260, height=170)
+        .facet(row=alt.Row("metric:N", title=None, sort=list(panels.values())), column=alt.Column("model:N"))
+        .resolve_scale(y="independent")
+        .properties(
+            title=alt.TitleParams(
+                "Capacity: each ladder level against the objectives (dashed: the first failing level)",
+                subtitle=[f"hardware: {'; '.join(sorted(set(cells['hardware'].to_list())))}"]
+                + (
+                    [f"memory cap: {', '.join(f'{g:g}' for g in caps)} GiB per card"]
+                    if (caps := sorted(set(capacity["card_memory_gib"].drop_nulls().to_list())))
+                    else []
+                ),
+                anchor="start",
+            )
+        )
+    )
+
+
+def server_chart(cells: pl.DataFrame) -> alt.Chart:
+    """What the servers reported while measured: peak KV-cache use, mean waiting requests and
+    preemptions vs users, per stack (stacks with a /metrics endpoint only)."""
+    panels = {"kv_cache_peak": "KV cache peak (fraction)", "waiting_mean": "waiting (mean)", "preemptions": "preempted"}
+    long = (
+        cells.filter(pl.col("kv_cache_peak").is_not_null())
+        .unpivot(index=["model", "stack", "users", "workload"], on=list(panels), variable_name="metric")
+        .with_columns(pl.col("metric").replace(panels))
+        .filter(pl.col("value").is_not_null())
+    )
+    return (
+        alt.Chart(long.to_pandas())
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"),
+            y=alt.Y("value:Q", title=None),
+            color="stack:N",
+            strokeDash="workload:N",
+            tooltip=["stack", "workload", "users", "metric", alt.Tooltip("value:Q", format=".3f")],
+        )
+        .properties(width=220, height=170)
+        .facet(column=alt.Column("metric:N", title=None, sort=list(panels.values())), row=alt.Row("model:N"))
+        .resolve_scale(y="independent")
+        .properties(
+            title=_title(
+                "What the servers were doing (their /metrics, over each measured phase)", cells, intervals=False
+            )
+        )
+    )
+
+
+def energy_chart(cells: pl.DataFrame) -> alt.Chart:
+    """Energy per output token per stack and cell, with its interval (cells whose GPUs' energy
+    counter was read)."""
+    df = cells.filter(pl.col("energy_per_token_j").is_not_null()).to_pandas()
+    base = alt.Chart().encode(x=alt.X("stack:N", title=None, sort=None), color=alt.Color("stack:N", legend=None))
+    bars = base.mark_bar().encode(
+        y=alt.Y("energy_per_token_j:Q", title="joules per output token"),
+        tooltip=["stack", "cell", alt.Tooltip("energy_per_token_j:Q", format=".4f")],
+    )
+    err = base.mark_errorbar(color="black").encode(
+        y=alt.Y("energy_per_token_j_lo:Q", title="joules per output token"), y2="energy_per_token_j_hi:Q"
+    )
+    return (
+        alt.layer(bars, err, data=df)
+        .properties(width=alt.Step(40), height=200)
+        .facet(column=alt.Column("cell:N", title=None, header=alt.Header(labelAngle=-10)), row=alt.Row("model:N"))
+        .resolve_scale(x="independent")
+        .properties(title=_title("Energy per output token (NVML energy counter, the session's cards)", cells))
+    )
+
+
 def topology_chart(topologies: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
     """Throughput per GPU against each user's rate: one point per topology and cell. Up is
     cheaper per card, right is faster per user."""
@@ -317,9 +425,11 @@ def all_charts(
     scaling: pl.DataFrame | None = None,
     link: pl.DataFrame | None = None,
     kernel_reference: str | None = None,
+    capacity: pl.DataFrame | None = None,
 ) -> dict[str, alt.Chart]:
     """Every chart from the typed frames (the topology charts where more than one topology ran,
-    the kernel chart where a kernel sweep ran)."""
+    the kernel chart where a kernel sweep ran, the capacity, server and energy charts where
+    there is something to show)."""
     waterfall = answer.waterfall_frame(attribution)
     cells, attribution = flat(cells), flat(attribution)  # tooltips show lists as text
     charts = {}
@@ -328,6 +438,12 @@ def all_charts(
     charts |= {"throughput": throughput_chart(cells), "latency": latency_chart(cells)}
     if kernel_reference and kernel_sweep_ran(cells, kernel_reference):
         charts["kernels"] = kernels_chart(cells, kernel_reference)
+    if capacity is not None and capacity.height:
+        charts["capacity"] = capacity_chart(cells, capacity)
+    if cells.filter(pl.col("kv_cache_peak").is_not_null()).height:
+        charts["server"] = server_chart(cells)
+    if cells.filter(pl.col("energy_per_token_j").is_not_null()).height:
+        charts["energy"] = energy_chart(cells)
     if topologies is not None and topologies["topology"].n_unique() > 1:
         charts["topologies"] = topology_chart(topologies, cells)
     if scaling is not None and scaling.filter(pl.col("value").is_not_null()).height:

@@ -135,9 +135,21 @@ class EngineFacts(_Record):
     attention_backend: str | None = None
     weight_memory_gib: float | None = None
     kv_cache_tokens: int | None = None
+    kv_cache_gib: float | None = Field(default=None, description="memory the engine gave its KV cache")
     max_concurrency: float | None = None
     quantization: str | None = None
     dtype: str | None = None
+
+
+class MemoryCap(_Record):
+    """The stack's memory cap (card_memory_gib): a big card made to look like a smaller one."""
+
+    card_memory_gib: float = Field(description="the emulated card's memory")
+    applied: bool = Field(description="whether the cap was put on the server")
+    card_total_gib: float | None = Field(description="the real card's memory (the smallest of the session's)")
+    fraction: float | None = Field(description="card_memory_gib / card_total_gib, rounded down")
+    how: str | None = Field(description="the server flag, or speedsplit.memcap for a server without one")
+    reason: str | None = Field(description="why it was not applied")
 
 
 class ServerFacts(_Record):
@@ -157,6 +169,7 @@ class ServerFacts(_Record):
     wide_listeners: list[str] | None = Field(description="server sockets not bound to loopback (internal ports)")
     reused: bool = Field(description="the server had served an earlier cell")
     cells_before: int = Field(description="cells the session measured before this one")
+    memory_cap: MemoryCap | None = Field(None, description="the memory cap the session ran under; None: none asked")
 
 
 class ModelSource(_Record):

@@ -98,6 +98,24 @@ def energy_section(cells: pl.DataFrame, energy: pl.DataFrame) -> str:
     )
 
 
+def memory_cap_note(runs: pl.DataFrame) -> str:
+    """What the memory cap emulated and what it cannot ("" when no server ran under one)."""
+    capped = runs.filter(pl.col("card_memory_gib").is_not_null())
+    if not capped.height:
+        return ""
+    caps = capped.group_by("card_memory_gib").agg(pl.col("stack").unique().sort()).sort("card_memory_gib")
+    which = "; ".join(f"{', '.join(r['stack'])} as if on a {r['card_memory_gib']:g} GiB card" for r in caps.to_dicts())
+    hardware = "; ".join(sorted(set(capped["hardware"].drop_nulls().to_list()))) or "the real card"
+    return (
+        f"<p class='note'><b>Memory cap</b> (<i>card_memory_gib</i>): {html.escape(which)}, on {html.escape(hardware)}. "
+        "vLLM took that share of the card (--gpu-memory-utilization); a server without such a flag ran "
+        "under speedsplit.memcap (its allocator capped, free memory reported as the small card's). "
+        "Bandwidth and compute stay the real card's: the cap reproduces where a smaller card runs out "
+        "of memory (KV cache, batch, capacity), not its speed; the throughput and latency here are the "
+        "real card's.</p>"
+    )
+
+
 def answer_section(sentences: pl.DataFrame, waterfalls: dict[str, str | Path], qualifiers: list[str]) -> str:
     """The first screen: the decomposition in words, its waterfall, what qualifies it."""
     parts = ["<section id='answer'><h2>The answer</h2>"]
@@ -168,6 +186,7 @@ def build(
         f"<style>{CSS}</style></head><body>",
         "<h1>speedsplit: where did the serving speedup come from?</h1>",
         answer_section(answer, waterfalls, qualifiers(runs, attribution)),
+        memory_cap_note(runs),
         "<p class='note'>Throughput = output tokens / wall time of the measured phase. Factors are "
         "ratios of median throughput between neighbouring stacks of a chain; they multiply to the "
         "total exactly. Intervals: 95% bootstrap over runs. Log share = ln(factor) / ln(total).</p>",

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speedsplit import lease as leases
-from speedsplit import procs, stacks
+from speedsplit import procs, stacks, telemetry
 from speedsplit.models import ModelError, check_model
 from speedsplit.plan import SessionPlan
 from speedsplit.results import redact, write_json_atomic
@@ -447,6 +447,7 @@ def _daemon(launch_path: Path) -> int:
                 cpus = leases.cpu_share(devs) if stack.get("cpu_isolation") else []
                 pinned += cpus
                 env_stack = dict(stack, env={**stack["env"], "VLLM_PORT": str(held.port())})
+                total = card_total_gib(devs) if stack.get("card_memory_gib") and devs else None
                 servers.append(
                     stacks.launch(
                         env_stack,
@@ -458,6 +459,7 @@ def _daemon(launch_path: Path) -> int:
                         Path(launch["cache_dir"]) / f"instance{i}",
                         keep_fds=held.fds(),
                         cpus=cpus,
+                        card_total_gib=total,
                     )
                 )
                 if transition(sess, generation, STARTING, servers=[s.proc_id.as_record() for s in servers]) is None:
@@ -477,6 +479,8 @@ def _daemon(launch_path: Path) -> int:
                 facts=stacks.engine_facts("\n".join(s.launch_output() for s in servers)),
                 argv=redact(" ".join(servers[0].argv), sess.workdir),
                 server_logs=[str(s.log_path) for s in servers],
+                log_offsets=[s.log_offset for s in servers],
+                memory_cap=servers[0].memory_cap,
                 wide_listeners=sorted({w for s in servers for w in s.wide_listeners}),
                 cells_measured=0,
             )
@@ -515,6 +519,14 @@ def _daemon(launch_path: Path) -> int:
                     held.release()
                 transition(sess, generation, STOPPED)
     return 0
+
+
+def card_total_gib(devices: list[str]) -> float:
+    """The memory a cap is taken from; a card NVML cannot read fails the start, naming why."""
+    try:
+        return telemetry.card_memory_gib(devices)
+    except Exception as exc:
+        raise ValueError(f"card_memory_gib: cannot read the memory of cards {devices} ({exc})") from None
 
 
 def _hold(sess: Session, generation: str, servers: list[stacks.Server], meta: dict) -> None:

@@ -50,6 +50,7 @@ class Server:
     argv: list[str] = field(default_factory=list)
     log_offset: int = 0  # where this launch's output starts in the (appended) log
     wide_listeners: list[str] = field(default_factory=list)  # internal sockets beyond loopback (check_ours)
+    memory_cap: dict | None = None  # what memory_cap() did, None without a cap
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -60,15 +61,20 @@ class Server:
 
     def launch_output(self) -> str:
         """What this launch wrote to the log, never an earlier launch's lines."""
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self.log_offset)
-                return f.read().decode(errors="replace")
-        except OSError:
-            return ""
+        return launch_output(self.log_path, self.log_offset)
 
     def launch_output_tail(self, lines: int = 40) -> str:
         return "\n".join(self.launch_output().splitlines()[-lines:])
+
+
+def launch_output(log_path: str | Path, offset: int) -> str:
+    """A server log from `offset` (where one launch's output starts); empty if unreadable."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _die_with_parent() -> None:
@@ -96,6 +102,37 @@ def render_args(args: list[str], values: dict) -> list[str]:
     return out
 
 
+def memory_cap(stack: dict, argv: list[str], card_total_gib: float | None) -> tuple[list[str], dict | None]:
+    """The server command under the stack's memory cap (card_memory_gib), and what was done.
+
+    A stack caps itself through its own flag where it has one (memory_cap_args, with
+    {memory_fraction} = cap / the card's memory, e.g. vLLM's --gpu-memory-utilization);
+    otherwise its Python server runs under speedsplit.memcap. Only a CUDA card is capped."""
+    gib = stack.get("card_memory_gib")
+    if not gib:
+        return argv, None
+    record = {"card_memory_gib": gib, "card_total_gib": card_total_gib, "fraction": None, "how": None}
+    if stack["platform"] != "cuda" or card_total_gib is None:
+        return argv, {**record, "applied": False, "reason": "not on a CUDA card: nothing to cap"}
+    if gib >= card_total_gib:
+        raise ValueError(
+            f"stack {stack['stack']}: card_memory_gib {gib} is not below the card's {card_total_gib:.1f} GiB"
+        )
+    fraction = int(gib / card_total_gib * 10_000) / 10_000  # rounded down: never above the cap
+    if stack.get("memory_cap_args"):
+        extra = render_args(stack["memory_cap_args"], {"memory_fraction": f"{fraction:.4f}", "memory_gib": gib})
+        argv, how = argv + extra, " ".join(extra)
+    elif argv[0] == sys.executable:
+        argv = [argv[0], "-m", "speedsplit.memcap", "--gib", f"{gib:g}", "--", *argv[1:]]
+        how = "speedsplit.memcap: allocator capped, mem_get_info reports the small card"
+    else:
+        raise ValueError(
+            f"stack {stack['stack']}: card_memory_gib needs memory_cap_args (the server's own memory flag) "
+            "or a command that starts with {python} (run under speedsplit.memcap)"
+        )
+    return argv, {**record, "fraction": fraction, "how": how, "applied": True, "reason": None}
+
+
 def launch(
     stack: dict,
     model_dir: Path,
@@ -106,10 +143,12 @@ def launch(
     cache_dir: Path | None = None,
     keep_fds: list[int] | tuple[int, ...] = (),
     cpus: list[int] | tuple[int, ...] = (),
+    card_total_gib: float | None = None,
 ) -> Server:
     """Start one server instance in its own process group; returns at once. keep_fds (the
     lease's lock files) stay open in the server so its cards stay locked while it lives;
-    cpus, if given, are the only host cores it (and every process it starts) may run on."""
+    cpus, if given, are the only host cores it (and every process it starts) may run on;
+    card_total_gib (the smallest of its cards' memory) is what a memory cap is taken from."""
     values = {
         "python": sys.executable,
         "model_dir": str(model_dir),
@@ -120,7 +159,7 @@ def launch(
         "max_model_len": stack["max_model_len"],
         "dtype": stack["dtype"],
     }
-    argv = render_args(stack["args"], values)
+    argv, cap = memory_cap(stack, render_args(stack["args"], values), card_total_gib)
     if not any(a == HOST or a.endswith("=" + HOST) for a in argv):
         raise ValueError(
             f"stack {stack['stack']}: its command never passes {{host}} ({HOST}); refusing to start a server "
@@ -173,6 +212,7 @@ def launch(
         model_id=stack.get("request_model", "{served_name}").format(**values),
         argv=argv,
         log_offset=log_offset,
+        memory_cap=cap,
     )
 
 
@@ -282,10 +322,15 @@ _FACTS = {
     ],
     "weight_memory_gib": [r"Model loading took ([\d.]+) ?GiB", r"model weights take ([\d.]+) ?GiB"],
     "kv_cache_tokens": [r"KV cache size: ([\d,]+) tokens"],
+    "kv_cache_gib": [
+        r"Available KV cache memory: ([\d.]+) ?GiB",  # vLLM
+        r"Memory available for cache allocation: (\d+) ?(MB)",  # transformers' continuous batching
+    ],
     "max_concurrency": [r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x"],
     "quantization": [r"quantization=(\w+)"],
     "dtype": [r"dtype=(torch\.\w+|\w+)"],
 }
+_NUMBERS = {"weight_memory_gib": float, "kv_cache_gib": float, "max_concurrency": float, "kv_cache_tokens": int}
 
 
 def engine_facts(log_text: str) -> dict:
@@ -297,11 +342,9 @@ def engine_facts(log_text: str) -> dict:
             m = re.search(pat, log_text)
             if m:
                 value = m.group(1).replace(",", "")
-                facts[key] = (
-                    float(value)
-                    if key in ("weight_memory_gib", "max_concurrency")
-                    else (int(value) if key == "kv_cache_tokens" else value)
-                )
+                facts[key] = _NUMBERS[key](value) if key in _NUMBERS else value
+                if m.re.groups > 1 and m.group(2) == "MB":
+                    facts[key] = round(facts[key] / 1024, 3)
                 break
     return facts
 

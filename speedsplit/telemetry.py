@@ -70,6 +70,24 @@ class ServerProbe:
         return total
 
 
+def _handle(pynvml, device: str):
+    """NVML's handle of a card as the lease names it (an index or a UUID)."""
+    if device.startswith(("GPU-", "MIG-")):
+        return pynvml.nvmlDeviceGetHandleByUUID(device)
+    return pynvml.nvmlDeviceGetHandleByIndex(int(device))
+
+
+def card_memory_gib(devices: list[str]) -> float:
+    """The memory of the smallest of these cards, from NVML (a memory cap is taken from it)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return min(pynvml.nvmlDeviceGetMemoryInfo(_handle(pynvml, d)).total for d in devices) / 2**30
+    finally:
+        pynvml.nvmlShutdown()
+
+
 class GpuProbe:
     """Reads NVML for the session's cards; `absent` says why it cannot."""
 
@@ -83,9 +101,7 @@ class GpuProbe:
 
             pynvml.nvmlInit()
             self.nvml = pynvml
-            for d in devices:
-                get = pynvml.nvmlDeviceGetHandleByUUID if d.startswith(("GPU-", "MIG-")) else None
-                self.handles.append(get(d) if get else pynvml.nvmlDeviceGetHandleByIndex(int(d)))
+            self.handles = [_handle(pynvml, d) for d in devices]
         except Exception as exc:  # no library, no driver, an unknown card: say which
             self.absent = f"NVML unavailable ({type(exc).__name__}: {exc})"
             self.handles = []

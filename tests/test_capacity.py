@@ -2,16 +2,23 @@
 sustainable users against a reference stack."""
 
 import copy
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
 
+import polars as pl
 import pytest
 from records import fake_result, write_result
 
-from conftest import REPO
+from conftest import REPO, run_snakemake, snakemake_bin
 from speedsplit import aggregate
 from speedsplit import config as C
 from speedsplit import plan as P
 from speedsplit.bench import capacity_skip
-from speedsplit.record import Slo
+from speedsplit.record import Slo, read_result
 
 
 def level(stack, users, met=True, status="ok", why=()):
@@ -90,3 +97,44 @@ def test_ladder_levels_are_cells_of_the_sweeping_stacks_run_zero_only():
     cfg["capacity"]["stacks"] = ["vllm-fp17"]
     with pytest.raises(C.ConfigError, match=r"capacity.stacks\[0\]: unknown stack 'vllm-fp17'"):
         C.validate(cfg)
+
+
+@pytest.mark.slow
+def test_a_kv_budget_makes_a_real_cliff_and_an_interrupted_sweep_resumes(tmp_path):
+    """vLLM's CPU build with room for 8 requests in its KV cache (tests/config/cliff.yaml):
+    Ctrl-C after the first level, then a rerun keeps that level and finds the cliff at 16 users,
+    where the server's own counters show the cache full and requests waiting."""
+    shutil.copy(REPO / "tests/config/cliff.yaml", tmp_path / "cliff.yaml")
+    args = ["--configfile", "cliff.yaml", "--cores", "2", "--resources", "gpu=1"]
+    cmd = [snakemake_bin(), "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), *args]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    level = tmp_path / "results/bench/tiny/vllm-8-blocks/tp1/{}-cliff-greedy/run0.json"
+    deadline = time.monotonic() + 600
+    next_log = tmp_path / "results/logs/bench/tiny/vllm-8-blocks/tp1/u4-cliff-greedy/run0.log"
+    while not next_log.exists():  # the first level's job is done, the next one under way
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        time.sleep(0.2)
+    first = Path(str(level).format("u2"))
+    assert first.exists()
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=120)
+    kept = first.read_bytes()
+    assert not Path(str(level).format("u64")).exists()  # interrupted before the sweep's end
+
+    out = run_snakemake(args, tmp_path, timeout=900)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert first.read_bytes() == kept  # the level measured before Ctrl-C was not measured again
+    cap = pl.read_parquet(tmp_path / "results/tables/capacity.parquet").row(0, named=True)
+    assert (cap["sustainable_users"], cap["first_failing_users"]) == (8, 16), cap["levels"]
+    assert cap["first_failing_why"].startswith("p99 TTFT"), cap
+    assert (cap["passing_users"], cap["failing_users"], cap["skipped_users"]) == ([2, 4, 8], [16, 32], [64])
+    # why: the cache the engine reported (9 x 512 tokens) was full and requests queued for it
+    assert cap["kv_cache_tokens"] == 9 * 512
+    assert cap["kv_cache_peak_at_cliff"] > 0.99 and cap["waiting_mean_at_cliff"] > 0
+    skipped = read_result(Path(str(level).format("u64")))
+    assert skipped.status == "skipped" and "u16-cliff-greedy" in skipped.error.message
+    # a CPU has no card: the cap asked for is recorded as not applied, never silently dropped
+    eight = read_result(Path(str(level).format("u8")))
+    assert eight.server.memory_cap.card_memory_gib == 1 and not eight.server.memory_cap.applied
+    assert "not on a CUDA card" in eight.server.memory_cap.reason
+    assert (tmp_path / "results/plots/capacity.svg").exists() and (tmp_path / "results/plots/server.svg").exists()

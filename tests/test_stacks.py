@@ -1,4 +1,5 @@
 import os
+import sys
 import time
 
 import pytest
@@ -10,6 +11,7 @@ VLLM_GPU_LOG = """
 (EngineCore pid=1) INFO [gptq_marlin.py:300] Using MarlinLinearKernel for GPTQMarlinLinearMethod
 (EngineCore pid=1) INFO [cuda.py:400] Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN']
 (EngineCore pid=1) INFO [gpu_model_runner.py:5150] Model loading took 5.31 GiB memory and 12.1 seconds
+(Worker pid=2) INFO [gpu_worker.py:760] Available KV cache memory: 118.45 GiB
 (EngineCore pid=1) INFO [kv_cache_utils.py:1000] GPU KV cache size: 1,034,880 tokens
 (EngineCore pid=1) INFO [kv_cache_utils.py:1001] Maximum concurrency for 2,048 tokens per request: 505.31x
 """
@@ -20,7 +22,7 @@ def test_engine_facts_from_a_vllm_log():
     assert f["linear_kernel"] == "MarlinLinearKernel"
     assert f["attention_backend"] == "FLASH_ATTN"
     assert f["weight_memory_gib"] == pytest.approx(5.31)
-    assert f["kv_cache_tokens"] == 1034880
+    assert f["kv_cache_tokens"] == 1034880 and f["kv_cache_gib"] == pytest.approx(118.45)
     assert f["max_concurrency"] == pytest.approx(505.31)
     assert f["quantization"] == "gptq_marlin" and f["dtype"] == "torch.float16"
     assert stacks.kernel_matches("Marlin", f["linear_kernel"]) is True
@@ -28,6 +30,48 @@ def test_engine_facts_from_a_vllm_log():
     assert stacks.kernel_matches("", f["linear_kernel"]) is None
     assert stacks.kernel_matches("Marlin", None) is False
     assert stacks.engine_facts("nothing here")["linear_kernel"] is None
+
+
+def test_the_kv_cache_of_transformers_continuous_batching_is_read_in_gib():
+    line = "2026-11-30 - ContinuousBatchingLogger - INFO - Memory available for cache allocation: 6144 MB"
+    assert stacks.engine_facts(line)["kv_cache_gib"] == 6.0
+
+
+def _capped(**over):
+    return {"stack": "s", "platform": "cuda", "card_memory_gib": 24, "memory_cap_args": [], **over}
+
+
+def test_a_memory_cap_uses_the_servers_own_flag_with_the_cards_share():
+    flag = ["--gpu-memory-utilization", "{memory_fraction}"]
+    argv, cap = stacks.memory_cap(_capped(memory_cap_args=flag), ["vllm", "serve"], 139.8)
+    assert argv == ["vllm", "serve", "--gpu-memory-utilization", "0.1716"]  # 24 / 139.8, rounded down
+    assert cap["applied"] and cap["fraction"] == 0.1716 and cap["how"] == "--gpu-memory-utilization 0.1716"
+
+
+def test_a_python_server_without_a_flag_runs_under_memcap():
+    argv, cap = stacks.memory_cap(_capped(), [sys.executable, "-m", "transformers.cli.transformers", "serve"], 80.0)
+    assert argv == [
+        sys.executable,
+        "-m",
+        "speedsplit.memcap",
+        "--gib",
+        "24",
+        "--",
+        "-m",
+        "transformers.cli.transformers",
+        "serve",
+    ]
+    assert cap["applied"] and cap["fraction"] == 0.3
+    with pytest.raises(ValueError, match="stack s: card_memory_gib needs memory_cap_args"):
+        stacks.memory_cap(_capped(), ["/usr/bin/llama-server"], 80.0)
+
+
+def test_a_cap_the_card_cannot_emulate_is_refused_and_a_cpu_records_it_unapplied():
+    with pytest.raises(ValueError, match="card_memory_gib 96 is not below the card's 80.0 GiB"):
+        stacks.memory_cap(_capped(card_memory_gib=96), [sys.executable], 80.0)
+    argv, cap = stacks.memory_cap(_capped(platform="cpu"), [sys.executable, "x"], None)
+    assert argv == [sys.executable, "x"] and not cap["applied"] and "not on a CUDA card" in cap["reason"]
+    assert stacks.memory_cap(_capped(card_memory_gib=None), ["x"], 80.0) == (["x"], None)
 
 
 def test_render_args_names_an_unknown_placeholder():

@@ -1,6 +1,7 @@
 """The capacity sweep: per stack, the largest ladder level that met the objectives with no
 failed request (its sustainable users), the first level that did not and why, the levels
-skipped past the cliff, and the ratio to a reference stack's capacity (e.g. INT4 over FP16).
+skipped past the cliff, and the ratio to a reference stack's capacity (e.g. INT4 over FP16);
+with the memory it ran under and what its server was doing at the cliff.
 """
 
 from __future__ import annotations
@@ -20,7 +21,16 @@ SCHEMA = {
     "sustainable_users": pl.Int64,
     "first_failing_users": pl.Int64,
     "first_failing_why": pl.Utf8,
+    "passing_users": pl.List(pl.Int64),
+    "failing_users": pl.List(pl.Int64),
     "skipped_users": pl.List(pl.Int64),
+    "card_memory_gib": pl.Float64,
+    "kv_cache_gib": pl.Float64,
+    "kv_cache_tokens": pl.Int64,
+    "kv_cache_peak_at_cliff": pl.Float64,
+    "waiting_mean_at_cliff": pl.Float64,
+    "preemptions_at_cliff": pl.Float64,
+    "failed_requests_at_cliff": pl.Int64,
     "reference": pl.Utf8,
     "vs_reference": pl.Float64,
 }
@@ -52,6 +62,7 @@ def capacity_frame(runs: pl.DataFrame, spec: dict) -> pl.DataFrame:
             else:
                 failing.append((users, verdict))
         first = min(failing) if failing else None
+        cliff = df.filter(pl.col("users") == first[0]) if first else df.clear()
         rows.append(
             {
                 **dict(zip(KEYS, key)),
@@ -61,7 +72,16 @@ def capacity_frame(runs: pl.DataFrame, spec: dict) -> pl.DataFrame:
                 "sustainable_users": max(passing) if passing else None,
                 "first_failing_users": first[0] if first else None,
                 "first_failing_why": first[1] if first else None,
+                "passing_users": passing,
+                "failing_users": [u for u, _ in failing],
                 "skipped_users": skipped,
+                "card_memory_gib": df["card_memory_gib"].max(),
+                "kv_cache_gib": df["kv_cache_gib"].min(),
+                "kv_cache_tokens": df["kv_cache_tokens"].min(),
+                "kv_cache_peak_at_cliff": cliff["kv_cache_peak"].max(),
+                "waiting_mean_at_cliff": cliff["waiting_mean"].max(),
+                "preemptions_at_cliff": cliff["preemptions"].max(),
+                "failed_requests_at_cliff": int(cliff["failed"].sum()) if first else None,
             }
         )
     out = pl.DataFrame(rows, schema={k: v for k, v in SCHEMA.items() if k not in ("reference", "vs_reference")})

@@ -31,7 +31,7 @@ def value_text(v, digits: int = 4) -> str:
 def flat(df: pl.DataFrame) -> pl.DataFrame:
     """List columns joined into text (CSV holds no lists)."""
     lists = [c for c, t in df.schema.items() if isinstance(t, pl.List)]
-    return df.with_columns(pl.col(c).list.join(_JOIN.get(c, ",")) for c in lists)
+    return df.with_columns(pl.col(c).cast(pl.List(pl.Utf8)).list.join(_JOIN.get(c, ",")) for c in lists)
 
 
 def for_people(name: str, df: pl.DataFrame) -> pl.DataFrame:

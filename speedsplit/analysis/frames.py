@@ -53,6 +53,9 @@ RUNS_SCHEMA = {
     "kernel_ok": pl.Boolean,
     "attention_backend": pl.Utf8,
     "weight_memory_gib": pl.Float64,
+    "card_memory_gib": pl.Float64,  # the memory cap the server ran under (null: none applied)
+    "kv_cache_gib": pl.Float64,  # what the engine gave its KV cache, as it reported
+    "kv_cache_tokens": pl.Int64,
     "startup_s": pl.Float64,
     "reused": pl.Boolean,
     "platform": pl.Utf8,
@@ -89,6 +92,11 @@ RUNS_SCHEMA = {
 }
 
 
+def _memory_cap(res: RunResult) -> float | None:
+    cap = res.server.memory_cap if res.server else None
+    return cap.card_memory_gib if cap and cap.applied else None
+
+
 def runs_frame(results: list[RunResult]) -> pl.DataFrame:
     """One row per run, in (model, stack, topology, users, workload, sampling, run) order whatever the order of
     the results given (so every table built from it is too)."""
@@ -118,6 +126,9 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
             "kernel_ok": res.kernel_ok,
             "attention_backend": res.engine.attention_backend,
             "weight_memory_gib": res.engine.weight_memory_gib,
+            "card_memory_gib": _memory_cap(res),
+            "kv_cache_gib": res.engine.kv_cache_gib,
+            "kv_cache_tokens": res.engine.kv_cache_tokens,
             "startup_s": res.server.startup_s if res.server else None,
             "reused": bool(res.server and res.server.reused),
             "platform": res.stack_def.platform,
@@ -204,6 +215,9 @@ CELLS_TYPES = {
     "kernel_ok": pl.Boolean,
     "startup_s": pl.Float64,
     "weight_memory_gib": pl.Float64,
+    "card_memory_gib": pl.Float64,
+    "kv_cache_gib": pl.Float64,
+    "kv_cache_tokens": pl.Int64,
     **{f"{m}{end}": pl.Float64 for m in _INTERVALS for end in ("", "_lo", "_hi")},
 }
 
@@ -243,6 +257,9 @@ def cells_frame(runs: pl.DataFrame) -> pl.DataFrame:
             hardware=df["hardware"][0],
             platform=df["platform"][0],
             weight_memory_gib=_median_or_none(df["weight_memory_gib"].drop_nulls().to_list()),
+            card_memory_gib=_median_or_none(df["card_memory_gib"].drop_nulls().to_list()),
+            kv_cache_gib=_median_or_none(df["kv_cache_gib"].drop_nulls().to_list()),
+            kv_cache_tokens=df["kv_cache_tokens"].drop_nulls().min(),  # the smallest cache a run had
             variant=df["variant"][0],
             tensor_parallel=df["tensor_parallel"][0],
             instances=df["instances"][0],
