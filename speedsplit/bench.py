@@ -281,6 +281,7 @@ def cell_load(
         dialect=stack["dialect"],
         request_timeout_s=cell["request_timeout_s"],
         stall_timeout_s=cell["stall_timeout_s"],
+        ramp_s=cell.get("ramp_s", 0.0),  # config.cell_params names a ramp only when there is one
     )
 
 

@@ -435,6 +435,8 @@ def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
         "output_tokens": w["output_tokens"],
         "requests_per_user": w["requests_per_user"],
         "warmup_requests": w["warmup_requests"],
+        # only when set: a cell without a ramp keeps the params (and the results) it had
+        **({"ramp_s": float(w["ramp_s"])} if w["ramp_s"] else {}),
         "warmup": b["warmup"],
         "sampling": cell.sampling,
         "temperature": float(s["temperature"]),

@@ -1,8 +1,9 @@
 """Closed-loop streaming load generator for OpenAI-compatible /v1/completions servers.
 
 N users each send their next request when the previous one completes. A warm-up phase runs
-first and is excluded; the measured phase starts for all users at once. It knows URLs and a
-request dialect, never which stack is behind them.
+first and is excluded; the measured phase starts for all users at once, or with the users
+joining evenly over a ramp. It knows URLs and a request dialect, never which stack is behind
+them.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class LoadSpec:
     dialect: str = "vllm"
     request_timeout_s: float = 600.0
     stall_timeout_s: float = 120.0
+    ramp_s: float = 0.0  # measured phase: user u starts at u * ramp_s / users
 
 
 def request_index(spec: LoadSpec, phase: str, user: int, i: int) -> int:
@@ -140,6 +142,8 @@ async def _phase(
         async def user(u: int) -> None:
             nonlocal done
             url = spec.urls[u % len(spec.urls)]
+            if phase == "measured" and spec.ramp_s:
+                await asyncio.sleep(u * spec.ramp_s / spec.users)
             for i in range(per_user):
                 rec = RequestRecord(user=u, index=i, phase=phase, url=url, sent=time.perf_counter() - t0)
                 records.append(rec)
@@ -258,6 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--output-tokens", type=int, default=64)
     p.add_argument("--requests-per-user", type=int, default=2)
     p.add_argument("--dialect", default="vllm", choices=["vllm", "transformers"])
+    p.add_argument("--ramp-s", type=float, default=0.0, help="users join the measured phase over this many seconds")
     args = p.parse_args(argv)
     rng = random.Random(0)
     prompts = [" ".join(f"w{rng.randrange(3, 1000)}" for _ in range(args.prompt_words)) for _ in range(64)]
@@ -270,6 +275,7 @@ def main(argv: list[str] | None = None) -> None:
         output_tokens=args.output_tokens,
         requests_per_user=args.requests_per_user,
         dialect=args.dialect,
+        ramp_s=args.ramp_s,
     )
     summary, _ = run(spec, progress=lambda m: print(m, file=sys.stderr))
     print(summary.model_dump_json(indent=2))

@@ -98,6 +98,7 @@ class CellParams(_Record):
     output_tokens: int
     requests_per_user: int
     warmup_requests: int = Field(description="warm-up requests per user, before the measured phase")
+    ramp_s: float = Field(0.0, description="users joined the measured phase evenly over this many seconds (0: at once)")
     telemetry_s: float = Field(0.5, description="seconds between telemetry readings")
     slo_ttft_p99_s: float = Field(2.0, description="latency objective: p99 TTFT at most this")
     slo_tpot_p99_s: float = Field(0.1, description="latency objective: p99 TPOT at most this")
