@@ -311,9 +311,23 @@ def analysis_spec(config: dict) -> dict:
         "tolerate_flags": list(config["analysis"]["tolerate_flags"]),
         "factorial_spec": factorial_spec(config),
         "steps": chain_steps(config),
-        "headline": list(config["report"]["headline"]),
+        "headline": headline(config),
         "capacity_spec": capacity_spec(config),
     }
+
+
+def headline(config: dict) -> list[dict]:
+    """The cells the report's first screen answers for: report.headline; with a capacity
+    sweep and none given, each workload and sampling's grid cell with the most users (the
+    ladder's top levels are past the cliff, often skipped); else empty (the answer's own
+    default: the most users measured)."""
+    if config["report"]["headline"] or not config["capacity"]["enabled"]:
+        return list(config["report"]["headline"])
+    top: dict[tuple[str, str], int] = {}
+    for c in grid_cells(config):
+        if c.users > top.get((c.workload, c.sampling), 0):
+            top[(c.workload, c.sampling)] = c.users
+    return [{"users": u, "workload": w, "sampling": s} for (w, s), u in top.items()]
 
 
 def coordination_cell(config: dict) -> Cell:
@@ -383,13 +397,18 @@ class Cell:
         return not self.stacks or stack in self.stacks
 
 
+def grid_cells(config: dict) -> list[Cell]:
+    """The grid's cells (its list, else its product), without the capacity sweep's levels."""
+    g = config["grid"]
+    if g["cells"]:
+        return [Cell(c["users"], c["workload"], c["sampling"], tuple(c.get("stacks", ()))) for c in g["cells"]]
+    return [Cell(u, w, s) for w in g["workloads"] for s in g["sampling"] for u in g["users"]]
+
+
 def cells(config: dict) -> list[Cell]:
     """The grid's cells, then the capacity sweep's levels (ascending users) not already in it."""
     g = config["grid"]
-    if g["cells"]:
-        out = [Cell(c["users"], c["workload"], c["sampling"], tuple(c.get("stacks", ()))) for c in g["cells"]]
-    else:
-        out = [Cell(u, w, s) for w in g["workloads"] for s in g["sampling"] for u in g["users"]]
+    out = grid_cells(config)
     cap = config.get("capacity") or {}
     if cap.get("enabled"):
         workload = cap["workload"] or out[0].workload

@@ -222,19 +222,25 @@ def latency_chart(cells: pl.DataFrame) -> alt.Chart:
 
 def capacity_chart(cells: pl.DataFrame, capacity: pl.DataFrame) -> alt.Chart:
     """The capacity sweep per stack: throughput, goodput and failed requests vs users, each
-    level marked pass / fail / skipped, a dashed rule at the first failing level (the cliff)."""
+    measured level marked pass or fail, a dashed rule at the first failing level (the cliff).
+    Skipped levels were not measured: they are in the capacity table, not on the chart."""
     verdicts = capacity.select(
-        "model", "stack", "topology", "workload", "sampling", "passing_users", "skipped_users", "first_failing_users"
+        "model", "stack", "topology", "workload", "sampling", "passing_users", "failing_users", "first_failing_users"
     )
-    levels = cells.join(verdicts, on=["model", "stack", "topology", "workload", "sampling"], how="inner").with_columns(
-        pl.when(pl.col("passing_users").list.contains(pl.col("users")))
-        .then(pl.lit("pass"))
-        .when(pl.col("skipped_users").list.contains(pl.col("users")))
-        .then(pl.lit("skipped"))
-        .otherwise(pl.lit("fail"))
-        .alias("verdict"),
-        pl.col("failed_requests").cast(pl.Float64),
-        pl.format("{} ({})", "stack", "topology").alias("series"),
+    levels = (
+        cells.join(verdicts, on=["model", "stack", "topology", "workload", "sampling"], how="inner")
+        .filter(
+            pl.col("passing_users").list.contains(pl.col("users"))
+            | pl.col("failing_users").list.contains(pl.col("users"))
+        )
+        .with_columns(
+            pl.when(pl.col("passing_users").list.contains(pl.col("users")))
+            .then(pl.lit("pass"))
+            .otherwise(pl.lit("fail"))
+            .alias("verdict"),
+            pl.col("failed_requests").cast(pl.Float64),
+            pl.format("{} ({})", "stack", "topology").alias("series"),
+        )
     )
     panels = {"output_tok_s": "output tokens/s", "goodput_rps": "goodput (requests/s)", "failed_requests": "failed"}
     long = levels.unpivot(
@@ -246,29 +252,27 @@ def capacity_chart(cells: pl.DataFrame, capacity: pl.DataFrame) -> alt.Chart:
     base = alt.Chart().encode(
         x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"), color=alt.Color("series:N")
     )
-    lines = base.transform_filter("datum.verdict != 'skipped'").mark_line().encode(y=alt.Y("value:Q", title=None))
+    lines = base.mark_line().encode(y=alt.Y("value:Q", title=None))
     points = base.mark_point(filled=True, size=70).encode(
         y="value:Q",
-        shape=alt.Shape(
-            "verdict:N", scale=alt.Scale(domain=["pass", "fail", "skipped"], range=["circle", "cross", "square"])
-        ),
+        shape=alt.Shape("verdict:N", scale=alt.Scale(domain=["pass", "fail"], range=["circle", "cross"])),
         tooltip=["series", "users", "verdict", alt.Tooltip("value:Q", format=".2f")],
     )
     cliff = base.mark_rule(strokeDash=[4, 3]).encode(x="first_failing_users:Q")
+    caps = sorted(set(capacity["card_memory_gib"].drop_nulls().to_list()))
     return (
         alt.layer(lines, points, cliff, data=long.filter(pl.col("value").is_not_null()).to_pandas())
         .properties(width=260, height=170)
-        .facet(row=alt.Row("metric:N", title=None, sort=list(panels.values())), column=alt.Column("model:N"))
+        .facet(
+            row=alt.Row("metric:N", title=None, sort=list(panels.values())), column=alt.Column("model:N", title=None)
+        )
         .resolve_scale(y="independent")
         .properties(
             title=alt.TitleParams(
                 "Capacity: each ladder level against the objectives (dashed: the first failing level)",
                 subtitle=[f"hardware: {'; '.join(sorted(set(cells['hardware'].to_list())))}"]
-                + (
-                    [f"memory cap: {', '.join(f'{g:g}' for g in caps)} GiB per card"]
-                    if (caps := sorted(set(capacity["card_memory_gib"].drop_nulls().to_list())))
-                    else []
-                ),
+                + ([f"memory cap: {', '.join(f'{g:g}' for g in caps)} GiB per card"] if caps else [])
+                + ["levels past the cliff that were skipped are listed in tables/capacity, not drawn"],
                 anchor="start",
             )
         )

@@ -137,6 +137,10 @@ class EngineFacts(_Record):
     weight_memory_gib: float | None = None
     kv_cache_tokens: int | None = None
     kv_cache_gib: float | None = Field(default=None, description="memory the engine gave its KV cache")
+    kv_cache_fit_gib: float | None = Field(
+        default=None,
+        description="the KV cache that would have kept the engine inside its memory share (vLLM's own estimate)",
+    )
     max_concurrency: float | None = None
     quantization: str | None = None
     dtype: str | None = None

@@ -14,6 +14,7 @@ from pathlib import Path
 import polars as pl
 
 from speedsplit.analysis.answer import qualifiers
+from speedsplit.analysis.capacity import card_memory_peak
 from speedsplit.analysis.formats import for_people, value_text
 from speedsplit.record import Provenance
 from speedsplit.results import redact, write_bytes_atomic
@@ -99,20 +100,34 @@ def energy_section(cells: pl.DataFrame, energy: pl.DataFrame) -> str:
 
 
 def memory_cap_note(runs: pl.DataFrame) -> str:
-    """What the memory cap emulated and what it cannot ("" when no server ran under one)."""
+    """What the memory cap emulated, what it cannot, and where a server held more of the card
+    than the cap ("" when no server ran under one)."""
     capped = runs.filter(pl.col("card_memory_gib").is_not_null())
     if not capped.height:
         return ""
     caps = capped.group_by("card_memory_gib").agg(pl.col("stack").unique().sort()).sort("card_memory_gib")
     which = "; ".join(f"{', '.join(r['stack'])} as if on a {r['card_memory_gib']:g} GiB card" for r in caps.to_dicts())
     hardware = "; ".join(sorted(set(capped["hardware"].drop_nulls().to_list()))) or "the real card"
+    over = []
+    for (stack, cap), df in capped.group_by(["stack", "card_memory_gib"], maintain_order=True):
+        peak = card_memory_peak(df)
+        if peak is not None and peak > cap:
+            fit = df["kv_cache_fit_gib"].min()
+            kv = df["kv_cache_gib"].min()
+            over.append(
+                f"{stack} held up to {peak:.1f} GiB of a card"
+                + (f" (its KV cache {kv:g} GiB; {fit:g} GiB would have fit, by vLLM's own estimate)" if fit else "")
+            )
+    leak = (
+        " <b>Over the cap</b> (NVML, every process on the card): " + html.escape("; ".join(over)) + "." if over else ""
+    )
     return (
         f"<p class='note'><b>Memory cap</b> (<i>card_memory_gib</i>): {html.escape(which)}, on {html.escape(hardware)}. "
         "vLLM took that share of the card (--gpu-memory-utilization); a server without such a flag ran "
         "under speedsplit.memcap (its allocator capped, free memory reported as the small card's). "
         "Bandwidth and compute stay the real card's: the cap reproduces where a smaller card runs out "
-        "of memory (KV cache, batch, capacity), not its speed; the throughput and latency here are the "
-        "real card's.</p>"
+        f"of memory (KV cache, batch, capacity), not its speed; the throughput and latency here are the "
+        f"real card's.{leak}</p>"
     )
 
 

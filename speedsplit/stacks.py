@@ -326,11 +326,19 @@ _FACTS = {
         r"Available KV cache memory: ([\d.]+) ?GiB",  # vLLM
         r"Memory available for cache allocation: (\d+) ?(MB)",  # transformers' continuous batching
     ],
+    # vLLM counts its CUDA graphs outside --gpu-memory-utilization and says what would fit
+    "kv_cache_fit_gib": [r"--kv-cache-memory=\d+` \(([\d.]+) GiB\) to fit into requested memory"],
     "max_concurrency": [r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x"],
     "quantization": [r"quantization=(\w+)"],
     "dtype": [r"dtype=(torch\.\w+|\w+)"],
 }
-_NUMBERS = {"weight_memory_gib": float, "kv_cache_gib": float, "max_concurrency": float, "kv_cache_tokens": int}
+_NUMBERS = {
+    "weight_memory_gib": float,
+    "kv_cache_gib": float,
+    "kv_cache_fit_gib": float,
+    "max_concurrency": float,
+    "kv_cache_tokens": int,
+}
 
 
 def engine_facts(log_text: str) -> dict:

@@ -94,6 +94,12 @@ def test_qualifiers_name_kernel_mismatches_short_runs_and_failed_starts(tmp_path
     assert "ran another kernel than the one asked for" in text and "vllm-marlin u8-wide-greedy run2" in text
     assert "measured for less than" in text and "vllm-fp16 u8-wide-greedy run2" in text
     assert "did not complete" in text and "startup_failed" in text
+    assert "skipped" not in text
+    paths.append(write_result(tmp_path / "c.json", fake_result("vllm-fp16", 96, 0, None, status="skipped")))
+    frames = aggregate.build_frames(paths, CHAINS, steps=STEPS)
+    lines = A.qualifiers(frames["runs"], frames["attribution"])
+    assert "1 capacity level(s) not measured, past the cliff (skipped): vllm-fp16: 96 users" in lines
+    assert not any("did not complete" in q and "skipped" in q for q in lines)  # not a failure
     assert "Left out of the headline numbers" in text  # the flagged runs were excluded
     clean = aggregate.build_frames(paths[:6], CHAINS, steps=STEPS)
     assert A.qualifiers(clean["runs"], clean["attribution"]) == []

@@ -128,3 +128,12 @@ def test_cpu_isolation_applies_on_cuda_only():
     assert C.stack_params(cuda, "tiny", "vllm-fp16", "tp1")["cpu_isolation"] is True
     off = C.merge(cuda, {"benchmark": {"cpu_isolation": False}})
     assert C.stack_params(off, "tiny", "vllm-fp16", "tp1")["cpu_isolation"] is False
+
+
+def test_with_a_capacity_sweep_the_report_headlines_the_grid_not_the_ladders_top():
+    cfg = C.load(REPO / "config/h200-smoke.yaml", REPO / "config/h200-capacity.yaml")
+    assert max(c.users for c in C.cells(cfg)) == 512  # the ladder's top, past any cliff there
+    assert C.headline(cfg) == [{"users": 64, "workload": "h200-wide", "sampling": "greedy"}]
+    assert C.headline(C.load()) == []  # no sweep: the answer's own default (the most users)
+    given = C.merge(cfg, {"report": {"headline": [{"users": 32, "workload": "h200-wide"}]}})
+    assert C.headline(C.validate(given)) == [{"users": 32, "workload": "h200-wide"}]

@@ -13,6 +13,7 @@ VLLM_GPU_LOG = """
 (EngineCore pid=1) INFO [gpu_model_runner.py:5150] Model loading took 5.31 GiB memory and 12.1 seconds
 (Worker pid=2) INFO [gpu_worker.py:760] Available KV cache memory: 118.45 GiB
 (EngineCore pid=1) INFO [kv_cache_utils.py:1000] GPU KV cache size: 1,034,880 tokens
+(EngineCore pid=1) INFO [gpu_worker.py:857] Free memory on device (139.29/139.8 GiB) on startup. Desired GPU memory utilization is (0.1709, 23.89 GiB). Actual usage is 15.0 GiB for weight, 1.1 GiB for peak activation, 0.22 GiB for non-torch memory, and 0.98 GiB for CUDAGraph memory. Replace gpu_memory_utilization config with `--kv-cache-memory=6906680947` (6.43 GiB) to fit into requested memory, or `--kv-cache-memory=130810379776` (121.83 GiB) to fully utilize gpu memory. Current kv cache memory in use is 7.56 GiB.
 (EngineCore pid=1) INFO [kv_cache_utils.py:1001] Maximum concurrency for 2,048 tokens per request: 505.31x
 """
 
@@ -23,6 +24,7 @@ def test_engine_facts_from_a_vllm_log():
     assert f["attention_backend"] == "FLASH_ATTN"
     assert f["weight_memory_gib"] == pytest.approx(5.31)
     assert f["kv_cache_tokens"] == 1034880 and f["kv_cache_gib"] == pytest.approx(118.45)
+    assert f["kv_cache_fit_gib"] == pytest.approx(6.43)  # what fits the memory share, CUDA graphs counted
     assert f["max_concurrency"] == pytest.approx(505.31)
     assert f["quantization"] == "gptq_marlin" and f["dtype"] == "torch.float16"
     assert stacks.kernel_matches("Marlin", f["linear_kernel"]) is True

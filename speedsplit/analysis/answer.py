@@ -209,7 +209,12 @@ def qualifiers(runs: pl.DataFrame, attribution: pl.DataFrame) -> list[str]:
                 out.append(
                     f"{hit.height} run(s) {what}{kernels}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}"
                 )
-        failed = runs.filter(pl.col("status") != "ok")
+        skipped = runs.filter(pl.col("status") == "skipped")
+        if skipped.height:
+            per_stack = skipped.group_by("stack", maintain_order=True).agg(pl.col("users").unique().sort())
+            levels = "; ".join(f"{r['stack']}: {', '.join(map(str, r['users']))} users" for r in per_stack.to_dicts())
+            out.append(f"{skipped.height} capacity level(s) not measured, past the cliff (skipped): {levels}")
+        failed = runs.filter(~pl.col("status").is_in(["ok", "skipped"]))
         if failed.height:
             names = sorted(
                 {f"{r['stack']} {r['cell']} run{r['run']} ({r['status']})" for r in failed.iter_rows(named=True)}

@@ -27,6 +27,8 @@ SCHEMA = {
     "card_memory_gib": pl.Float64,
     "kv_cache_gib": pl.Float64,
     "kv_cache_tokens": pl.Int64,
+    "kv_cache_fit_gib": pl.Float64,
+    "card_memory_peak_gib": pl.Float64,
     "kv_cache_peak_at_cliff": pl.Float64,
     "waiting_mean_at_cliff": pl.Float64,
     "preemptions_at_cliff": pl.Float64,
@@ -34,6 +36,11 @@ SCHEMA = {
     "reference": pl.Utf8,
     "vs_reference": pl.Float64,
 }
+
+
+def card_memory_peak(runs: pl.DataFrame) -> float | None:
+    """The most memory any one card of these runs held (NVML, every process on it), in GiB."""
+    return (runs["gpu_memory_peak_gib"] / runs["devices"].list.len()).max()
 
 
 def level_verdicts(df: pl.DataFrame) -> str | None:
@@ -78,6 +85,8 @@ def capacity_frame(runs: pl.DataFrame, spec: dict) -> pl.DataFrame:
                 "card_memory_gib": df["card_memory_gib"].max(),
                 "kv_cache_gib": df["kv_cache_gib"].min(),
                 "kv_cache_tokens": df["kv_cache_tokens"].min(),
+                "kv_cache_fit_gib": df["kv_cache_fit_gib"].min(),
+                "card_memory_peak_gib": card_memory_peak(df),
                 "kv_cache_peak_at_cliff": cliff["kv_cache_peak"].max(),
                 "waiting_mean_at_cliff": cliff["waiting_mean"].max(),
                 "preemptions_at_cliff": cliff["preemptions"].max(),

@@ -55,6 +55,7 @@ RUNS_SCHEMA = {
     "weight_memory_gib": pl.Float64,
     "card_memory_gib": pl.Float64,  # the memory cap the server ran under (null: none applied)
     "kv_cache_gib": pl.Float64,  # what the engine gave its KV cache, as it reported
+    "kv_cache_fit_gib": pl.Float64,  # what would have kept it inside its memory share (vLLM)
     "kv_cache_tokens": pl.Int64,
     "startup_s": pl.Float64,
     "reused": pl.Boolean,
@@ -128,6 +129,7 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
             "weight_memory_gib": res.engine.weight_memory_gib,
             "card_memory_gib": _memory_cap(res),
             "kv_cache_gib": res.engine.kv_cache_gib,
+            "kv_cache_fit_gib": res.engine.kv_cache_fit_gib,
             "kv_cache_tokens": res.engine.kv_cache_tokens,
             "startup_s": res.server.startup_s if res.server else None,
             "reused": bool(res.server and res.server.reused),
