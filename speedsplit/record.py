@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
 
 SCHEMA_VERSION = 2
 
@@ -343,7 +343,8 @@ class RunResult(_Record):
 
 
 class RequestRecord(_Record):
-    """One request as the client saw it (times in seconds from its phase's start)."""
+    """One request as the client saw it (times in seconds from its phase's start, written to
+    the microsecond: finer digits are clock noise and would triple the records' size)."""
 
     user: int
     index: int = Field(description="the user's n-th request in its phase")
@@ -362,6 +363,14 @@ class RequestRecord(_Record):
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @field_serializer("sent", "first_token", "end")
+    def _to_the_microsecond(self, t: float | None) -> float | None:
+        return None if t is None else round(t, 6)
+
+    @field_serializer("gaps")
+    def _gaps_to_the_microsecond(self, gaps: list[float]) -> list[float]:
+        return [round(g, 6) for g in gaps]
 
 
 # --- reading -------------------------------------------------------------------------------

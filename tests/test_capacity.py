@@ -110,16 +110,16 @@ def test_a_kv_budget_makes_a_real_cliff_and_an_interrupted_sweep_resumes(tmp_pat
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     level = tmp_path / "results/bench/tiny/vllm-8-blocks/tp1/{}-cliff-greedy/run0.json"
     deadline = time.monotonic() + 600
-    next_log = tmp_path / "results/logs/bench/tiny/vllm-8-blocks/tp1/u4-cliff-greedy/run0.log"
+    next_log = tmp_path / "results/logs/bench/tiny/vllm-8-blocks/tp1/u8-cliff-greedy/run0.log"
     while not next_log.exists():  # the first level's job is done, the next one under way
         assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read().decode()[-3000:]
         time.sleep(0.2)
-    first = Path(str(level).format("u2"))
+    first = Path(str(level).format("u4"))
     assert first.exists()
     os.killpg(proc.pid, signal.SIGINT)
     proc.wait(timeout=120)
     kept = first.read_bytes()
-    assert not Path(str(level).format("u64")).exists()  # interrupted before the sweep's end
+    assert not Path(str(level).format("u32")).exists()  # interrupted before the sweep's end
 
     out = run_snakemake(args, tmp_path, timeout=900)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
@@ -127,11 +127,11 @@ def test_a_kv_budget_makes_a_real_cliff_and_an_interrupted_sweep_resumes(tmp_pat
     cap = pl.read_parquet(tmp_path / "results/tables/capacity.parquet").row(0, named=True)
     assert (cap["sustainable_users"], cap["first_failing_users"]) == (8, 16), cap["levels"]
     assert cap["first_failing_why"].startswith("p99 TTFT"), cap
-    assert (cap["passing_users"], cap["failing_users"], cap["skipped_users"]) == ([2, 4, 8], [16, 32], [64])
+    assert (cap["passing_users"], cap["failing_users"], cap["skipped_users"]) == ([4, 8], [16], [32])
     # why: the cache the engine reported (9 x 512 tokens) was full and requests queued for it
     assert cap["kv_cache_tokens"] == 9 * 512
     assert cap["kv_cache_peak_at_cliff"] > 0.99 and cap["waiting_mean_at_cliff"] > 0
-    skipped = read_result(Path(str(level).format("u64")))
+    skipped = read_result(Path(str(level).format("u32")))
     assert skipped.status == "skipped" and "u16-cliff-greedy" in skipped.error.message
     # a CPU has no card: the cap asked for is recorded as not applied, never silently dropped
     eight = read_result(Path(str(level).format("u8")))
