@@ -67,6 +67,17 @@ def test_the_factorial_config_dry_runs_with_its_table(tmp_path):
     assert len(planned_outputs(out.stdout)) == 12
 
 
+def test_the_capacity_configs_dry_run(tmp_path):
+    base = [REPO / "config/h200-smoke.yaml", REPO / "config/h200-capacity.yaml"]
+    # 3 stacks x 9 levels, the 64-user level a grid cell of 2 runs
+    assert dry_run_counts(base, tmp_path, gpus=1)["bench"] == 3 * 10
+    steady = [
+        REPO / "config/h200-capacity-steady.yaml",
+        REPO / "docs/evidence/h200x2-2026-11-30-capacity-steady/two-cards.yaml",
+    ]
+    assert dry_run_counts(base + steady, tmp_path, gpus=2)["bench"] == 2 * 9
+
+
 def test_the_shipped_study_config_dry_runs(tmp_path):
     counts = dry_run_counts(REPO / "config/study.yaml", tmp_path, gpus=4)
     assert counts["bench"] > 0 and counts["report"] == 1
