@@ -312,10 +312,11 @@ def _run_load(
 def _late_facts(result: RunResult, state: dict) -> None:
     """Engine facts logged after the server was ready fill the gaps of those read at ready
     (transformers' continuous batching sizes its KV cache at its first request)."""
-    logs = zip(state.get("server_logs") or [], state.get("log_offsets") or [])
-    text = "\n".join(stacks.launch_output(path, offset) for path, offset in logs)
-    late = stacks.engine_facts(text)
     known = result.engine.model_dump()
+    if None not in known.values():
+        return
+    logs = zip(state.get("server_logs") or [], state.get("log_offsets") or [])
+    late = stacks.engine_facts("\n".join(stacks.launch_output(path, offset) for path, offset in logs))
     result.engine = EngineFacts(**{k: known[k] if known[k] is not None else late.get(k) for k in known})
 
 
