@@ -455,7 +455,11 @@ def all_charts(
     if link is not None and link.height:
         charts["link"] = link_chart(link)
     for chain in chains:
-        if attribution.height and attribution.filter(pl.col("chain") == chain).height:
+        # a chart only where it has something to draw: no factor measured, or every total
+        # within 5% of 1 (shares undefined), would leave an empty frame
+        mine = attribution.filter(pl.col("chain") == chain) if attribution.height else attribution
+        if mine.filter(pl.col("value").is_not_null()).height:
             charts[f"factors-{chain}"] = factors_chart(attribution, cells, chain)
+        if mine.filter((pl.col("position") > 0) & pl.col("log_share").is_not_null()).height:
             charts[f"shares-{chain}"] = shares_chart(attribution, cells, chain)
     return charts

@@ -144,6 +144,9 @@ def test_plots_and_report_render_offline(result_files, tmp_path):
         assert "https://cdn" not in out["html"].read_text()  # JavaScript inlined
         svgs[name] = out["svg"]
     assert set(svgs) == {"throughput", "latency", "factors-study", "shares-study"}
+    # every total within 5% of 1: no shares to draw, so no (empty) shares chart in the report
+    flat_totals = frames["attribution"].with_columns(pl.lit(None, dtype=pl.Float64).alias("log_share"))
+    assert "shares-study" not in plots.all_charts(frames["cells"], flat_totals, ["study"])
     html = tmp_path / "report.html"
     report.build(
         html,

@@ -156,7 +156,13 @@ def test_tables_and_attribution_come_out(workdir):
     assert prof["load"]["failed"] == 0
     link = pl.read_csv(workdir / "results/tables/link.csv")
     assert set(link["backend"]) == {"gloo"} and link["decode_sized"].any()
-    for name in ("throughput", "latency", "factors-study", "shares-study", "link"):
+    # shares are undefined where a total is within 5% of 1 (the tiny model on a CPU can get there)
+    shares = pl.read_parquet(workdir / "results/tables/attribution.parquet").filter(
+        (pl.col("chain") == "study") & (pl.col("position") > 0) & pl.col("log_share").is_not_null()
+    )
+    names = ["throughput", "latency", "factors-study", "link"] + (["shares-study"] if shares.height else [])
+    assert (workdir / "results/plots/shares-study.svg").exists() == bool(shares.height)
+    for name in names:
         for ext in ("html", "svg", "png"):
             assert (workdir / f"results/plots/{name}.{ext}").stat().st_size > 1000
 
