@@ -17,10 +17,12 @@ once it also reruns the job after each one in its lane (an `ancient()` input sti
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from speedsplit.record import ResultError, read_result, requests_path
@@ -28,7 +30,8 @@ from speedsplit.record import ResultError, read_result, requests_path
 
 def failed_results(results_dir: str | Path, flagged: bool = False) -> list[tuple[Path, str]]:
     """(result file, why) for every run that failed (or, with flagged, carries a flag); a file
-    that cannot be read at all counts as failed."""
+    that cannot be read at all counts as failed. A capacity level skipped past the cliff did
+    not fail: it is not listed (see skipped_above)."""
     out = []
     for path in sorted(Path(results_dir).rglob("run*.json")):
         try:
@@ -36,22 +39,56 @@ def failed_results(results_dir: str | Path, flagged: bool = False) -> list[tuple
         except ResultError as exc:
             out.append((path, f"unreadable: {exc}"))
             continue
+        if res.status == "skipped":
+            continue
         if res.status != "ok":
-            error = (res.server and res.server.error) or (res.error and res.error.message) or ""
+            error = res.cause or ""
             out.append((path, f"{res.status}{': ' + error.splitlines()[0] if error else ''}"))
         elif flagged and res.flags:
             out.append((path, "flagged: " + ",".join(res.flags)))
     return out
 
 
+def skipped_above(results_dir: str | Path, rerun: list[Path]) -> list[tuple[Path, str]]:
+    """Capacity levels skipped because of levels now being re-measured: judged again after them."""
+    again = {p.resolve() for p in rerun}
+    out = []
+    for path in sorted(Path(results_dir).rglob("run*.json")):
+        with contextlib.suppress(ResultError):
+            res = read_result(path)
+            below = {(path.parent.parent / name / path.name).resolve() for name in res.params.capacity_below}
+            if res.status == "skipped" and below & again:
+                out.append((path, "skipped past levels now re-measured"))
+    return out
+
+
 def move_aside(paths: list[Path], results_root: Path, into: Path) -> None:
-    """Move result files (and their request records) from results_root/... to into/..."""
+    """Move result files (and their request records) from results_root/... to into/..., losing
+    nothing whenever it is interrupted: each pair is first linked into `into` (both files kept
+    in both places), then removed from results, the result before its records (a result
+    without records is re-measured, and the rerun's records replace the linked ones only in
+    results)."""
     for path in paths:
-        for f in (path, requests_path(path)):
-            if f.exists():
-                dest = into / f.relative_to(results_root)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(f, dest)
+        pair = [f for f in (path, requests_path(path)) if f.exists()]
+        for f in pair:
+            dest = into / f.relative_to(results_root)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.link(f, dest)
+        for f in pair:
+            f.unlink()
+
+
+def aside_folder(results_root: Path) -> Path:
+    """A new folder under results/failed/ of its own (two reruns in one second never share one)."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    while True:
+        into = results_root / "failed" / f"{stamp}-{uuid.uuid4().hex[:6]}"
+        try:
+            into.mkdir(parents=True)
+            return into
+        except FileExistsError:
+            continue
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     root = Path(args.results)
     found = failed_results(root / "bench", args.flagged)
+    found += skipped_above(root / "bench", [p for p, _ in found])
     for path, why in found:
         print(f"{path}: {why}")
     if not found:
@@ -73,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.rerun:
         print(f"{len(found)} run(s); re-measure them with: python -m speedsplit.failed --rerun -- <snakemake args>")
         return 0
-    into = root / "failed" / time.strftime("%Y%m%dT%H%M%S")
+    into = aside_folder(root)
     move_aside([p for p, _ in found], root, into)
     print(f"moved {len(found)} result(s) to {into}")
     targets = [str(p) for p, _ in found]

@@ -63,6 +63,14 @@ def open_private(path: Path, flags: int = os.O_RDWR | os.O_CREAT):
         if exc.errno == errno.ELOOP:
             raise LeaseError(f"{path} is a link: refusing to open it") from None
         raise
+    st = os.fstat(fd)
+    if st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode):
+        os.close(fd)  # planted by someone else: its content (a forged state, a lock) is not ours to trust
+        raise LeaseError(
+            f"{path} is not a plain file of yours (uid {st.st_uid}): refusing it; remove it or set SPEEDSPLIT_LOCK_DIR"
+        )
+    if st.st_mode & 0o077:
+        os.fchmod(fd, 0o600)
     return os.fdopen(fd, "r+")
 
 
@@ -207,6 +215,7 @@ def cuda_devices(n: int, platform: str, timeout_s: float = 3600.0):
         old = os.environ.get("CUDA_VISIBLE_DEVICES")
         if held.devices:
             os.environ["CUDA_VISIBLE_DEVICES"] = held.cuda_visible_devices
+            os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the lease's indices are NVML's (PCI bus order)
         try:
             yield held
         finally:

@@ -28,11 +28,17 @@ import time
 from pathlib import Path
 
 from speedsplit.lease import cuda_devices
+from speedsplit.procs import die_with_parent, stop_on_signals
 from speedsplit.results import hardware
 
 MIB = 2**20
 # The environment every rank starts with (NVLink multicast off; bootstrap on loopback).
-BASE_ENV = {"NCCL_NVLS_ENABLE": "0", "NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
+BASE_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "NCCL_SOCKET_IFNAME": "lo",
+    "GLOO_SOCKET_IFNAME": "lo",
+    "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # cards numbered as the lease and NVML number them
+}
 MODES = {"p2p": {}, "no_p2p": {"NCCL_P2P_DISABLE": "1"}}
 
 
@@ -92,26 +98,29 @@ def measure_pair(backend: str, sizes: list[int], env: dict[str, str], timeout_s:
     folder = Path(tempfile.mkdtemp(prefix="speedsplit-link-"))
     try:
         args = [json.dumps(sizes), backend, str(folder / "rendezvous"), str(folder / "rows.json")]
-        ranks = [
-            subprocess.Popen(
-                [sys.executable, "-m", "speedsplit.link", str(r), *args],
-                env={**os.environ, **env, "PYTHONPATH": _with_package(os.environ.get("PYTHONPATH"))},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            for r in range(2)
-        ]
+        ranks: list[subprocess.Popen] = []
         deadline = time.monotonic() + timeout_s
         try:
-            while any(p.poll() is None for p in ranks) and time.monotonic() < deadline:
-                if any(p.poll() not in (None, 0) for p in ranks):
-                    break  # one rank failed: the other would wait for it forever
-                time.sleep(0.2)
+            with stop_on_signals():  # a stopped job still runs the finally below
+                for r in range(2):
+                    ranks.append(
+                        subprocess.Popen(
+                            [sys.executable, "-m", "speedsplit.link", str(r), *args],
+                            env={**os.environ, **env, "PYTHONPATH": _with_package(os.environ.get("PYTHONPATH"))},
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT,
+                            preexec_fn=die_with_parent,  # a job killed outright takes its ranks with it
+                        )
+                    )
+                while any(p.poll() is None for p in ranks) and time.monotonic() < deadline:
+                    if any(p.poll() not in (None, 0) for p in ranks):
+                        break  # one rank failed: the other would wait for it forever
+                    time.sleep(0.2)
         finally:
             for p in ranks:
                 if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
         if any(p.returncode for p in ranks):
             tail = b"".join(p.stdout.read() for p in ranks).decode(errors="replace")[-1500:]

@@ -7,6 +7,7 @@ Every place that signals or watches a process goes through here.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 from dataclasses import dataclass
@@ -169,3 +170,45 @@ def outermost(pid: int, marker: bytes) -> int | None:
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class Stop(Exception):
+    """Raised in the main thread when the process is asked to stop."""
+
+
+def _raise_stop(signum, frame):
+    raise Stop(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """Turn SIGTERM/SIGINT/SIGHUP into an exception so every `finally` runs."""
+    old = {s: signal.signal(s, _raise_stop) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Cleanup that must finish (stop servers, then free their cards) is not interrupted by a
+    second stop signal; it is bounded in time by the stops themselves."""
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def die_with_parent() -> None:
+    """In a child before exec (preexec_fn): its own process group, and SIGTERM when the process
+    that started it dies, however it dies (Linux PR_SET_PDEATHSIG): a killed job never leaves
+    its servers or ranks behind."""
+    os.setsid()
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)

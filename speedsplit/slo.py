@@ -50,12 +50,21 @@ def assess(records: list[RequestRecord], summary: Summary, ttft_p99_s: float, tp
     )
 
 
-def level_failure(status: str, met: bool | None, violations: list[str]) -> str | None:
-    """Why one run fails a capacity level (its status, or the objectives it missed), or None
-    when it passes: status ok and the objectives met. The stop rule (bench) and the capacity
-    table (analysis) both judge a level by it."""
+# A run with one of these flags did not measure what its level asks (another kernel, another
+# platform, other lengths): it cannot show that the stack sustains the level.
+INVALIDATING_FLAGS = ("kernel_mismatch", "platform_mismatch", "output_length_mismatch", "prompt_length_mismatch")
+
+
+def level_failure(status: str, met: bool | None, violations: list[str], flags: list[str] = ()) -> str | None:
+    """Why one run fails a capacity level (its status, a flag that says it measured something
+    else, or the objectives it missed), or None when it passes: status ok, no such flag, and
+    the objectives met. The stop rule (bench) and the capacity table (analysis) both judge a
+    level by it."""
     if status != "ok":
         return status
+    wrong = [f for f in flags if f in INVALIDATING_FLAGS]
+    if wrong:
+        return "flagged " + ", ".join(wrong)
     if met is not True:
         return "; ".join(violations) or "not judged against the objectives"
     return None

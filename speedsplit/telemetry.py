@@ -44,10 +44,13 @@ def parse_prometheus(text: str, names: set[str]) -> dict[str, float]:
 
 
 class ServerProbe:
-    """Reads /metrics of each server of a session; `absent` says why it cannot."""
+    """Reads /metrics of each server of a session. `absent` says why it never can (no endpoint,
+    no vLLM counters); a reading that fails once (a slow answer, a refused connection) is only
+    missed: sampling goes on, and `misses` keeps when and why."""
 
     def __init__(self, urls: list[str], timeout_s: float = 2.0):
         self.urls, self.timeout_s, self.absent = urls, timeout_s, None
+        self.misses: list[tuple[float, str]] = []
         self.names = set(GAUGES.values()) | set(COUNTERS.values())
 
     def read(self) -> dict[str, float] | None:
@@ -57,10 +60,13 @@ class ServerProbe:
                 with urllib.request.urlopen(f"{url}/metrics", timeout=self.timeout_s) as resp:
                     values = parse_prometheus(resp.read().decode(errors="replace"), self.names)
             except urllib.error.HTTPError as exc:
-                self.absent = f"the server has no Prometheus /metrics endpoint (HTTP {exc.code})"
+                if exc.code in (404, 405, 501):
+                    self.absent = f"the server has no Prometheus /metrics endpoint (HTTP {exc.code})"
+                else:
+                    self.misses.append((time.time(), f"/metrics answered HTTP {exc.code}"))
                 return None
             except (OSError, ValueError) as exc:
-                self.absent = f"/metrics did not answer ({type(exc).__name__})"
+                self.misses.append((time.time(), f"/metrics did not answer ({type(exc).__name__})"))
                 return None
             if not values:
                 self.absent = "/metrics answered without vLLM's counters"
@@ -93,6 +99,7 @@ class GpuProbe:
 
     def __init__(self, devices: list[str]):
         self.absent, self.handles, self.nvml = None, [], None
+        self.misses: list[tuple[float, str]] = []
         if not devices or devices == ["cpu"]:
             self.absent = "no GPU: the run was on the CPU"
             return
@@ -115,8 +122,8 @@ class GpuProbe:
             energy = sum(n.nvmlDeviceGetTotalEnergyConsumption(h) for h in self.handles) / 1000.0
             util = sum(n.nvmlDeviceGetUtilizationRates(h).gpu for h in self.handles) / len(self.handles)
             used = sum(n.nvmlDeviceGetMemoryInfo(h).used for h in self.handles) / 2**30
-        except Exception as exc:
-            self.absent = f"NVML read failed ({type(exc).__name__}: {exc})"
+        except Exception as exc:  # one failed read is a missed reading, not the end of the readings
+            self.misses.append((time.time(), f"NVML read failed ({type(exc).__name__}: {exc})"))
             return None
         return {"power_w": power, "energy_j": energy, "sm_util_pct": util, "memory_gib": used}
 
@@ -174,12 +181,18 @@ def _series(samples: list[tuple[float, dict]], keys: dict[str, str], start: floa
     return out
 
 
-def server_summary(samples, start: float, end: float) -> ServerTelemetry | None:
+def server_summary(
+    samples, start: float, end: float, interval_s: float = 0.5, misses: list[tuple[float, str]] = ()
+) -> ServerTelemetry | None:
     """The measured phase [start, end] of the server's counters: peak and mean KV-cache use,
-    mean running and waiting requests, preemptions and the prefix-cache hit rate over it."""
+    mean running and waiting requests, preemptions and the prefix-cache hit rate over it; the
+    readings the server missed in it, and whether so few were had that peaks and means rest
+    on a handful of points (fewer than half of one per interval)."""
     inside = _within(samples, start, end)
     if not inside:
         return None
+    missed = [why for t, why in misses if start <= t <= end]
+    expected = max(1, int((end - start) / interval_s))
 
     def gauge(name):
         return [s[name] for _, s in inside if name in s]
@@ -201,6 +214,9 @@ def server_summary(samples, start: float, end: float) -> ServerTelemetry | None:
         preemptions=delta(COUNTERS["preemptions"]),
         prefix_cache_hit_rate=rate,
         prefix_cache_hits_flagged=rate is not None and rate > PREFIX_HIT_FLAG,
+        missed_readings=len(missed),
+        missed_why=sorted(set(missed))[:3],
+        sparse=len(inside) < expected / 2,
         series=_series(inside, GAUGES, start),
     )
 
@@ -230,13 +246,16 @@ def gpu_summary(samples, start: float, end: float, output_tokens: int, devices: 
 
 def summarize(sampler: Sampler, start: float, end: float, output_tokens: int, devices: list[str]) -> Telemetry:
     """The run's telemetry over its measured phase, or the reasons there is none."""
-    server = server_summary(sampler.server_samples, start, end)
+    server = server_summary(sampler.server_samples, start, end, sampler.interval_s, sampler.server.misses)
     gpu = gpu_summary(sampler.gpu_samples, start, end, output_tokens, devices)
     too_short = f"no sample inside the measured phase ({end - start:.2f} s; interval {sampler.interval_s} s)"
+    missed = [why for t, why in sampler.server.misses if start <= t <= end]
     return Telemetry(
         interval_s=sampler.interval_s,
         server=server,
-        server_absent=None if server else (sampler.server.absent or too_short),
+        server_absent=None if server else (sampler.server.absent or (missed and missed[-1]) or too_short),
         gpu=gpu,
-        gpu_absent=None if gpu else (sampler.gpu.absent or too_short),
+        gpu_absent=None
+        if gpu
+        else (sampler.gpu.absent or (sampler.gpu.misses and sampler.gpu.misses[-1][1]) or too_short),
     )

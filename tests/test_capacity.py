@@ -82,6 +82,24 @@ def test_the_table_gives_sustainable_users_the_first_failure_and_the_ratio(tmp_p
     assert marlin["vs_reference"] == pytest.approx(2.0) and fp16["vs_reference"] == pytest.approx(1.0)
 
 
+def test_a_level_whose_run_measured_another_kernel_or_platform_fails(tmp_path):
+    """A run flagged kernel_mismatch or platform_mismatch met its objectives on something other
+    than the stack asked for: its level fails, for the stop rule and the table alike."""
+    paths = []
+    for users, flags in {16: [], 32: ["kernel_mismatch"], 64: ["platform_mismatch"], 96: ["short_measurement"]}.items():
+        res = level("vllm-marlin", users)
+        res.flags = flags
+        paths.append(write_result(tmp_path / f"u{users}-wide-greedy" / "run0.json", res))
+    why = capacity_skip(tmp_path / "u128-wide-greedy" / "run0.json", 0, cell([16, 32, 64]))
+    assert why == (
+        "the 2 levels below failed (u32-wide-greedy: flagged kernel_mismatch | u64-wide-greedy: flagged platform_mismatch)"
+    )
+    spec = {"workload": "wide", "sampling": "greedy", "users": [16, 32, 64, 96], "reference": "vllm-marlin"}
+    (row,) = aggregate.build_frames(paths, {}, capacity_spec=spec)["capacity"].iter_rows(named=True)
+    assert row["passing_users"] == [16, 96] and row["failing_users"] == [32, 64]
+    assert row["first_failing_why"] == "flagged kernel_mismatch"
+
+
 def test_ladder_levels_are_cells_of_the_sweeping_stacks_run_zero_only():
     cfg = copy.deepcopy(C.load(REPO / "config" / "config.yaml"))
     cfg["capacity"] = {"enabled": True, "users": [8, 2, 16], "stacks": ["vllm-fp16", "vllm-marlin"]}

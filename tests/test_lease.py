@@ -124,6 +124,29 @@ def test_lock_files_are_never_opened_through_a_link(tmp_path, monkeypatch):
     assert victim.read_text() == "keep me"
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="only root can plant a file that belongs to somebody else")
+def test_a_file_planted_by_another_user_in_the_lock_folder_is_refused(tmp_path, monkeypatch):
+    """A lock or session state file another user put in our private folder (made before it was
+    closed, or by root) is never trusted: a forged session state reads as none, a planted lock
+    fails the lease naming the file."""
+    import json
+
+    from speedsplit import session
+
+    monkeypatch.setenv("SPEEDSPLIT_LOCK_DIR", str(tmp_path / "locks"))
+    planted = lease.lock_dir() / "gpu-0.lock"
+    planted.write_text("")
+    os.chown(planted, 65534, 65534)
+    with pytest.raises(lease.LeaseError, match="gpu-0.lock is not a plain file of yours"):
+        lease.acquire_gpus(1, timeout_s=1, devices=["0"])
+    sess = session.Session("m/s/tp1/run0", tmp_path)
+    forged = {"state": "ready", "key": sess.key, "urls": ["http://127.0.0.1:1"], "daemon": {"pid": 1, "start": 1}}
+    sess.state_path.write_text(json.dumps(forged))
+    os.chown(sess.state_path, 65534, 65534)
+    assert sess.state() == {}
+    assert forged["urls"] not in [st.get("urls") for st in session.host_states()]
+
+
 def test_each_card_gets_its_own_block_of_the_cores_this_process_may_use():
     cores = list(range(64))
     assert lease.cpu_share(["2"], visible=["0", "1", "2", "3"], cores=cores) == list(range(32, 48))

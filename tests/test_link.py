@@ -26,3 +26,33 @@ def test_two_ranks_all_reduce_over_gloo_on_a_cpu():
     assert (frame["latency_us"] > 0).all() and frame["busbw_gb_s"].to_list() == pytest.approx(
         [b / (t / 1e6) / 1e9 for b, t in zip(frame["bytes"], frame["latency_us"])]
     )
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_stopped_or_killed_link_job_takes_its_ranks_with_it(sig, tmp_path):
+    """The control's parent stopped (SIGTERM) or killed outright (SIGKILL) mid-measurement:
+    both rank processes are gone within seconds (on GPUs they would go on all-reducing on
+    cards whose lease was released)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from speedsplit import procs
+
+    code = "from speedsplit import link; link.measure_pair('gloo', [64 * 2**20] * 200, dict(link.BASE_ENV))"
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path)
+    deadline = time.monotonic() + 60
+    ranks = []
+    while len(ranks) < 2 and time.monotonic() < deadline:
+        ranks = [p for p in procs.descendants(parent.pid) if "speedsplit.link" in " ".join(procs.cmdline(p.pid))]
+        time.sleep(0.2)
+    assert len(ranks) == 2, "the ranks never started"
+    time.sleep(2.0)  # rendezvous done: the ranks are all-reducing
+    os.kill(parent.pid, getattr(signal, sig))
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 15
+    while any(r.alive() for r in ranks) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(r.alive() for r in ranks), f"ranks still running after {sig} to their parent"

@@ -3,6 +3,7 @@ by interpolation, energy per token from NVML's energy counter, and the reasons w
 cannot be read (no /metrics, no GPU)."""
 
 import threading
+import time
 
 import pytest
 from aiohttp import web
@@ -103,3 +104,53 @@ def test_a_server_without_metrics_is_said_so_and_sampling_goes_on(plain_server):
     tel = T.summarize(sampler, 0.0, 1e12, 100, ["cpu"])
     assert tel.server is None and tel.server_absent == "the server has no Prometheus /metrics endpoint (HTTP 404)"
     assert tel.gpu is None and tel.gpu_absent == "no GPU: the run was on the CPU"
+
+
+def _serve(app):
+    import asyncio
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    return f"http://127.0.0.1:{port}", loop
+
+
+def test_one_slow_metrics_answer_is_a_missed_reading_not_the_end_of_the_readings():
+    """A vLLM-like /metrics whose first answer comes after the probe's timeout: that reading is
+    missed (and counted), every later one is taken."""
+    import asyncio
+
+    calls = []
+
+    async def metrics(_):
+        calls.append(1)
+        if len(calls) == 1:
+            await asyncio.sleep(0.6)
+        body = "vllm:kv_cache_usage_perc 0.5\nvllm:num_requests_running 2\nvllm:num_requests_waiting 0\n"
+        return web.Response(text=body)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    url, loop = _serve(app)
+    sampler = T.Sampler(T.ServerProbe([url], timeout_s=0.2), T.GpuProbe(["cpu"]), interval_s=0.05)
+    t0 = time.time()
+    with sampler:
+        threading.Event().wait(1.2)
+    loop.call_soon_threadsafe(loop.stop)
+    tel = T.summarize(sampler, t0, time.time(), 100, ["cpu"])
+    assert tel.server_absent is None and tel.server.samples >= 5, tel
+    assert tel.server.missed_readings == 1 and "did not answer" in tel.server.missed_why[0]
+    assert tel.server.kv_cache_usage_peak == 0.5 and tel.server.sparse is False
+
+
+def test_a_phase_with_few_readings_is_flagged_sparse():
+    samples = [(10.0, {"vllm:kv_cache_usage_perc": 0.2}), (19.0, {"vllm:kv_cache_usage_perc": 0.4})]
+    summary = T.server_summary(samples, 9.5, 19.5, interval_s=0.5)
+    assert summary.samples == 2 and summary.sparse is True  # 20 readings were due
+    assert T.server_summary(samples, 9.5, 19.5, interval_s=5.0).sparse is False

@@ -45,7 +45,9 @@ def card_memory_peak(runs: pl.DataFrame) -> float | None:
 
 def level_verdicts(df: pl.DataFrame) -> str | None:
     """Why one level (all its runs) failed, or None when every run passed."""
-    why = [slo.level_failure(r["status"], r["slo_met"], r["slo_violations"]) for r in df.iter_rows(named=True)]
+    why = [
+        slo.level_failure(r["status"], r["slo_met"], r["slo_violations"], r["flags"]) for r in df.iter_rows(named=True)
+    ]
     return " | ".join(dict.fromkeys(w for w in why if w)) or None
 
 
