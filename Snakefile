@@ -26,3 +26,12 @@ rule all:
     default_target: True
     input:
         all_targets(),
+
+
+# The terminal's last word: the answers, every failed run with its cause, the report's path.
+onsuccess:
+    close_run()
+
+
+onerror:
+    close_run(failed=True)

@@ -34,6 +34,10 @@ onstart:
         except ss_config.ConfigError as exc:
             raise SystemExit(f"speedsplit: {exc}")
     ss_plan.write_plan(CFG, PLAN)
+    if PLATFORM == "cpu" and ss_config.has_int4_stack(CFG):
+        from speedsplit.vllm_cpu_int4 import cpu_int4_route
+
+        print(f"speedsplit: {cpu_int4_route()[1]}", file=sys.stderr)
 
 
 # Besides its outputs and log, a bench job appends to its session's server log

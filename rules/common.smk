@@ -10,6 +10,7 @@ sys.path.insert(0, workflow.basedir)
 from speedsplit import config as ss_config
 from speedsplit import estimate as ss_estimate
 from speedsplit import plan as ss_plan
+from speedsplit import summary as ss_summary
 from speedsplit.analysis import TABLES
 
 try:
@@ -34,6 +35,15 @@ wildcard_constraints:
     cell=_alternatives(c.name for c in ss_config.cells(CFG)),
     run=r"\d+",
     variant=r"fp16|gptq-w\d+g(\d+|pc)",
+
+
+def close_run(failed=False):
+    """Print the run's summary; a run whose chains could not all be decomposed fails."""
+    from snakemake.exceptions import WorkflowError
+
+    reason = ss_summary.close_run("results", CFG["benchmark"]["fail_on_undecomposed"])
+    if reason and not failed:
+        raise WorkflowError(f"speedsplit: {reason}")
 
 
 def all_targets():

@@ -10,6 +10,7 @@ import random
 import signal
 import sys
 import time
+import urllib.error
 import urllib.request
 import zlib
 from datetime import datetime, timezone
@@ -74,12 +75,15 @@ def prompt_seed(cell: dict, run: int) -> int:
     return cell["seed"] + zlib.crc32(f"{cell['cell']}/run{run}".encode())
 
 
-def healthy(url: str, path: str = "/health") -> bool:
+def health(url: str, path: str = "/health") -> int | None:
+    """The HTTP status a server's health path answers, None when it answers nothing."""
     try:
         with urllib.request.urlopen(url + path, timeout=5) as resp:
-            return resp.status == 200
-    except Exception:  # any failure to answer means not healthy
-        return False
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except Exception:  # no answer at all
+        return None
 
 
 def measure(
@@ -87,7 +91,7 @@ def measure(
     stack: dict,
     cell: dict,
     run: int,
-    session: SessionPlan,
+    session: SessionPlan | Callable[[], SessionPlan],
     model_dir: str | Path,
     tokenizer_dir: str | Path,
     out_json: str | Path,
@@ -97,29 +101,26 @@ def measure(
     progress: Callable[[str], None] | None = None,
 ) -> RunResult:
     """Measure one cell run on its session's server; writes out_json and out_requests
-    atomically and returns the result.
+    atomically and returns the result. `session` may be a function that reads the plan.
 
     Whatever fails ends in a result file (status error with the exception's class and a
     redacted message when nothing more specific fits), so the lane after it goes on. Only a
     stop signal ends the job without one: the cell was not measured and reruns.
     """
-    result = RunResult(
-        model=stack["model"],
-        stack=stack["stack"],
-        topology=stack["topology"],
-        cell=cell["cell"],
-        run=run,
-        params=CellParams(**cell),
-        session_key=session.key,
-        stack_def=StackDef(**{k: stack[k] for k in StackDef.model_fields}),
-        started=_now(),
-        timing=Timing(job_start=time.time()),
-    )
+    try:  # the plan is read here, where a failure is recorded like any other
+        session, plan_error = (session() if callable(session) else session), None
+    except Exception as exc:
+        session, plan_error = None, exc
+    result = _new_result(stack, cell, run, session.key if session else "")
     records: list[RequestRecord] = []
     # A file-size limit (RLIMIT_FSIZE) must surface as an error we can record, not kill us mid-write.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     with sessions.stop_on_signals():
         try:
+            if plan_error is not None:
+                raise plan_error
+            if result.error is not None:  # a cell the record type does not know
+                raise ValueError(result.error.message)
             result.weights = ModelSource(**model_info(model_dir))
             result.model_shape = _model_shape(model_dir)
             launch = {
@@ -127,6 +128,7 @@ def measure(
                 "model_dir": str(Path(model_dir).resolve()),
                 "model": model_identity(model_dir),
                 "cache_dir": str(Path(session.cache_dir).resolve()),
+                "host_cache_gib": stacks.host_cache_gib(stack, model_dir, session.kv_tokens),
             }
             skip = capacity_skip(out_json, run, cell)
             if skip:  # past the cliff: not measured, and a session this job would end is stopped
@@ -148,7 +150,9 @@ def measure(
         except sessions.Stop:
             raise
         except Exception as exc:  # anything unforeseen: recorded, and the lane goes on
-            _record_error(result, exc, workdir)
+            if result.error is None:
+                _record_error(result, exc, workdir)
+            result.status = "error"
         result.finished = _now()
         result.timing.job_end = time.time()
         result.provenance = Provenance.model_validate(provenance(workdir))
@@ -157,9 +161,38 @@ def measure(
             result.flags.append("platform_mismatch")
         try:
             return _write(result, records, out_json, out_requests, workdir)
-        except OSError as exc:  # e.g. a full disk: a small error result may still fit
+        except Exception as exc:  # a full disk, a result its own type refuses: a small error result still fits
             _record_error(result, exc, workdir, "writing the result failed: ")
-            return _write(result, [], out_json, out_requests, workdir)
+            return _write(_stripped(result), [], out_json, out_requests, workdir)
+
+
+def _new_result(stack: dict, cell: dict, run: int, session_key: str) -> RunResult:
+    """The run's record before anything is measured. A cell with keys its type does not know
+    (a job file of another version) is recorded without them, and the run fails saying so."""
+    known = {k: v for k, v in cell.items() if k in CellParams.model_fields}
+    result = RunResult(
+        model=stack["model"],
+        stack=stack["stack"],
+        topology=stack["topology"],
+        cell=cell["cell"],
+        run=run,
+        params=CellParams(**known),
+        session_key=session_key,
+        stack_def=StackDef(**{k: stack[k] for k in StackDef.model_fields}),
+        started=_now(),
+        timing=Timing(job_start=time.time()),
+    )
+    unknown = sorted(set(cell) - set(known))
+    if unknown:
+        result.error = ErrorInfo(type="ConfigError", message=f"the job's cell has keys no cell has: {unknown}")
+    return result
+
+
+def _stripped(result: RunResult) -> RunResult:
+    """What is left of a result that could not be written: who, what, when and why."""
+    keep = ("model", "stack", "topology", "cell", "run", "params", "session_key", "stack_def", "error")
+    keep += ("started", "finished", "timing", "provenance", "flags")
+    return RunResult(**{k: getattr(result, k) for k in keep}, status="error")
 
 
 def capacity_skip(out_json, run: int, cell: dict) -> str | None:
@@ -174,7 +207,8 @@ def capacity_skip(out_json, run: int, cell: dict) -> str | None:
         path = Path(out_json).parent.parent / name / f"run{run}.json"
         try:
             res = read_result(path)
-            verdict = slo.level_failure(res.status, res.slo and res.slo.met, res.slo.violations if res.slo else [])
+            violations = res.slo.violations if res.slo else []
+            verdict = slo.level_failure(res.status, res.slo and res.slo.met, violations, res.flags)
         except ResultError:
             return None
         if verdict is None:
@@ -223,7 +257,7 @@ def _measure_on_session(
             sessions.transition(
                 held.sess, held.generation, sessions.READY, cells_measured=held.state["cells_measured"] + 1
             )
-            _check_servers(result, held.sess, held.generation, held.state, stack)
+            _check_servers(result, records, held.sess, held.generation, held.state, stack)
     except sessions.NotReady as no:
         result.status = no.status
         if no.state is None:
@@ -320,21 +354,67 @@ def _late_facts(result: RunResult, state: dict) -> None:
     result.engine = EngineFacts(**{k: known[k] if known[k] is not None else late.get(k) for k in known})
 
 
-def _check_servers(result: RunResult, sess, generation: str, state: dict, stack: dict) -> None:
-    """Set the run's status from the load's outcome and whether its servers still answer."""
-    if not all(healthy(u, stack["ready_path"]) for u in state["urls"]):
-        servers = [procs.Proc.from_record(r) for r in state.get("servers") or []]
-        running = all(p is not None and p.alive() for p in servers)
-        # a server that is still there but answers nothing hangs; one that is gone died
-        result.status = "server_hung" if running else "server_died"
-        if not running:
-            died = sessions.wait_ready(sess, generation, 5.0)
-            result.server.log_tail = died.get("log_tail", "")
-            result.server.exit_code = died.get("exit_code")
-    elif result.summary.completed == 0:
-        result.status = "failed"
-    else:
+def _check_servers(
+    result: RunResult, records: list[RequestRecord], sess, generation: str, state: dict, stack: dict
+) -> None:
+    """Set the run's status from the load's outcome and what its servers do now; every status
+    but ok comes with its cause in result.error (the failing answer, the server's exit, the
+    failure its log names)."""
+    answers = [health(u, stack["ready_path"]) for u in state["urls"]]
+    s = result.summary
+    if all(a == 200 for a in answers) and s.completed:
         result.status = "ok"
+        return
+    servers = [procs.Proc.from_record(r) for r in state.get("servers") or []]
+    running = all(p is not None and p.alive() for p in servers)
+    cause = server_log_cause(state)
+    server_side = {k: n for k, n in s.failures.items() if k.startswith("http_5") or k == "server_error"}
+    now = sess.state()
+    # the daemon records a server's death (DIED) before it ends; one that vanished without a
+    # word was killed from outside, and its servers went with it
+    lost = not sessions.daemon_alive(now) and now.get("generation") == generation and now.get("state") == sessions.READY
+    if server_side:
+        first = next((f"{r.error}: {r.detail}" for r in records if r.error in server_side and r.detail), "no detail")
+        after = "" if running or lost else f"; then the server {_exit_of(sess, generation, result)}"
+        result.status = "server_error"
+        kind, message = "ServerError", f"{_counts(server_side)} ({first}){after}"
+    elif lost:
+        result.status = "server_died"
+        daemon = (state.get("daemon") or {}).get("pid")
+        kind = "SessionLost"
+        message = f"the session's daemon (pid {daemon}) ended mid-cell, killed from outside; its servers went with it"
+    elif not running:
+        result.status = "server_died"
+        kind, message = "ServerExit", f"the server {_exit_of(sess, generation, result)} during the run"
+    elif all(a == 200 for a in answers):
+        result.status = "failed"
+        kind, message = "RequestsFailed", f"no request completed: {_counts(s.failures) or 'none sent'}"
+    else:
+        result.status = "server_hung"
+        said = [a for a in answers if a is not None]
+        kind = "ServerHung"
+        message = f"its health check answered HTTP {said[0]}" if said else "it no longer answers its health check"
+        message += f" after {_counts(s.failures) or 'the load'}"
+    result.error = ErrorInfo(type=kind, message=message + (f"; its log: {cause}" if cause else ""))
+
+
+def _counts(failures: dict[str, int]) -> str:
+    return ", ".join(f"{n} x {k}" for k, n in sorted(failures.items()))
+
+
+def _exit_of(sess, generation: str, result: RunResult) -> str:
+    """How the session's dead server ended (the daemon, its parent, records it), also kept in
+    result.server."""
+    died = sessions.wait_final(sess, generation, 10.0)
+    result.server.log_tail = died.get("log_tail", "")
+    result.server.exit_code = died.get("exit_code")
+    return stacks.exit_cause(result.server.exit_code) if result.server.exit_code is not None else "ended"
+
+
+def server_log_cause(state: dict) -> str:
+    """The failure the session's server logs name since its launch (empty if none)."""
+    logs = zip(state.get("server_logs") or [], state.get("log_offsets") or [])
+    return stacks.log_cause("\n".join(stacks.launch_output(path, offset) for path, offset in logs))
 
 
 def honesty_flags(result: RunResult, stack: dict, cell: dict) -> list[str]:
@@ -353,6 +433,19 @@ def honesty_flags(result: RunResult, stack: dict, cell: dict) -> list[str]:
     if ok is False:
         flags.append("kernel_mismatch")
     return flags
+
+
+def finished_line(result: RunResult) -> str:
+    """One line per finished cell run: what it measured, or why it did not."""
+    where = f"{result.stack} {result.cell} run{result.run}"
+    s = result.summary
+    if result.status == "ok" and s is not None:
+        ttft = s.ttft_s.p99
+        flags = f" [{', '.join(result.flags)}]" if result.flags else ""
+        rate = f"{s.output_tok_s:.1f} output tok/s" if s.output_tok_s is not None else "no throughput"
+        return f"{where}: ok, {rate}, p99 TTFT {ttft:.3f} s{flags}" if ttft is not None else f"{where}: ok, {rate}"
+    cause = (result.cause or "no cause recorded").splitlines()[0][:400]
+    return f"{where}: {result.status.upper() if result.status else 'UNFINISHED'}: {cause}"
 
 
 def log_progress(prefix: str) -> Callable[[str], None]:

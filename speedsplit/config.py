@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator, validators
 
-from speedsplit.results import looks_secret
+from speedsplit.results import looks_secret, redact_secrets
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "config" / "schema.yaml"
 
@@ -118,13 +118,18 @@ def _check_references(config: dict) -> None:
         # Secrets reach servers through the environment only: anything written in the config
         # is copied into job files, results, the report and the server's own log.
         for prefix, part in (("", entry), ("on_cpu.", entry["on_cpu"]), ("on_gpu.", entry["on_gpu"])):
-            for key in part.get("env", {}):
-                if looks_secret(key):
+            for key, value in part.get("env", {}).items():
+                if looks_secret(key) or redact_secrets(str(value)) != str(value):
                     raise ConfigError(
-                        f"config error at stacks.{stack}.{prefix}env.{key}: a secret never goes into the config; "
-                        f"export {key} instead: servers inherit it"
+                        f"config error at stacks.{stack}.{prefix}env.{key}: a secret never goes into the config "
+                        f"(a token, a password in a URL); export {key} instead: servers inherit it"
                     )
             for n, arg in enumerate(part.get("args", [])):
+                if redact_secrets(str(arg)) != str(arg) and not arg.startswith("-"):
+                    raise ConfigError(
+                        f"config error at stacks.{stack}.{prefix}args[{n}]: a secret never goes into the config "
+                        "(a token, a password in a URL); give it to the server through the environment"
+                    )
                 if arg.startswith("-") and looks_secret(arg.lstrip("-").split("=")[0]):
                     raise ConfigError(
                         f"config error at stacks.{stack}.{prefix}args[{n}]: {arg.split('=')[0]} would put a secret "
@@ -364,6 +369,11 @@ def bench_models(config: dict) -> list[str]:
     return list(config["benchmark"]["models"]) or list(config["models"])
 
 
+def has_int4_stack(config: dict) -> bool:
+    """Whether any benchmarked stack serves GPTQ INT4 weights."""
+    return any(config["stacks"][s]["variant"] == "gptq" for s in bench_stacks(config))
+
+
 def bench_stacks(config: dict, topology: str | None = None) -> list[str]:
     """Stacks to benchmark (in a topology): the explicit list, else every stack named by a
     chain, in order."""
@@ -501,4 +511,5 @@ def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[st
         "cpu_isolation": plat == "cuda" and config["benchmark"]["cpu_isolation"],
         "card_memory_gib": entry["card_memory_gib"] or config["card_memory_gib"],
         "memory_cap_args": list(entry["memory_cap_args"]),
+        "host_cache_cap": plat == "cpu" and entry["on_cpu"]["host_cache_cap"],
     }

@@ -120,6 +120,7 @@ class SessionPlan:
     last_job: str  # the session's last job (its result path): it stops the servers
     idle_timeout_s: float  # servers with no cell for this long stop
     lease_timeout_s: float  # the longest wait for free cards and ports
+    kv_tokens: int = 0  # the most tokens its cells keep in flight at once (users x (prompt + output)); 0: unknown
 
     def is_last(self, job) -> bool:
         """Whether `job` (anything with model, stack, topology, cell and run) ends the session."""
@@ -131,10 +132,20 @@ def session_plans(config: dict) -> dict[str, SessionPlan]:
     members: dict[str, list[BenchJob]] = {}
     for job in bench_jobs(config):
         members.setdefault(session_key(config, job), []).append(job)
-    return {key: _session_plan(config, key, jobs[-1].result) for key, jobs in members.items()}
+    in_flight = {c.name: _in_flight(config, c) for c in cfgmod.cells(config)}
+    return {
+        key: _session_plan(config, key, jobs[-1].result, max(in_flight[j.cell] for j in jobs))
+        for key, jobs in members.items()
+    }
 
 
-def _session_plan(config: dict, key: str, last_job: str) -> SessionPlan:
+def _in_flight(config: dict, cell: cfgmod.Cell) -> int:
+    """Tokens a cell keeps in flight at most: every user's prompt and output at once."""
+    w = config["workloads"][cell.workload]
+    return cell.users * (w["prompt_tokens"] + w["output_tokens"])
+
+
+def _session_plan(config: dict, key: str, last_job: str, kv_tokens: int = 0) -> SessionPlan:
     b = config["benchmark"]
     return SessionPlan(
         key=key,
@@ -143,6 +154,7 @@ def _session_plan(config: dict, key: str, last_job: str) -> SessionPlan:
         last_job=last_job,
         idle_timeout_s=float(b["idle_timeout_s"]),
         lease_timeout_s=float(b["lease_timeout_s"]),
+        kv_tokens=kv_tokens,
     )
 
 

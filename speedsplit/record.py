@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serial
 
 SCHEMA_VERSION = 2
 
-Status = Literal["ok", "startup_failed", "server_died", "server_hung", "failed", "error", "skipped"]
+Status = Literal["ok", "startup_failed", "server_died", "server_hung", "server_error", "failed", "error", "skipped"]
 Flag = Literal[
     "request_failures",
     "output_length_mismatch",
@@ -175,6 +175,9 @@ class ServerFacts(_Record):
     reused: bool = Field(description="the server had served an earlier cell")
     cells_before: int = Field(description="cells the session measured before this one")
     memory_cap: MemoryCap | None = Field(None, description="the memory cap the session ran under; None: none asked")
+    host_memory: str | None = Field(
+        None, description="a CPU server's host-memory cap (host_cache_cap), in words; None: none"
+    )
 
 
 class ModelSource(_Record):
@@ -222,10 +225,13 @@ class Timing(_Record):
 
 
 class ErrorInfo(_Record):
-    """An unforeseen failure of the job itself."""
+    """Why a run is not ok: the job's own exception, or what its servers did (ServerError: they
+    answered requests with errors; ServerExit: one ended, with its exit code or signal;
+    SessionLost: the session's daemon was killed; ServerHung; RequestsFailed; StartupFailed;
+    CapacitySkip), with the failure their logs name."""
 
-    type: str = Field(description="the exception's class")
-    message: str = Field(description="its message, redacted")
+    type: str = Field(description="the exception's class, or the kind of server failure")
+    message: str = Field(description="the cause in words, redacted")
 
 
 class Gpu(_Record):
@@ -277,6 +283,11 @@ class ServerTelemetry(_Record):
     prefix_cache_hit_rate: float | None = Field(description="prefix-cache hits / queries during the phase")
     prefix_cache_hits_flagged: bool = Field(
         description="hit rate above 5%: with distinct prompts the server should be reusing almost nothing"
+    )
+    missed_readings: int = Field(0, description="readings the server did not answer during the phase")
+    missed_why: list[str] = Field(default_factory=list, description="why they were missed")
+    sparse: bool = Field(
+        False, description="fewer than half the readings the phase should have had: peaks and means rest on few points"
     )
     series: dict[str, list[float | None]] = Field(
         description="the readings: t (s from the phase start), kv_cache, running, waiting"
@@ -340,6 +351,11 @@ class RunResult(_Record):
         default=None, description="server and GPU readings over the measured phase (absent: not sampled)"
     )
     provenance: Provenance | None = None
+
+    @property
+    def cause(self) -> str | None:
+        """Why the run is not ok, in words: the session's failure, else the run's own."""
+        return (self.server and self.server.error) or (self.error and self.error.message) or None
 
 
 class RequestRecord(_Record):

@@ -165,15 +165,21 @@ def _secret_values() -> dict[str, str]:
     return out
 
 
-def redact(text: str, workdir: str | Path | None = None) -> str:
-    """Remove secrets (values of secret-looking environment variables and command-line options,
-    Hugging Face tokens) and absolute paths outside the workflow folder."""
+def redact_secrets(text: str) -> str:
+    """Remove secrets: values of secret-looking environment variables and command-line options,
+    Hugging Face tokens, passwords in URLs."""
     for name, value in _secret_values().items():
         text = text.replace(value, f"<{name}>")
     text = re.sub(r"hf_[A-Za-z0-9]{20,}", "<HF_TOKEN>", text)
-    text = _SECRET_OPTION.sub(
+    text = re.sub(r"(\w+://[^/\s:@\"']+:)[^/\s@\"']+@", r"\1<redacted>@", text)
+    return _SECRET_OPTION.sub(
         lambda m: m.group(0) if not looks_secret(m.group(1)) else f"{m.group(1)}{m.group(2)}<redacted>", text
     )
+
+
+def redact(text: str, workdir: str | Path | None = None) -> str:
+    """Remove secrets (redact_secrets) and absolute paths outside the workflow folder."""
+    text = redact_secrets(text)
     if workdir is not None:
         text = text.replace(str(Path(workdir).resolve()) + "/", "")
     home = str(Path.home())
@@ -185,3 +191,9 @@ def redact(text: str, workdir: str | Path | None = None) -> str:
 def redact_env(env: dict[str, str]) -> dict[str, str]:
     """An environment as it may be written: secret-looking keys keep their name only."""
     return {k: ("<redacted>" if looks_secret(k) else v) for k, v in env.items()}
+
+
+def write_job_file(path: str | Path, stack: dict, cell: dict) -> None:
+    """What one cell run measures, as a file (results/jobs/...), with no secret in it: the
+    config refuses secrets in stacks, and whatever the environment holds is redacted too."""
+    write_json_atomic(path, json.loads(redact_secrets(json.dumps({"stack": stack, "cell": cell}))))

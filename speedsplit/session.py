@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speedsplit import lease as leases
-from speedsplit import procs, stacks, telemetry
+from speedsplit import loadgen, procs, stacks, telemetry
+from speedsplit.procs import Stop, signals_held, stop_on_signals
 from speedsplit.models import ModelError, check_model
 from speedsplit.plan import SessionPlan
 from speedsplit.results import redact, write_json_atomic
@@ -57,39 +58,8 @@ TRANSITIONS = {
 }
 
 
-class Stop(Exception):
-    """Raised in the main thread when the process is asked to stop."""
-
-
 class SessionBusy(RuntimeError):
     """The session's server must be replaced, but a cell keeps measuring on it."""
-
-
-def _raise_stop(signum, frame):
-    raise Stop(signal.Signals(signum).name)
-
-
-@contextlib.contextmanager
-def stop_on_signals():
-    """Turn SIGTERM/SIGINT/SIGHUP into an exception so every `finally` runs."""
-    old = {s: signal.signal(s, _raise_stop) for s in procs.STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
-@contextlib.contextmanager
-def signals_held():
-    """Cleanup that must finish (stop servers, then free their cards) is not interrupted by a
-    second stop signal; it is bounded in time by the stops themselves."""
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in procs.STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def sessions_dir() -> Path:
@@ -266,6 +236,19 @@ def wait_ready(sess: Session, generation: str, timeout_s: float) -> dict:
             return {"state": STARTUP_FAILED, "error": "the server daemon ended before its servers were ready"}
         if time.monotonic() > deadline:
             return {"state": STARTUP_FAILED, "error": f"servers not ready within {timeout_s:.0f} s"}
+        time.sleep(POLL_S)
+
+
+def wait_final(sess: Session, generation: str, timeout_s: float) -> dict:
+    """This generation's state once its daemon has recorded how it ended (died, stopped,...),
+    or as it is after timeout_s, or once the daemon is gone without recording it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = sess.state()
+        if st.get("generation") != generation or st.get("state") in FINAL or not daemon_alive(st):
+            return st
+        if time.monotonic() > deadline:
+            return st
         time.sleep(POLL_S)
 
 
@@ -460,12 +443,15 @@ def _daemon(launch_path: Path) -> int:
                         keep_fds=held.fds(),
                         cpus=cpus,
                         card_total_gib=total,
+                        host_cache=launch.get("host_cache_gib"),
                     )
                 )
                 if transition(sess, generation, STARTING, servers=[s.proc_id.as_record() for s in servers]) is None:
                     raise Stop("the session was stopped while it started")
             for srv in servers:
                 stacks.wait_ready(srv, stack["ready_path"], stack["startup_timeout_s"])
+            for srv in servers:  # a server that cannot serve fails its start, not every cell's timeout
+                preflight(srv, stack)
             st = transition(
                 sess,
                 generation,
@@ -481,6 +467,7 @@ def _daemon(launch_path: Path) -> int:
                 server_logs=[str(s.log_path) for s in servers],
                 log_offsets=[s.log_offset for s in servers],
                 memory_cap=servers[0].memory_cap,
+                host_memory=servers[0].host_memory,
                 wide_listeners=sorted({w for s in servers for w in s.wide_listeners}),
                 cells_measured=0,
             )
@@ -497,7 +484,7 @@ def _daemon(launch_path: Path) -> int:
                     exit_code=dead.proc.returncode,
                     log_tail=redact(dead.launch_output_tail(), sess.workdir),
                 )
-                print(f"[session {key}] a server died (exit {dead.proc.returncode})", flush=True)
+                print(f"[session {key}] a server {stacks.exit_cause(dead.proc.returncode)}", flush=True)
         except Stop as why:
             print(f"[session {key}] stopping ({why})", flush=True)
         except Exception as exc:  # whatever kept the servers from starting is the cells' answer
@@ -519,6 +506,42 @@ def _daemon(launch_path: Path) -> int:
                     held.release()
                 transition(sess, generation, STOPPED)
     return 0
+
+
+PREFLIGHT_TOKENS = 2
+
+
+def preflight(server: stacks.Server, stack: dict) -> float:
+    """One short request through the load generator on a server that says it is ready;
+    returns its seconds, or raises StartupFailed with the answer and the failure the server's
+    log names (e.g. an INT4 kernel this CPU's build lacks answers HTTP 500)."""
+    spec = loadgen.LoadSpec(
+        urls=[server.url],
+        model=server.model_id,
+        prompts=["Say hello."],
+        users=1,
+        prompt_tokens=0,
+        output_tokens=PREFLIGHT_TOKENS,
+        requests_per_user=1,
+        warmup_requests=0,
+        dialect=stack["dialect"],
+        request_timeout_s=stack["startup_timeout_s"],
+        stall_timeout_s=min(120.0, stack["startup_timeout_s"]),
+    )
+    t0 = time.monotonic()
+    _, records = loadgen.run(spec)
+    failed = next((r for r in records if not r.ok), None)
+    if failed is not None:
+        time.sleep(1.0)  # the server's own account of the failure reaches its log
+        cause = stacks.log_cause(server.launch_output())
+        answer = f"{failed.error}{': ' + failed.detail if failed.detail else ''}"
+        alive = "" if server.alive() else f"; the server then {stacks.exit_cause(server.proc.returncode)}"
+        raise stacks.StartupFailed(
+            f"ready, but its first request failed ({answer}){alive}" + (f"; its log: {cause}" if cause else ""),
+            server.launch_output_tail(),
+        )
+    print(f"[session] {server.url} served a first request in {time.monotonic() - t0:.1f} s", flush=True)
+    return time.monotonic() - t0
 
 
 def card_total_gib(devices: list[str]) -> float:

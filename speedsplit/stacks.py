@@ -7,7 +7,6 @@ processes that would otherwise keep holding the GPU.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 import re
@@ -21,10 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speedsplit import procs
-from speedsplit.models import is_dummy
+from speedsplit.models import ModelError, is_dummy, read_model_config
 from speedsplit.results import redact
 
 HOST = "127.0.0.1"  # servers never listen beyond loopback
+# CUDA numbers cards fastest first unless told otherwise; NVML and nvidia-smi number them by
+# PCI bus. Every process speedsplit starts on cards counts them as NVML does, so a lease's
+# index, a server's card and the card whose power is read are one card.
+CUDA_DEVICE_ORDER = "PCI_BUS_ID"
 
 
 class StartupFailed(RuntimeError):
@@ -51,6 +54,7 @@ class Server:
     log_offset: int = 0  # where this launch's output starts in the (appended) log
     wide_listeners: list[str] = field(default_factory=list)  # internal sockets beyond loopback (check_ours)
     memory_cap: dict | None = None  # what memory_cap() did, None without a cap
+    host_memory: str | None = None  # the host-memory cap of a CPU server, in words
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -77,17 +81,8 @@ def launch_output(log_path: str | Path, offset: int) -> str:
         return ""
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: own process group, and SIGTERM if the job dies (Linux)."""
-    os.setsid()
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def _child_setup(cpus: tuple[int, ...]) -> None:
-    _die_with_parent()
+    procs.die_with_parent()
     if cpus:
         os.sched_setaffinity(0, cpus)
 
@@ -133,6 +128,27 @@ def memory_cap(stack: dict, argv: list[str], card_total_gib: float | None) -> tu
     return argv, {**record, "fraction": fraction, "how": how, "applied": True, "reason": None}
 
 
+GIB = 2**30
+HOST_CACHE_FLOOR_GIB = 0.25
+
+
+def host_cache_gib(stack: dict, model_dir: str | Path, kv_tokens: int) -> float | None:
+    """Host memory a CPU server with host_cache_cap may size its caches from: twice the KV
+    cache of what its session keeps in flight (at least one full-length sequence) plus 0.25
+    GiB for its other buffers; None where no such cap applies."""
+    if not stack.get("host_cache_cap"):
+        return None
+    try:
+        cfg = read_model_config(model_dir)
+    except ModelError:
+        return None  # the session's own model check says what is wrong
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    per_token = 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * 2  # K and V, 16-bit
+    tokens = max(kv_tokens, stack["max_model_len"])
+    return round(2 * per_token * tokens / GIB + HOST_CACHE_FLOOR_GIB, 3)
+
+
 def launch(
     stack: dict,
     model_dir: Path,
@@ -144,11 +160,14 @@ def launch(
     keep_fds: list[int] | tuple[int, ...] = (),
     cpus: list[int] | tuple[int, ...] = (),
     card_total_gib: float | None = None,
+    host_cache: float | None = None,
 ) -> Server:
     """Start one server instance in its own process group; returns at once. keep_fds (the
     lease's lock files) stay open in the server so its cards stay locked while it lives;
     cpus, if given, are the only host cores it (and every process it starts) may run on;
-    card_total_gib (the smallest of its cards' memory) is what a memory cap is taken from."""
+    card_total_gib (the smallest of its cards' memory) is what a memory cap is taken from;
+    host_cache (GiB, see host_cache_gib) runs a {python} server under speedsplit.memcap so that
+    it sizes its caches from that much host memory."""
     values = {
         "python": sys.executable,
         "model_dir": str(model_dir),
@@ -160,6 +179,12 @@ def launch(
         "dtype": stack["dtype"],
     }
     argv, cap = memory_cap(stack, render_args(stack["args"], values), card_total_gib)
+    host_memory = None
+    if host_cache is not None:
+        if argv[0] != sys.executable:
+            raise ValueError(f"stack {stack['stack']}: host_cache_cap needs a command that starts with {{python}}")
+        argv = [argv[0], "-m", "speedsplit.memcap", "--host-cache-gib", f"{host_cache:g}", "--", *argv[1:]]
+        host_memory = f"caches sized from {host_cache:g} GiB of host memory (speedsplit.memcap --host-cache-gib)"
     if not any(a == HOST or a.endswith("=" + HOST) for a in argv):
         raise ValueError(
             f"stack {stack['stack']}: its command never passes {{host}} ({HOST}); refusing to start a server "
@@ -177,6 +202,7 @@ def launch(
     env.update({k: v.format(**values) for k, v in stack["env"].items()})
     if devices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    env["CUDA_DEVICE_ORDER"] = CUDA_DEVICE_ORDER
     if cache_dir is not None:
         # Servers started at once must not share compile caches or vLLM's internal port.
         cache_dir.mkdir(parents=True, exist_ok=True)
@@ -213,6 +239,7 @@ def launch(
         argv=argv,
         log_offset=log_offset,
         memory_cap=cap,
+        host_memory=host_memory,
     )
 
 
@@ -222,8 +249,10 @@ def wait_ready(server: Server, ready_path: str, timeout_s: float) -> float:
     deadline = server.launched_at + timeout_s
     while True:
         if not server.alive():
+            cause = log_cause(server.launch_output())
             raise StartupFailed(
-                f"server exited with code {server.proc.returncode} before it was ready", server.launch_output_tail()
+                f"server {exit_cause(server.proc.returncode)} before it was ready" + (f": {cause}" if cause else ""),
+                server.launch_output_tail(),
             )
         try:
             with urllib.request.urlopen(server.url + ready_path, timeout=5) as resp:
@@ -310,6 +339,53 @@ def stop_group(leader: procs.Proc, grace_s: float = 20.0) -> None:
             if not any(p.alive() for p in members.values()):
                 return
             time.sleep(0.2)
+
+
+# --- why a server failed ------------------------------------------------------------------
+
+# A log line that names a failure: an exception with its message, a fatal CUDA or memory
+# error, the kernel's "Killed". vLLM prefixes its lines with the process and level.
+_CAUSE = re.compile(
+    r"(?:\b[A-Z]\w*(?:Error|Exception)\b:?.*|CUDA error:.*|\bout of memory\b.*|^Killed$|Segmentation fault.*)", re.I
+)
+_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?(?:(?:ERROR|CRITICAL|WARNING|INFO)\s+[\d-]+ [\d:.]+ \[[^\]]*\]\s*)?")
+
+
+_QUIET_LEVEL = re.compile(r"(?:^|[\s\]\)-])(?:DEBUG|INFO|WARNING|WARN)(?=[\s:\-]|$)")
+
+
+def log_cause(text: str, lines: int = 3) -> str:
+    """The last distinct lines of a server log that name a failure (an exception and its
+    message first of all), prefixes stripped; empty when the log names none."""
+    found: list[str] = []
+    for raw in text.splitlines():
+        if _QUIET_LEVEL.search(raw[:80]):
+            continue  # a warning that mentions an error is not the failure
+        line = _PREFIX.sub("", raw.strip()).strip()
+        if not line or line.startswith(("File ", "Traceback", "raise ", "^")):
+            continue
+        m = _CAUSE.search(line)
+        if m:
+            cause = line[:300]
+            if cause in found:
+                found.remove(cause)
+            found.append(cause)
+    return " | ".join(found[-lines:])
+
+
+def exit_cause(returncode: int | None) -> str:
+    """A server's end in words: its exit code, or the signal that killed it."""
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        sig = -returncode
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        why = " (sent by the kernel's out-of-memory killer, or kill -9)" if sig == signal.SIGKILL else ""
+        return f"killed by {name} (signal {sig}){why}"
+    return f"exited with code {returncode}"
 
 
 # --- what the engine says it ran -------------------------------------------------------------

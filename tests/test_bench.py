@@ -27,3 +27,70 @@ def test_honesty_flags():
     ok.engine = EngineFacts(linear_kernel="MarlinLinearKernel")
     assert bench.honesty_flags(ok, {"expect_kernel": "Marlin"}, {"min_measured_s": 1.0}) == []
     assert ok.kernel_ok is True
+
+
+def _skipped_level(tmp_path, tiny_model, **kw):
+    """A capacity level above two failing ones: measured without any server, so every
+    failure below is the job's own."""
+    from records import fake_result, write_result
+
+    from conftest import REPO
+    from speedsplit import config as C
+    from speedsplit import procs
+    from speedsplit.plan import SessionPlan
+
+    cfg = C.load(REPO / "config/config.yaml")
+    stack = C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
+    cell = C.cell_params(cfg, C.cells(cfg)[0])
+    cell.update(capacity_below=["u2-wide-greedy", "u4-wide-greedy"], capacity_stop_after=2, cell="u8-wide-greedy")
+    for users in (2, 4):
+        write_result(
+            tmp_path / f"u{users}-wide-greedy/run0.json", fake_result("vllm-fp16", users, 0, None, "server_died")
+        )
+    plan = SessionPlan("t/vllm-fp16/tp1/run0", str(tmp_path / "s.log"), str(tmp_path / "c"), "other", 60.0, 60.0)
+    args = dict(
+        stack=stack,
+        cell=cell,
+        run=0,
+        session=plan,
+        model_dir=tiny_model,
+        tokenizer_dir=tiny_model,
+        out_json=tmp_path / "u8-wide-greedy/run0.json",
+        out_requests=tmp_path / "u8-wide-greedy/run0.requests.jsonl",
+        owner=procs.me(),
+    )
+    return bench.measure(**{**args, **kw}), args["out_json"]
+
+
+def test_a_plan_that_cannot_be_read_still_ends_in_a_result(tmp_path, tiny_model):
+    from speedsplit.plan import session_of
+    from speedsplit.record import read_result
+
+    res, path = _skipped_level(tmp_path, tiny_model, session=lambda: session_of(tmp_path / "absent.json", "x"))
+    assert res.status == "error" and res.error.type == "FileNotFoundError" and "absent.json" in res.error.message
+    assert read_result(path).status == "error"
+
+
+def test_a_result_its_own_type_refuses_is_written_as_an_error_result(tmp_path, tiny_model, monkeypatch):
+    """A writer bug (here: the redaction mangles a value) fails the result's own check: the job
+    still writes a small, valid error result instead of none (which would block its lane)."""
+    from speedsplit import results
+    from speedsplit.record import read_result
+
+    monkeypatch.setattr(bench, "redact", lambda text, workdir=None: results.redact(text).replace('"skipped"', '"odd"'))
+    res, path = _skipped_level(tmp_path, tiny_model)
+    assert res.status == "error" and "writing the result failed" in res.error.message
+    assert read_result(path).status == "error" and read_result(path).cell == "u8-wide-greedy"
+
+
+def test_a_cell_with_keys_no_cell_has_is_an_error_result(tmp_path, tiny_model):
+    """A job file of another version (a key the record type does not know): an error result
+    naming the key, not a job that dies without one."""
+    from conftest import REPO
+    from speedsplit import config as C
+    from speedsplit.record import read_result
+
+    cfg = C.load(REPO / "config/config.yaml")
+    cell = {**C.cell_params(cfg, C.cells(cfg)[0]), "rate_rps": 3.0}
+    res, path = _skipped_level(tmp_path, tiny_model, cell=cell)
+    assert res.status == "error" and "rate_rps" in res.error.message and read_result(path).status == "error"

@@ -56,6 +56,20 @@ def test_defaults_are_filled():
             lambda c: c["stacks"]["vllm-fp16"]["args"].extend(["--api-key", "sk-1"]),
             "config error at stacks.vllm-fp16.args[",
         ),
+        (  # a secret under a name that does not say so
+            lambda c: c["stacks"]["vllm-fp16"]["env"].update(HF_ENDPOINT="https://me:pa55word@hub.example"),
+            "config error at stacks.vllm-fp16.env.HF_ENDPOINT: a secret never goes into the config",
+        ),
+        (
+            lambda c: c["stacks"]["hf-fp16"]["on_cpu"]
+            .setdefault("env", {})
+            .update(AUTH="hf_abcdefghijklmnopqrstuvwxyz01"),
+            "config error at stacks.hf-fp16.on_cpu.env.AUTH: a secret never goes into the config",
+        ),
+        (
+            lambda c: c["stacks"]["vllm-fp16"]["args"].extend(["--hub", "https://me:pa55word@hub.example/x"]),
+            "config error at stacks.vllm-fp16.args[",
+        ),
         (
             lambda c: c.update(analysis={"tolerate_flags": ["kernel_mismach"]}),
             "config error at analysis.tolerate_flags[0]",
@@ -137,3 +151,15 @@ def test_with_a_capacity_sweep_the_report_headlines_the_grid_not_the_ladders_top
     assert C.headline(C.load()) == []  # no sweep: the answer's own default (the most users)
     given = C.merge(cfg, {"report": {"headline": [{"users": 32, "workload": "h200-wide"}]}})
     assert C.headline(C.validate(given)) == [{"users": 32, "workload": "h200-wide"}]
+
+
+def test_a_job_file_holds_no_secret_the_environment_has(tmp_path, monkeypatch):
+    """Job files (results/jobs/...) are written redacted: a value the environment holds as a
+    secret, or a password in a URL, never lands there."""
+    from speedsplit.results import write_job_file
+
+    monkeypatch.setenv("HF_TOKEN", "hf_PlantedJobFileToken0123456789")
+    stack = {"stack": "s", "args": ["--x", "hf_PlantedJobFileToken0123456789"], "env": {"U": "http://a:b1b2b3@h/"}}
+    write_job_file(tmp_path / "job.json", stack, {"cell": "c"})
+    text = (tmp_path / "job.json").read_text()
+    assert "hf_Planted" not in text and "b1b2b3" not in text and "<HF_TOKEN>" in text

@@ -37,4 +37,17 @@ def test_a_module_and_a_script_run_under_it_with_their_arguments(tmp_path):
 
 def test_a_call_without_a_target_says_how_to_call_it():
     out = _run("--gib", "2")
-    assert out.returncode != 0 and "usage: python -m speedsplit.memcap --gib N --" in out.stderr
+    assert out.returncode != 0 and "usage: python -m speedsplit.memcap (--gib N | --host-cache-gib N) --" in out.stderr
+
+
+def test_a_cpu_server_sees_a_host_of_what_it_holds_plus_its_cache(tmp_path):
+    """transformers' continuous batching sizes its cache on a CPU from psutil's host memory:
+    under --host-cache-gib the host is what the process holds plus that much."""
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import psutil; vm = psutil.virtual_memory(); rss = psutil.Process().memory_info().rss\n"
+        "print('extra', round((vm.total - rss) / 2**30, 3), 'available', round(vm.available / 2**30, 3))"
+    )
+    out = _run("--host-cache-gib", "0.5", "--", str(script))
+    assert out.returncode == 0, out.stderr
+    assert "extra 0.5 available 0.5" in out.stdout

@@ -215,3 +215,48 @@ def test_a_pinned_server_and_its_children_run_on_their_cores_only(tmp_path, tiny
     srv = stacks.launch(_stack(["{python}", "-c", script, "{host}"]), tiny_model, "m", 1, [], unpinned)
     srv.proc.wait(timeout=30)
     assert f"server {mine}" in unpinned.read_text()
+
+
+def test_cards_are_numbered_as_nvml_numbers_them(tmp_path, tiny_model, monkeypatch):
+    """CUDA counts cards fastest first unless CUDA_DEVICE_ORDER says otherwise; NVML (telemetry,
+    the memory cap) and nvidia-smi (the lease) count by PCI bus: every server gets PCI_BUS_ID,
+    whatever the caller's environment says."""
+    from speedsplit import link
+
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    script = "import os; print('order=' + os.environ.get('CUDA_DEVICE_ORDER', ''), flush=True)"
+    srv = stacks.launch(_stack(["{python}", "-c", script, "{host}"]), tiny_model, "m", 1, ["1"], tmp_path / "s.log")
+    srv.proc.wait(10)
+    assert "order=PCI_BUS_ID" in srv.launch_output()
+    assert link.BASE_ENV["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def test_a_killed_server_says_which_signal_and_what_its_log_names(tmp_path, tiny_model):
+    """The OOM killer's SIGKILL, an exit code, and the exception the log ends with: the words a
+    result's cause is made of."""
+    script = (
+        "import os, signal, sys; print('Traceback (most recent call last):'); "
+        "print(\"(Worker pid=7) ERROR 12-01 06:37:04 [x.py:1] AttributeError: '_C' object has no attribute 'op'\"); "
+        "sys.stdout.flush(); os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    srv = stacks.launch(_stack(["{python}", "-c", script, "{host}"]), tiny_model, "m", 1, [], tmp_path / "s.log")
+    with pytest.raises(stacks.StartupFailed) as err:
+        stacks.wait_ready(srv, "/health", 30)
+    assert "killed by SIGKILL (signal 9)" in str(err.value) and "out-of-memory" in str(err.value)
+    assert "AttributeError: '_C' object has no attribute 'op'" in str(err.value)
+    assert stacks.exit_cause(3) == "exited with code 3" and stacks.exit_cause(-15) == "killed by SIGTERM (signal 15)"
+    assert stacks.log_cause("INFO all good\nWARNING slow\n") == ""
+
+
+def test_a_cpu_server_sizes_its_cache_from_its_grid_not_the_host(tiny_model):
+    """host_cache_cap: twice the KV cache of what the session keeps in flight (at least one
+    full-length sequence), plus 0.25 GiB; no cap where the stack does not ask for one."""
+    import json
+
+    cfg = json.loads((tiny_model / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 2
+    stack = {"host_cache_cap": True, "max_model_len": 1024}
+    assert stacks.host_cache_gib(stack, tiny_model, 64 * 2048) == round(2 * per_token * 64 * 2048 / 2**30 + 0.25, 3)
+    assert stacks.host_cache_gib(stack, tiny_model, 10) == round(2 * per_token * 1024 / 2**30 + 0.25, 3)
+    assert stacks.host_cache_gib({"host_cache_cap": False}, tiny_model, 10) is None

@@ -12,6 +12,7 @@ import yaml
 
 from conftest import PLANTED_TOKEN, REPO, planned_outputs, run_snakemake, snakemake_bin
 from speedsplit.record import read_result
+from speedsplit.vllm_cpu_int4 import cpu_int4_route
 
 
 def test_snakemake_lint_is_clean():
@@ -127,7 +128,7 @@ def test_every_result_is_complete_and_honest(workdir):
         if res.stack == "vllm-marlin":
             # vLLM's CPU build has no Marlin: the GPTQ model runs on its CPU int4 kernel, and the
             # result says so
-            assert res.engine.linear_kernel == "CPUWNA16LinearKernel" and res.kernel_ok is True
+            assert res.engine.linear_kernel == cpu_int4_route()[0] and res.kernel_ok is True
     # a reading can fall before the server took the phase's first requests (KV use 0), but
     # across the runs the counters show requests being served
     assert max(t.kv_cache_usage_peak for t in served) > 0 and max(t.running_mean for t in served) > 0
@@ -137,6 +138,20 @@ def test_every_result_is_complete_and_honest(workdir):
     assert quant["method"] == "gptqmodel" and quant["quality"]["status"] == "measured"
     q = json.loads((workdir / "resources/models/tiny/gptq-w4g128/config.json").read_text())
     assert q["quantization_config"]["bits"] == 4 and q["quantization_config"]["desc_act"] is False
+
+
+@pytest.mark.slow
+def test_the_terminal_says_what_each_cell_did_and_what_the_run_found(workdir):
+    """One line per finished cell, the CPU's INT4 route before the grid, and a closing summary
+    with the answer and the report's path: nobody has to open a log."""
+    out = (workdir / "snakemake.out").read_text()
+    assert f"speedsplit: {cpu_int4_route()[1]}" in out
+    cells = [ln for ln in out.splitlines() if ln.startswith("[speedsplit] ") and " run" in ln and ": ok, " in ln]
+    assert len(cells) == 3 * 2 * 2, out[-3000:]
+    assert all("output tok/s, p99 TTFT" in ln for ln in cells)
+    summary = out[out.index("speedsplit: what this run found") :]
+    assert "study (hf-fp16 → vllm-marlin)" in summary and "NOT DECOMPOSED" not in summary
+    assert f"report: {workdir / 'results/report.html'}" in summary
 
 
 @pytest.mark.slow

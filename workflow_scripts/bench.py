@@ -8,21 +8,22 @@ from pathlib import Path
 
 from _job import to_log
 
-from speedsplit.bench import log_progress, measure
+from speedsplit.bench import finished_line, log_progress, measure
 from speedsplit.plan import session_of
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
 to_log(sm)
 job = json.loads(Path(sm.input.job).read_text())
 w = sm.wildcards
-measure(
+result = measure(
     stack=job["stack"],
     cell=job["cell"],
     run=int(w.run),
-    session=session_of(sm.params.plan, sm.output.result),
+    session=lambda: session_of(sm.params.plan, sm.output.result),
     model_dir=sm.input.model,
     tokenizer_dir=sm.input.tokenizer,
     out_json=sm.output.result,
     out_requests=sm.output.requests,
     progress=log_progress(f"{w.stack} {w.cell} run{w.run}"),
 )
+log_progress("speedsplit")(finished_line(result))

@@ -2,8 +2,8 @@
 
 from _job import to_log
 
-from speedsplit.results import write_json_atomic
+from speedsplit.results import write_job_file
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
 to_log(sm)
-write_json_atomic(sm.output[0], {"stack": sm.params.stack, "cell": sm.params.cell})
+write_job_file(sm.output[0], sm.params.stack, sm.params.cell)

