@@ -128,7 +128,7 @@ def measure(
                 "model_dir": str(Path(model_dir).resolve()),
                 "model": model_identity(model_dir),
                 "cache_dir": str(Path(session.cache_dir).resolve()),
-                "host_cache_gib": stacks.host_cache_gib(stack, model_dir, session.kv_tokens),
+                "kv_tokens": session.kv_tokens,  # what a CPU server sizes its caches for (host_cache_cap)
             }
             skip = capacity_skip(out_json, run, cell)
             if skip:  # past the cliff: not measured, and a session this job would end is stopped

@@ -443,7 +443,7 @@ def _daemon(launch_path: Path) -> int:
                         keep_fds=held.fds(),
                         cpus=cpus,
                         card_total_gib=total,
-                        host_cache=launch.get("host_cache_gib"),
+                        host_cache=stacks.host_cache_gib(stack, launch["model_dir"], launch.get("kv_tokens", 0)),
                     )
                 )
                 if transition(sess, generation, STARTING, servers=[s.proc_id.as_record() for s in servers]) is None:

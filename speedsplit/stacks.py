@@ -180,6 +180,8 @@ def launch(
     }
     argv, cap = memory_cap(stack, render_args(stack["args"], values), card_total_gib)
     host_memory = None
+    if host_cache is None:  # a launch that names no size still gets the cap (one full-length sequence)
+        host_cache = host_cache_gib(stack, model_dir, 0)
     if host_cache is not None:
         if argv[0] != sys.executable:
             raise ValueError(f"stack {stack['stack']}: host_cache_cap needs a command that starts with {{python}}")

@@ -73,40 +73,8 @@ def test_a_cpu_run_says_why_there_are_no_gpu_readings():
     assert probe.absent is None or probe.absent.startswith("NVML")
 
 
-@pytest.fixture
-def plain_server():
-    """A real HTTP server without /metrics (as transformers serve and hf-generate are)."""
-    import asyncio
-    import socket
-
-    async def health(_):
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_get("/health", health)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app)
-    loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{port}"
-    loop.call_soon_threadsafe(loop.stop)
-
-
-def test_a_server_without_metrics_is_said_so_and_sampling_goes_on(plain_server):
-    sampler = T.Sampler(T.ServerProbe([plain_server]), T.GpuProbe(["cpu"]), interval_s=0.05)
-    with sampler:
-        threading.Event().wait(0.2)
-    tel = T.summarize(sampler, 0.0, 1e12, 100, ["cpu"])
-    assert tel.server is None and tel.server_absent == "the server has no Prometheus /metrics endpoint (HTTP 404)"
-    assert tel.gpu is None and tel.gpu_absent == "no GPU: the run was on the CPU"
-
-
 def _serve(app):
+    """app served on a loopback port on a thread of its own: (its URL, its loop)."""
     import asyncio
     import socket
 
@@ -119,6 +87,29 @@ def _serve(app):
     loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
     threading.Thread(target=loop.run_forever, daemon=True).start()
     return f"http://127.0.0.1:{port}", loop
+
+
+@pytest.fixture
+def plain_server():
+    """A real HTTP server without /metrics (as transformers serve and hf-generate are)."""
+
+    async def health(_):
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    url, loop = _serve(app)
+    yield url
+    loop.call_soon_threadsafe(loop.stop)
+
+
+def test_a_server_without_metrics_is_said_so_and_sampling_goes_on(plain_server):
+    sampler = T.Sampler(T.ServerProbe([plain_server]), T.GpuProbe(["cpu"]), interval_s=0.05)
+    with sampler:
+        threading.Event().wait(0.2)
+    tel = T.summarize(sampler, 0.0, 1e12, 100, ["cpu"])
+    assert tel.server is None and tel.server_absent == "the server has no Prometheus /metrics endpoint (HTTP 404)"
+    assert tel.gpu is None and tel.gpu_absent == "no GPU: the run was on the CPU"
 
 
 def test_one_slow_metrics_answer_is_a_missed_reading_not_the_end_of_the_readings():
