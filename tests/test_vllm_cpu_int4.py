@@ -48,7 +48,9 @@ def test_the_kernel_computes_the_gptq_weights_dequantised(monkeypatch, zero_poin
     layer.qweight = param(pack_quantized_values_into_int32(codes, wtype, 0), input_dim=0, packed_dim=0, output_dim=1)
     layer.scales = param(scales.to(torch.bfloat16), input_dim=0, output_dim=1)
     if zero_points:
-        layer.qzeros = param(pack_quantized_values_into_int32(points, wtype, 1), input_dim=0, packed_dim=1, output_dim=1)
+        layer.qzeros = param(
+            pack_quantized_values_into_int32(points, wtype, 1), input_dim=0, packed_dim=1, output_dim=1
+        )
     config = MPLinearLayerConfig(
         full_weight_shape=(k, n),
         partition_weight_shape=(k, n),
