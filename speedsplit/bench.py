@@ -20,6 +20,7 @@ from typing import Callable
 from speedsplit import lease as leases
 from speedsplit import loadgen, procs, slo, stacks, telemetry
 from speedsplit import session as sessions
+from speedsplit.config import ConfigError
 from speedsplit.models import ModelError, model_identity, model_info, read_model_config
 from speedsplit.plan import SessionPlan
 from speedsplit.record import (
@@ -119,8 +120,9 @@ def measure(
         try:
             if plan_error is not None:
                 raise plan_error
-            if result.error is not None:  # a cell the record type does not know
-                raise ValueError(result.error.message)
+            unknown = sorted(set(cell) - set(CellParams.model_fields))
+            if unknown:  # a job file of another version: recorded without them (_new_result)
+                raise ConfigError(f"the job's cell has keys no cell has: {unknown}")
             result.weights = ModelSource(**model_info(model_dir))
             result.model_shape = _model_shape(model_dir)
             launch = {
@@ -150,9 +152,7 @@ def measure(
         except sessions.Stop:
             raise
         except Exception as exc:  # anything unforeseen: recorded, and the lane goes on
-            if result.error is None:
-                _record_error(result, exc, workdir)
-            result.status = "error"
+            _record_error(result, exc, workdir)
         result.finished = _now()
         result.timing.job_end = time.time()
         result.provenance = Provenance.model_validate(provenance(workdir))
@@ -168,9 +168,9 @@ def measure(
 
 def _new_result(stack: dict, cell: dict, run: int, session_key: str) -> RunResult:
     """The run's record before anything is measured. A cell with keys its type does not know
-    (a job file of another version) is recorded without them, and the run fails saying so."""
+    (a job file of another version) is recorded without them; measure fails the run, naming them."""
     known = {k: v for k, v in cell.items() if k in CellParams.model_fields}
-    result = RunResult(
+    return RunResult(
         model=stack["model"],
         stack=stack["stack"],
         topology=stack["topology"],
@@ -182,10 +182,6 @@ def _new_result(stack: dict, cell: dict, run: int, session_key: str) -> RunResul
         started=_now(),
         timing=Timing(job_start=time.time()),
     )
-    unknown = sorted(set(cell) - set(known))
-    if unknown:
-        result.error = ErrorInfo(type="ConfigError", message=f"the job's cell has keys no cell has: {unknown}")
-    return result
 
 
 def _stripped(result: RunResult) -> RunResult:
