@@ -32,7 +32,7 @@ lint: setup
 	$(BIN)/snakemake --lint
 
 ceiling: setup
-	$(BIN)/python -m speedsplit.ceiling --users 64 --output-tokens 256
+	$(BIN)/speedsplit ceiling --users 64 --output-tokens 256
 
 clean:
 	rm -rf results resources .snakemake

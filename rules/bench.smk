@@ -1,5 +1,5 @@
 # One job per (model, stack, topology, cell, run). Each job leases its own cards and ports;
-# consecutive jobs of one server session (see speedsplit/plan.py) reuse its running server.
+# consecutive jobs of one server session (see speedsplit/planning/plan.py) reuse its running server.
 
 
 # What one cell run measures (its stack and its cell) as a file: rewritten only when that
@@ -35,7 +35,7 @@ onstart:
             raise SystemExit(f"speedsplit: {exc}")
     ss_plan.write_plan(CFG, PLAN)
     if PLATFORM == "cpu" and ss_config.has_int4_stack(CFG):
-        from speedsplit.vllm_cpu_int4 import cpu_int4_route
+        from speedsplit.serving.vllm_cpu_int4 import cpu_int4_route
 
         print(f"speedsplit: {cpu_int4_route()[1]}", file=sys.stderr)
 
@@ -44,7 +44,7 @@ onstart:
 # (results/logs/sessions/{session}.log, shared by the session's jobs, so no job's output) and
 # lets its servers fill their own compile caches under results/cache/{session}/; both paths come from
 # the plan. Its lock and state files live in a private folder outside the workflow
-# (speedsplit/lease.py).
+# (speedsplit/serving/lease.py).
 rule bench:
     input:
         unpack(bench_inputs),
@@ -86,7 +86,7 @@ rule bandwidth:
 
 
 # Everything measured, nothing aggregated: the target for GPU hosts and cluster runs whose
-# tables are built elsewhere (python -m speedsplit.aggregate).
+# tables are built elsewhere (python -m speedsplit.output.aggregate).
 rule measurements:
     input:
         bench_results(),

@@ -7,10 +7,10 @@ import sys
 
 sys.path.insert(0, workflow.basedir)
 
-from speedsplit import config as ss_config
-from speedsplit import estimate as ss_estimate
-from speedsplit import plan as ss_plan
-from speedsplit import summary as ss_summary
+from speedsplit.planning import config as ss_config
+from speedsplit.planning import estimate as ss_estimate
+from speedsplit.planning import plan as ss_plan
+from speedsplit.output import summary as ss_summary
 from speedsplit.analysis import TABLES
 
 try:
@@ -128,7 +128,7 @@ def _bench_estimates():
 
 
 def bench_runtime(wc):
-    # Minutes a cluster allows the job: its estimate (python -m speedsplit.estimate) x margin.
+    # Minutes a cluster allows the job: its estimate (python -m speedsplit.planning.estimate) x margin.
     return ss_estimate.runtime_minutes(CFG, _bench_estimates()[_job(wc).result])
 
 

@@ -22,7 +22,7 @@ def private_locks(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    from speedsplit.models import synthesize
+    from speedsplit.models.checkpoint import synthesize
 
     out = tmp_path_factory.mktemp("models") / "tiny" / "fp16"
     synthesize("tiny", out)

@@ -1,7 +1,7 @@
 """Complete result records with numbers chosen by a test (analysis tests read them as the
 workflow would)."""
 
-from speedsplit.record import (
+from speedsplit.core.record import (
     CellParams,
     Distribution,
     EngineFacts,
@@ -13,7 +13,7 @@ from speedsplit.record import (
     Summary,
     to_json,
 )
-from speedsplit.results import write_json_atomic
+from speedsplit.core.results import write_json_atomic
 
 
 def fake_result(

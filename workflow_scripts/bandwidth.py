@@ -2,8 +2,8 @@
 
 from _job import to_log
 
-from speedsplit.hardware import measure
-from speedsplit.results import write_json_atomic
+from speedsplit.core.results import write_json_atomic
+from speedsplit.measuring.hardware import measure
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
 to_log(sm)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from _job import to_log
 
-from speedsplit.bench import finished_line, log_progress, measure
-from speedsplit.plan import session_of
+from speedsplit.measuring.bench import finished_line, log_progress, measure
+from speedsplit.planning.plan import session_of
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
 to_log(sm)

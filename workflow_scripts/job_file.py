@@ -2,7 +2,7 @@
 
 from _job import to_log
 
-from speedsplit.results import write_job_file
+from speedsplit.core.results import write_job_file
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
 to_log(sm)

@@ -2,9 +2,9 @@
 
 from _job import to_log
 
-from speedsplit import link
-from speedsplit.models import read_model_config
-from speedsplit.results import write_json_atomic
+from speedsplit.core.results import write_json_atomic
+from speedsplit.measuring import link
+from speedsplit.models.checkpoint import read_model_config
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
 to_log(sm)

@@ -2,8 +2,8 @@
 
 from _job import to_log
 
-from speedsplit.lease import cuda_devices
-from speedsplit.models import acquire
+from speedsplit.models.checkpoint import acquire
+from speedsplit.serving.lease import cuda_devices
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
 to_log(sm)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from _job import to_log
 
-from speedsplit.aggregate import write_plots
+from speedsplit.output.aggregate import write_plots
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
 to_log(sm)

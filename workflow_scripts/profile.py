@@ -3,8 +3,8 @@ copies and gaps, from a profiler trace of steady decode."""
 
 from _job import to_log
 
-from speedsplit.coordination import profile_cell
-from speedsplit.plan import SessionPlan
+from speedsplit.measuring.coordination import profile_cell
+from speedsplit.planning.plan import SessionPlan
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
 to_log(sm)

@@ -2,9 +2,9 @@
 
 from _job import to_log
 
-from speedsplit.lease import cuda_devices
-from speedsplit.quantize import quantize
-from speedsplit.results import write_json_atomic
+from speedsplit.core.results import write_json_atomic
+from speedsplit.models.quantize import quantize
+from speedsplit.serving.lease import cuda_devices
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
 to_log(sm)

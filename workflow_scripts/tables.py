@@ -1,10 +1,10 @@
-"""Rule tables: every analysis frame (speedsplit.aggregate.build_frames)."""
+"""Rule tables: every analysis frame (speedsplit.output.aggregate.build_frames)."""
 
 from pathlib import Path
 
 from _job import to_log
 
-from speedsplit.aggregate import write_tables
+from speedsplit.output.aggregate import write_tables
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
 to_log(sm)

@@ -9,7 +9,7 @@ import math
 
 import polars as pl
 
-from speedsplit.analysis.formats import value_text
+from speedsplit.core.formats import value_text
 
 GROUP = ["chain", "model", "topology", "cell"]
 SENTENCE_SCHEMA = {**{k: pl.Utf8 for k in GROUP}, "users": pl.Int64, "sentence": pl.Utf8}

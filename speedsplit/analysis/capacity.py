@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from speedsplit import slo
+from speedsplit.probes import slo
 
 KEYS = ["model", "stack", "topology"]
 SCHEMA = {

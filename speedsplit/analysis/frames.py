@@ -1,7 +1,7 @@
 """The analysis as typed polars frames, computed from result records (never from a running
 server): one row per run, one per cell with bootstrap intervals, and the chain attribution,
 crossover and cross-model stability. Numbers and lists only: how they are shown (CSV,
-markdown, HTML, "none in range") is speedsplit/analysis/formats.py.
+markdown, HTML, "none in range") is speedsplit/core/formats.py.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import numpy as np
 import polars as pl
 
 from speedsplit.analysis import attribution as attr
-from speedsplit.analysis import roofline
-from speedsplit.record import RunResult
+from speedsplit.core.record import RunResult
+from speedsplit.planning import roofline
 
 CELL_KEYS = ["model", "topology", "cell", "users", "workload", "sampling", "prompt_tokens", "output_tokens"]
 LATENCY = ["ttft_s", "tpot_s", "itl_s", "e2e_s"]
@@ -195,7 +195,7 @@ def check_one_machine(runs: pl.DataFrame) -> None:
     if len(machines) > 1:
         raise MixedHardware(
             f"results measured on {len(machines)} kinds of hardware ({'; '.join(machines)}) would pool into "
-            "one median: aggregate each apart (python -m speedsplit.aggregate --results 'GLOB' per machine)"
+            "one median: aggregate each apart (python -m speedsplit.output.aggregate --results 'GLOB' per machine)"
         )
 
 

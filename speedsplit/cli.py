@@ -1,0 +1,216 @@
+"""`speedsplit <command>`: the workflow's questions that need no Snakemake run, one command.
+
+Snakemake runs the measurements (`snakemake --cores all --resources gpu=4`); these commands
+answer around it: how long a grid takes before it runs, what a run found, which runs failed
+(and re-measure them), tables and report for results gathered on another machine. Flags are
+named alike across commands and like Snakemake's: `--configfile` (config files merged over the
+embedded default, in order) and `--results` (a workflow's results folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+RESULTS_HELP = "the workflow's results folder (default: results)"
+
+
+def _configfile(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--configfile",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="FILE",
+        help="config file(s) merged over config/config.yaml in order, as `snakemake --configfile`",
+    )
+
+
+def _results(p: argparse.ArgumentParser, help: str = RESULTS_HELP) -> None:
+    p.add_argument("--results", default="results", metavar="DIR", help=help)
+
+
+def _load_config(paths: list[str]) -> dict:
+    from speedsplit.planning import config
+
+    try:
+        return config.load(*paths)
+    except config.ConfigError as exc:
+        raise SystemExit(f"speedsplit: {exc}") from None
+
+
+# --- the commands: each adds its flags and runs; its help says what it answers ----------------
+
+
+def _estimate_args(p):
+    _configfile(p)
+    _results(p, "take measured rates from this results folder's runs (default: results)")
+
+
+def _estimate(args) -> int:
+    from speedsplit.planning import estimate
+
+    config = _load_config(args.configfile)
+    print(
+        estimate.report(
+            config,
+            estimate.job_estimates(
+                config, f"{args.results}/bench/**/run*.json", f"{args.results}/hardware/bandwidth.json"
+            ),
+        )
+    )
+    return 0
+
+
+def _aggregate_args(p):
+    _configfile(p)
+    p.add_argument(
+        "--results",
+        action="append",
+        metavar="DIR",
+        help="results folder(s) holding bench/, hardware/ and profile/ (repeatable; default: results)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="folder for tables/, plots/ and report.html (default: the first --results)",
+    )
+
+
+def _aggregate(args) -> int:
+    from speedsplit.output import aggregate
+
+    folders = args.results or ["results"]
+    out = aggregate.aggregate_folders(_load_config(args.configfile), folders, args.out or folders[0])
+    print(f"report: {out.resolve()}")
+    return 0
+
+
+def _failed_args(p):
+    _results(p)
+    p.add_argument("--flagged", action="store_true", help="also runs that carry an honesty flag")
+    p.add_argument("--rerun", action="store_true", help="move them aside so that snakemake re-measures them")
+    p.add_argument("snakemake_args", nargs=argparse.REMAINDER, help="after --: snakemake's arguments for the rerun")
+
+
+def _failed(args) -> int:
+    from speedsplit.output import failed
+
+    extra = args.snakemake_args
+    return failed.run(args.results, args.flagged, args.rerun, extra[1:] if extra[:1] == ["--"] else extra or None)
+
+
+def _summary_args(p):
+    _results(p)
+
+
+def _summary(args) -> int:
+    from speedsplit.output import summary
+
+    return 1 if summary.close_run(args.results) else 0
+
+
+def _check_report_args(p):
+    p.add_argument("report", nargs="?", default="results/report.html", help="the report (default: results/report.html)")
+    p.add_argument("--png", default=None, help="where to save the first screen")
+
+
+def _check_report(args) -> int:
+    from speedsplit.output import report
+
+    return report.check_first_screen(args.report, args.png)
+
+
+def _ceiling_args(p):
+    p.add_argument("--users", type=int, default=64)
+    p.add_argument("--output-tokens", type=int, default=256)
+    p.add_argument("--requests-per-user", type=int, default=2)
+    p.add_argument(
+        "--highest-measured",
+        type=float,
+        default=None,
+        help="highest output tok/s any cell measured (default: the maximum of the results folder's cells table)",
+    )
+    _results(p)
+
+
+def _ceiling(args) -> int:
+    from speedsplit.probes import ceiling
+
+    ceiling.report(args.users, args.output_tokens, args.requests_per_user, args.highest_measured, args.results)
+    return 0
+
+
+def _schema_args(p):
+    pass
+
+
+def _schema(args) -> int:
+    import json
+
+    from speedsplit.core.record import json_schema
+
+    print(json.dumps(json_schema(), indent=2, sort_keys=True))
+    return 0
+
+
+# name: (what it answers, its flags, its run). loadgen and peakmem take their own arguments.
+COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
+    "estimate": ("How long will this grid take, before it runs? (per job and per lane)", _estimate_args, _estimate),
+    "summary": (
+        "What did the last run find: the answers, the failed runs and why, the report",
+        _summary_args,
+        _summary,
+    ),
+    "failed": ("Which runs failed, and why? --rerun moves them aside and re-measures them", _failed_args, _failed),
+    "aggregate": (
+        "Where did the speedup come from, for results measured elsewhere? (tables, plots, report)",
+        _aggregate_args,
+        _aggregate,
+    ),
+    "check-report": (
+        "Does the report's first screen render every figure? (headless Chromium)",
+        _check_report_args,
+        _check_report,
+    ),
+    "ceiling": ("Can the load generator drive more than the fastest cell measured?", _ceiling_args, _ceiling),
+    "schema": ("What does a result file hold? (its JSON Schema)", _schema_args, _schema),
+}
+PASSTHROUGH = {
+    "loadgen": (
+        "Drive a running OpenAI-compatible server with the workflow's load generator",
+        "speedsplit.probes.loadgen",
+    ),
+    "peakmem": (
+        "A command's time and peak memory, every process it starts: peakmem -- CMD",
+        "speedsplit.probes.peakmem",
+    ),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="speedsplit", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", metavar="command", required=True)
+    for name, (answers, add, run) in COMMANDS.items():
+        c = sub.add_parser(name, help=answers, description=answers)
+        add(c)
+        c.set_defaults(run=run)
+    for name, (answers, _) in PASSTHROUGH.items():
+        sub.add_parser(name, help=answers, add_help=False)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in PASSTHROUGH:
+        import importlib
+
+        return importlib.import_module(PASSTHROUGH[argv[0]][1]).main(argv[1:]) or 0
+    args = parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""How the analysis frames are shown and stored: parquet (typed, what plots and the report
+read), CSV for people and other tools (lists joined), markdown, and the text of values
+("—" for a missing number, "none in range" for a crossover that does not happen).
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import polars as pl
+
+from speedsplit.core.results import write_bytes_atomic
+
+# How a list column is joined in CSV and text (reasons read better one per clause).
+_JOIN = {"excluded": "; "}
+
+
+def value_text(v, digits: int = 4) -> str:
+    """One value as a table shows it."""
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}" if abs(v) < 1e4 else f"{v:.0f}"
+    if isinstance(v, list):
+        return ", ".join(value_text(x, digits) for x in v)
+    return str(v)
+
+
+def flat(df: pl.DataFrame) -> pl.DataFrame:
+    """List columns joined into text (CSV holds no lists)."""
+    lists = [c for c, t in df.schema.items() if isinstance(t, pl.List)]
+    return df.with_columns(pl.col(c).cast(pl.List(pl.Utf8)).list.join(_JOIN.get(c, ",")) for c in lists)
+
+
+def for_people(name: str, df: pl.DataFrame) -> pl.DataFrame:
+    """A frame with its numbers put into words where words read better (report, markdown)."""
+    if name == "crossover" and df.height:
+        return df.select(
+            pl.exclude("users_min", "users_max", "crossover_users"),
+            pl.format("{}-{}", "users_min", "users_max").alias("users"),
+            pl.when(pl.col("crossover_users").is_null())
+            .then(pl.lit("none in range"))
+            .otherwise(pl.format("{} users", pl.col("crossover_users").round(1)))
+            .alias("crossover"),
+        )
+    return df
+
+
+def to_markdown(df: pl.DataFrame, digits: int = 3) -> str:
+    """A plain markdown table (no extra dependency)."""
+    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(value_text(v, digits) for v in row) + " |" for row in df.iter_rows()]
+    return "\n".join(lines) + "\n"
+
+
+def write_frames(frames: dict[str, pl.DataFrame], out_dir: str | Path, markdown: tuple[str, ...] = ()) -> None:
+    """Each frame as {name}.parquet and {name}.csv (and {name}.md for those named), atomically."""
+    out_dir = Path(out_dir)
+    for name, df in frames.items():
+        buf = io.BytesIO()
+        df.write_parquet(buf)
+        write_bytes_atomic(out_dir / f"{name}.parquet", buf.getvalue())
+        write_bytes_atomic(out_dir / f"{name}.csv", flat(df).write_csv().encode())
+        if name in markdown:
+            write_bytes_atomic(out_dir / f"{name}.md", to_markdown(for_people(name, df)).encode())
+
+
+def read_frame(path: str | Path) -> pl.DataFrame:
+    """A frame written by write_frames, with its types."""
+    return pl.read_parquet(path)

@@ -1,0 +1,456 @@
+"""One benchmark cell run: get the session's server (reused or started), drive the load,
+write the cell's result and per-request records. Always writes a result, whatever failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+import zlib
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from speedsplit.core import procs
+from speedsplit.core.record import (
+    CellParams,
+    EngineFacts,
+    ErrorInfo,
+    ModelShape,
+    ModelSource,
+    Provenance,
+    QuantConfig,
+    RequestRecord,
+    ResultError,
+    RunResult,
+    ServerFacts,
+    StackDef,
+    Timing,
+    parse_result,
+    read_result,
+    to_json,
+)
+from speedsplit.core.results import provenance, redact, write_json_atomic, write_lines_atomic
+from speedsplit.models.checkpoint import ModelError, model_identity, model_info, read_model_config
+from speedsplit.planning.config import ConfigError
+from speedsplit.planning.plan import SessionPlan
+from speedsplit.probes import loadgen, slo, telemetry
+from speedsplit.serving import lease as leases
+from speedsplit.serving import session as sessions
+from speedsplit.serving import stacks
+
+
+def _model_shape(model_dir) -> ModelShape:
+    """The served model's shape (what the roofline needs); empty if unreadable."""
+    try:
+        cfg = read_model_config(model_dir)
+    except ModelError:
+        return ModelShape()
+    shape = {k: cfg[k] for k in ModelShape.model_fields if k in cfg and k != "quantization_config"}
+    q = cfg.get("quantization_config") or {}
+    if q:
+        shape["quantization_config"] = QuantConfig(**{k: q.get(k) for k in QuantConfig.model_fields})
+    return ModelShape(**shape)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def build_prompts(tokenizer_dir: str | Path, n: int, prompt_tokens: int, seed: int) -> list[str]:
+    """n distinct prompts of exactly prompt_tokens tokens, the same for every stack."""
+    from speedsplit.models.checkpoint import exact_prompt, load_tokenizer
+
+    tok = load_tokenizer(tokenizer_dir)
+    rng = random.Random(seed)
+    return [exact_prompt(tok, prompt_tokens, rng) for _ in range(n)]
+
+
+def prompt_seed(cell: dict, run: int) -> int:
+    """Prompts differ between cells and runs (a server measures several, and a repeated prompt
+    is served from its prefix cache) and are the same for every stack."""
+    return cell["seed"] + zlib.crc32(f"{cell['cell']}/run{run}".encode())
+
+
+def health(url: str, path: str = "/health") -> int | None:
+    """The HTTP status a server's health path answers, None when it answers nothing."""
+    try:
+        with urllib.request.urlopen(url + path, timeout=5) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except Exception:  # no answer at all
+        return None
+
+
+def measure(
+    *,
+    stack: dict,
+    cell: dict,
+    run: int,
+    session: SessionPlan | Callable[[], SessionPlan],
+    model_dir: str | Path,
+    tokenizer_dir: str | Path,
+    out_json: str | Path,
+    out_requests: str | Path,
+    owner: procs.Proc | None = None,
+    workdir: str | Path = ".",
+    progress: Callable[[str], None] | None = None,
+) -> RunResult:
+    """Measure one cell run on its session's server; writes out_json and out_requests
+    atomically and returns the result. `session` may be a function that reads the plan.
+
+    Whatever fails ends in a result file (status error with the exception's class and a
+    redacted message when nothing more specific fits), so the lane after it goes on. Only a
+    stop signal ends the job without one: the cell was not measured and reruns.
+    """
+    try:  # the plan is read here, where a failure is recorded like any other
+        session, plan_error = (session() if callable(session) else session), None
+    except Exception as exc:
+        session, plan_error = None, exc
+    result = _new_result(stack, cell, run, session.key if session else "")
+    records: list[RequestRecord] = []
+    # A file-size limit (RLIMIT_FSIZE) must surface as an error we can record, not kill us mid-write.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    with sessions.stop_on_signals():
+        try:
+            if plan_error is not None:
+                raise plan_error
+            unknown = sorted(set(cell) - set(CellParams.model_fields))
+            if unknown:  # a job file of another version: recorded without them (_new_result)
+                raise ConfigError(f"the job's cell has keys no cell has: {unknown}")
+            result.weights = ModelSource(**model_info(model_dir))
+            result.model_shape = _model_shape(model_dir)
+            launch = {
+                "stack": stack,
+                "model_dir": str(Path(model_dir).resolve()),
+                "model": model_identity(model_dir),
+                "cache_dir": str(Path(session.cache_dir).resolve()),
+                "kv_tokens": session.kv_tokens,  # what a CPU server sizes its caches for (host_cache_cap)
+            }
+            skip = capacity_skip(out_json, run, cell)
+            if skip:  # past the cliff: not measured, and a session this job would end is stopped
+                result.status, result.error = "skipped", ErrorInfo(type="CapacitySkip", message=skip)
+                if session.is_last(result):
+                    sessions.retire(sessions.Session(session.key, workdir), wait_s=60.0)
+            else:
+                records = _measure_on_session(
+                    result,
+                    launch,
+                    session,
+                    stack,
+                    cell,
+                    run,
+                    tokenizer_dir,
+                    owner or sessions.workflow_owner(),
+                    progress,
+                )
+        except sessions.Stop:
+            raise
+        except Exception as exc:  # anything unforeseen: recorded, and the lane goes on
+            _record_error(result, exc, workdir)
+        result.finished = _now()
+        result.timing.job_end = time.time()
+        result.provenance = Provenance.model_validate(provenance(workdir))
+        if result.provenance.hardware.platform != stack["platform"]:
+            # planned on another machine (a cluster's submitting host) for a platform this node lacks
+            result.flags.append("platform_mismatch")
+        try:
+            return _write(result, records, out_json, out_requests, workdir)
+        except Exception as exc:  # a full disk, a result its own type refuses: a small error result still fits
+            _record_error(result, exc, workdir, "writing the result failed: ")
+            return _write(_stripped(result), [], out_json, out_requests, workdir)
+
+
+def _new_result(stack: dict, cell: dict, run: int, session_key: str) -> RunResult:
+    """The run's record before anything is measured. A cell with keys its type does not know
+    (a job file of another version) is recorded without them; measure fails the run, naming them."""
+    known = {k: v for k, v in cell.items() if k in CellParams.model_fields}
+    return RunResult(
+        model=stack["model"],
+        stack=stack["stack"],
+        topology=stack["topology"],
+        cell=cell["cell"],
+        run=run,
+        params=CellParams(**known),
+        session_key=session_key,
+        stack_def=StackDef(**{k: stack[k] for k in StackDef.model_fields}),
+        started=_now(),
+        timing=Timing(job_start=time.time()),
+    )
+
+
+def _stripped(result: RunResult) -> RunResult:
+    """What is left of a result that could not be written: who, what, when and why."""
+    keep = ("model", "stack", "topology", "cell", "run", "params", "session_key", "stack_def", "error")
+    keep += ("started", "finished", "timing", "provenance", "flags")
+    return RunResult(**{k: getattr(result, k) for k in keep}, status="error")
+
+
+def capacity_skip(out_json, run: int, cell: dict) -> str | None:
+    """For a capacity level: the reason to skip it when the `capacity_stop_after` levels just
+    under it (same model, stack, topology and run) all failed; None when any of them passed
+    or is not measured yet (it is then measured)."""
+    below, n = cell.get("capacity_below") or [], int(cell.get("capacity_stop_after", 2))
+    if len(below) < n:
+        return None
+    reasons = []
+    for name in below[-n:]:
+        path = Path(out_json).parent.parent / name / f"run{run}.json"
+        try:
+            res = read_result(path)
+            violations = res.slo.violations if res.slo else []
+            verdict = slo.level_failure(res.status, res.slo and res.slo.met, violations, res.flags)
+        except ResultError:
+            return None
+        if verdict is None:
+            return None
+        reasons.append(f"{name}: {verdict}")
+    return f"the {n} levels below failed ({' | '.join(reasons)})"
+
+
+def _record_error(result: RunResult, exc: BaseException, workdir, prefix: str = "") -> None:
+    result.status = "error"
+    result.error = ErrorInfo(type=type(exc).__name__, message=redact(prefix + str(exc), workdir))
+
+
+def _write(result: RunResult, records: list[RequestRecord], out_json, out_requests, workdir) -> RunResult:
+    """Redact, check against the record type (a writer bug fails here, not in the analysis),
+    and write requests then result, each atomically."""
+    clean = parse_result(json.loads(redact(json.dumps(to_json(result)), workdir)), "the result being written")
+    write_lines_atomic(out_requests, [json.loads(redact(r.model_dump_json(), workdir)) for r in records])
+    write_json_atomic(out_json, to_json(clean))
+    return clean
+
+
+def _measure_on_session(
+    result: RunResult,
+    launch: dict,
+    plan: SessionPlan,
+    stack: dict,
+    cell: dict,
+    run: int,
+    tokenizer_dir,
+    owner: procs.Proc,
+    progress,
+) -> list[RequestRecord]:
+    """Hold the session's servers for this cell and run the load; returns the request records.
+    The last cell of a session, or any interrupted cell, stops its servers."""
+    try:
+        with sessions.hold_ready(
+            plan,
+            launch,
+            owner,
+            ready_timeout_s=stack["startup_timeout_s"] + plan.lease_timeout_s,
+            keep=not plan.is_last(result),
+        ) as held:
+            _server_facts(result, held.state, held.reused)
+            records = _run_load(result, held.state, stack, cell, run, tokenizer_dir, progress)
+            sessions.transition(
+                held.sess, held.generation, sessions.READY, cells_measured=held.state["cells_measured"] + 1
+            )
+            _check_servers(result, records, held.sess, held.generation, held.state, stack)
+    except sessions.NotReady as no:
+        result.status = no.status
+        if no.state is None:
+            result.server = _no_server(no.error)
+        else:
+            _server_facts(result, no.state, no.reused)
+            result.server.error = no.error
+        return []
+    result.flags = honesty_flags(result, stack, cell)
+    return records
+
+
+def _no_server(error: str) -> ServerFacts:
+    facts = dict.fromkeys(ServerFacts.model_fields)
+    return ServerFacts(**{**facts, "error": error, "reused": False, "cells_before": 0})
+
+
+def _server_facts(result: RunResult, state: dict, reused: bool) -> None:
+    keys = [k for k in ServerFacts.model_fields if k not in ("reused", "cells_before")]
+    cells_before = state.get("cells_measured", 0)
+    result.server = ServerFacts(
+        **{k: state.get(k) for k in keys}, reused=reused or bool(cells_before), cells_before=cells_before
+    )
+    result.engine = EngineFacts(**(state.get("facts") or {}))
+
+
+def cell_load(
+    state: dict,
+    stack: dict,
+    cell: dict,
+    run: int,
+    tokenizer_dir,
+    requests_per_user: int | None = None,
+    warmup_requests: int | None = None,
+) -> loadgen.LoadSpec:
+    """The load of one cell run on a ready session (its URLs and model id in state), with the
+    cell's own request counts unless others are given; prompts are the run's own."""
+    per_user = cell["requests_per_user"] if requests_per_user is None else requests_per_user
+    warmup = cell["warmup_requests"] if warmup_requests is None else warmup_requests
+    prompts = build_prompts(
+        tokenizer_dir, cell["users"] * (per_user + warmup), cell["prompt_tokens"], prompt_seed(cell, run)
+    )
+    return loadgen.LoadSpec(
+        urls=state["urls"],
+        model=state["model_id"],
+        prompts=prompts,
+        users=cell["users"],
+        prompt_tokens=cell["prompt_tokens"],
+        output_tokens=cell["output_tokens"],
+        requests_per_user=per_user,
+        warmup_requests=warmup,
+        temperature=cell["temperature"],
+        top_p=cell["top_p"],
+        seed=cell["seed"] + 100003 * run,
+        dialect=stack["dialect"],
+        request_timeout_s=cell["request_timeout_s"],
+        stall_timeout_s=cell["stall_timeout_s"],
+        ramp_s=cell.get("ramp_s", 0.0),  # config.cell_params names a ramp only when there is one
+    )
+
+
+def _run_load(
+    result: RunResult, state: dict, stack: dict, cell: dict, run: int, tokenizer_dir, progress
+) -> list[RequestRecord]:
+    if state.get("cpus"):  # the client runs on its servers' cores, off the other lanes'
+        os.sched_setaffinity(0, leases.parse_cpu_ranges(state["cpus"]))
+    warm = 0 if cell.get("warmup") == "session_start" and state.get("cells_measured") else None
+    load = cell_load(state, stack, cell, run, tokenizer_dir, warmup_requests=warm)
+    result.params.warmup_requests = load.warmup_requests
+    sampler = telemetry.Sampler(
+        telemetry.ServerProbe(state["urls"]), telemetry.GpuProbe(state.get("devices") or []), cell["telemetry_s"]
+    )
+    result.timing.load_start = time.time()
+    with sampler:
+        result.summary, records = loadgen.run(load, progress=progress)
+    result.timing.load_end = time.time()
+    s = result.summary
+    result.slo = slo.assess(records, s, cell["slo_ttft_p99_s"], cell["slo_tpot_p99_s"])
+    result.telemetry = telemetry.summarize(
+        sampler, s.measured_from, s.measured_from + s.wall_s, s.output_tokens, state.get("devices") or []
+    )
+    _late_facts(result, state)
+    return records
+
+
+def _late_facts(result: RunResult, state: dict) -> None:
+    """Engine facts logged after the server was ready fill the gaps of those read at ready
+    (transformers' continuous batching sizes its KV cache at its first request)."""
+    known = result.engine.model_dump()
+    if None not in known.values():
+        return
+    logs = zip(state.get("server_logs") or [], state.get("log_offsets") or [])
+    late = stacks.engine_facts("\n".join(stacks.launch_output(path, offset) for path, offset in logs))
+    result.engine = EngineFacts(**{k: known[k] if known[k] is not None else late.get(k) for k in known})
+
+
+def _check_servers(
+    result: RunResult, records: list[RequestRecord], sess, generation: str, state: dict, stack: dict
+) -> None:
+    """Set the run's status from the load's outcome and what its servers do now; every status
+    but ok comes with its cause in result.error (the failing answer, the server's exit, the
+    failure its log names)."""
+    answers = [health(u, stack["ready_path"]) for u in state["urls"]]
+    s = result.summary
+    if all(a == 200 for a in answers) and s.completed:
+        result.status = "ok"
+        return
+    servers = [procs.Proc.from_record(r) for r in state.get("servers") or []]
+    running = all(p is not None and p.alive() for p in servers)
+    cause = server_log_cause(state)
+    server_side = {k: n for k, n in s.failures.items() if k.startswith("http_5") or k == "server_error"}
+    now = sess.state()
+    # the daemon records a server's death (DIED) before it ends; one that vanished without a
+    # word was killed from outside, and its servers went with it
+    lost = not sessions.daemon_alive(now) and now.get("generation") == generation and now.get("state") == sessions.READY
+    if server_side:
+        first = next((f"{r.error}: {r.detail}" for r in records if r.error in server_side and r.detail), "no detail")
+        after = "" if running or lost else f"; then the server {_exit_of(sess, generation, result)}"
+        result.status = "server_error"
+        kind, message = "ServerError", f"{_counts(server_side)} ({first}){after}"
+    elif lost:
+        result.status = "server_died"
+        daemon = (state.get("daemon") or {}).get("pid")
+        kind = "SessionLost"
+        message = f"the session's daemon (pid {daemon}) ended mid-cell, killed from outside; its servers went with it"
+    elif not running:
+        result.status = "server_died"
+        kind, message = "ServerExit", f"the server {_exit_of(sess, generation, result)} during the run"
+    elif all(a == 200 for a in answers):
+        result.status = "failed"
+        kind, message = "RequestsFailed", f"no request completed: {_counts(s.failures) or 'none sent'}"
+    else:
+        result.status = "server_hung"
+        said = [a for a in answers if a is not None]
+        kind = "ServerHung"
+        message = f"its health check answered HTTP {said[0]}" if said else "it no longer answers its health check"
+        message += f" after {_counts(s.failures) or 'the load'}"
+    result.error = ErrorInfo(type=kind, message=message + (f"; its log: {cause}" if cause else ""))
+
+
+def _counts(failures: dict[str, int]) -> str:
+    return ", ".join(f"{n} x {k}" for k, n in sorted(failures.items()))
+
+
+def _exit_of(sess, generation: str, result: RunResult) -> str:
+    """How the session's dead server ended (the daemon, its parent, records it), also kept in
+    result.server."""
+    died = sessions.wait_final(sess, generation, 10.0)
+    result.server.log_tail = died.get("log_tail", "")
+    result.server.exit_code = died.get("exit_code")
+    return stacks.exit_cause(result.server.exit_code) if result.server.exit_code is not None else "ended"
+
+
+def server_log_cause(state: dict) -> str:
+    """The failure the session's server logs name since its launch (empty if none)."""
+    logs = zip(state.get("server_logs") or [], state.get("log_offsets") or [])
+    return stacks.log_cause("\n".join(stacks.launch_output(path, offset) for path, offset in logs))
+
+
+def honesty_flags(result: RunResult, stack: dict, cell: dict) -> list[str]:
+    """Reasons not to take a run's numbers at face value; also sets result.kernel_ok."""
+    s, flags = result.summary, []
+    if s.failed:
+        flags.append("request_failures")
+    if s.wrong_output_length:
+        flags.append("output_length_mismatch")
+    if s.wrong_prompt_length:
+        flags.append("prompt_length_mismatch")
+    if s.wall_s < cell["min_measured_s"]:
+        flags.append("short_measurement")
+    ok = stacks.kernel_matches(stack["expect_kernel"], result.engine.linear_kernel)
+    result.kernel_ok = ok
+    if ok is False:
+        flags.append("kernel_mismatch")
+    return flags
+
+
+def finished_line(result: RunResult) -> str:
+    """One line per finished cell run: what it measured, or why it did not."""
+    where = f"{result.stack} {result.cell} run{result.run}"
+    s = result.summary
+    if result.status == "ok" and s is not None:
+        ttft = s.ttft_s.p99
+        flags = f" [{', '.join(result.flags)}]" if result.flags else ""
+        rate = f"{s.output_tok_s:.1f} output tok/s" if s.output_tok_s is not None else "no throughput"
+        return f"{where}: ok, {rate}, p99 TTFT {ttft:.3f} s{flags}" if ttft is not None else f"{where}: ok, {rate}"
+    cause = (result.cause or "no cause recorded").splitlines()[0][:400]
+    return f"{where}: {result.status.upper() if result.status else 'UNFINISHED'}: {cause}"
+
+
+def log_progress(prefix: str) -> Callable[[str], None]:
+    def emit(msg: str) -> None:
+        line = f"[{prefix}] {msg}"
+        print(line, file=sys.stderr, flush=True)
+        if sys.stderr is not sys.__stderr__:  # the job's log, and the terminal too
+            print(line, file=sys.__stderr__, flush=True)
+
+    return emit

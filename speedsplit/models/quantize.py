@@ -1,0 +1,166 @@
+"""GPTQ INT4 quantization through GPTQModel (the maintained successor of auto-gptq, which no
+longer imports with transformers 5), and the INT4-vs-FP16 quality check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from speedsplit.core.results import atomic_dir
+from speedsplit.models.checkpoint import GPTQ_MODULES, ModelError, is_dummy, model_info, read_model_config
+
+
+def token_samples(tokenizer, n: int, length: int, seed: int, text_path: str = "") -> list[list[int]]:
+    """n sequences of `length` token ids: windows of a local text file, else random tokens
+    of the vocabulary (seeded)."""
+    rng = random.Random(seed)
+    if text_path:
+        path = Path(text_path)
+        if not path.is_file():
+            raise ModelError(f"calibration text {text_path} does not exist")
+        ids = tokenizer.encode(path.read_text(errors="replace"), add_special_tokens=False)
+        if len(ids) < length:
+            raise ModelError(f"calibration text {text_path} has {len(ids)} tokens, fewer than {length}")
+        starts = [rng.randrange(0, len(ids) - length + 1) for _ in range(n)]
+        return [ids[s : s + length] for s in starts]
+    specials = set(tokenizer.all_special_ids)
+    vocab = [i for i in range(tokenizer.vocab_size) if i not in specials]
+    return [[rng.choice(vocab) for _ in range(length)] for _ in range(n)]
+
+
+def gptq_config_block(bits: int, group_size: int, desc_act: bool) -> dict:
+    return {
+        "bits": bits,
+        "group_size": group_size,
+        "desc_act": desc_act,
+        "sym": True,
+        "quant_method": "gptq",
+        "checkpoint_format": "gptq",
+    }
+
+
+def quantize(
+    fp16_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    method: str = "gptqmodel",
+    bits: int = 4,
+    group_size: int = 128,
+    desc_act: bool = False,
+    calibration_samples: int = 32,
+    calibration_tokens: int = 256,
+    eval_samples: int = 8,
+    seed: int = 0,
+    calibration_text: str = "",
+) -> dict:
+    """Quantize fp16_dir into out_dir; returns the report (time, settings, quality)."""
+    fp16_dir, out_dir = Path(fp16_dir).resolve(), Path(out_dir).resolve()
+    read_model_config(fp16_dir)
+    settings = {
+        "bits": bits,
+        "group_size": group_size,
+        "desc_act": desc_act,
+        "sym": True,
+        "calibration_samples": calibration_samples,
+        "calibration_tokens": calibration_tokens,
+        "seed": seed,
+        "calibration_source": calibration_text or "random tokens of the vocabulary",
+    }
+    if method == "dummy" or is_dummy(fp16_dir):
+        if model_info(fp16_dir).get("source") != "synthetic":
+            raise ModelError(f"quantization method dummy needs a synthetic model; {fp16_dir} is not one")
+        return _dummy_gptq(fp16_dir, out_dir, settings)
+
+    os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(min(os.cpu_count() or 1, 4)))
+    from gptqmodel import GPTQModel, QuantizeConfig
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(fp16_dir))
+    calib = token_samples(tok, calibration_samples, calibration_tokens, seed, calibration_text)
+    held_out = token_samples(tok, eval_samples, calibration_tokens, seed + 1, calibration_text)
+    scratch = Path(tempfile.mkdtemp(prefix="speedsplit-gptq-"))
+    try:
+        with atomic_dir(out_dir) as tmp, contextlib.chdir(scratch):  # GPTQModel writes logs/ into cwd
+            t0 = time.perf_counter()
+            qcfg = QuantizeConfig(bits=bits, group_size=group_size, desc_act=desc_act, sym=True)
+            model = GPTQModel.load(str(fp16_dir), qcfg)
+            model.quantize(
+                [{"input_ids": ids, "attention_mask": [1] * len(ids)} for ids in calib], batch_size=1, tokenizer=tok
+            )
+            model.save(str(tmp))
+            seconds = time.perf_counter() - t0
+            del model
+            quality = quality_check(fp16_dir, tmp, held_out)
+            report = {"method": "gptqmodel", "settings": settings, "quantize_s": seconds, "quality": quality}
+            (tmp / "speedsplit-quantization.json").write_text(json.dumps(report, indent=2))
+            info = (
+                json.loads((fp16_dir / "speedsplit-model.json").read_text())
+                if (fp16_dir / "speedsplit-model.json").exists()
+                else {}
+            )
+            (tmp / "speedsplit-model.json").write_text(json.dumps({**info, "variant": "gptq"}, indent=2))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return report
+
+
+def _dummy_gptq(fp16_dir: Path, out_dir: Path, settings: dict) -> dict:
+    """A GPTQ config over dummy weights: vLLM initialises real INT4 tensors itself. The
+    explicit module list keeps vLLM from silently running every layer unquantized."""
+    cfg = read_model_config(fp16_dir)
+    cfg["quantization_config"] = {
+        **gptq_config_block(settings["bits"], settings["group_size"], settings["desc_act"]),
+        "modules_in_block_to_quantize": GPTQ_MODULES,
+    }
+    with atomic_dir(out_dir) as tmp:
+        for f in fp16_dir.iterdir():
+            if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", "speedsplit-model.json"):
+                shutil.copy2(f, tmp / f.name)
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+        info = {**model_info(fp16_dir), "weights": "dummy", "variant": "gptq"}
+        (tmp / "speedsplit-model.json").write_text(json.dumps(info, indent=2))
+        report = {
+            "method": "dummy",
+            "settings": settings,
+            "quantize_s": 0.0,
+            "quality": {"status": "not applicable: dummy weights are initialised by the engine"},
+        }
+        (tmp / "speedsplit-quantization.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def quality_check(fp16_dir: Path, gptq_dir: Path, held_out: list[list[int]]) -> dict:
+    """Greedy next-token agreement and perplexity of INT4 against FP16 on held-out tokens."""
+    import torch
+    from gptqmodel import GPTQModel
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(str(fp16_dir), dtype=torch.float32)
+    q = GPTQModel.load(str(gptq_dir))
+    agree = total = 0
+    nll_ref = nll_q = 0.0
+    with torch.no_grad():
+        for ids in held_out:
+            x = torch.tensor([ids])
+            lr = ref(x).logits[0, :-1].float()
+            lq = q.model(x.to(q.model.device)).logits[0, :-1].float().cpu()
+            target = x[0, 1:]
+            agree += int((lr.argmax(-1) == lq.argmax(-1)).sum())
+            total += len(target)
+            nll_ref += float(torch.nn.functional.cross_entropy(lr, target, reduction="sum"))
+            nll_q += float(torch.nn.functional.cross_entropy(lq, target, reduction="sum"))
+    return {
+        "status": "measured",
+        "tokens": total,
+        "token_agreement": agree / total,
+        "perplexity_fp16": math.exp(nll_ref / total),
+        "perplexity_int4": math.exp(nll_q / total),
+    }

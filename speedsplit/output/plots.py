@@ -1,0 +1,465 @@
+"""Altair plots of the tables: factors and log shares vs users, throughput and latency per
+stack. Each is saved as HTML (interactive, JavaScript inlined for offline use), SVG and PNG.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import altair as alt
+import polars as pl
+
+from speedsplit.analysis import answer
+from speedsplit.core.formats import flat
+
+ERRORBARS = "error bars: 95% bootstrap interval over runs"
+
+
+def _title(text: str, cells: pl.DataFrame, intervals: bool = True) -> alt.TitleParams:
+    models = ", ".join(sorted(set(cells["model"].to_list()))) if "model" in cells.columns else ""
+    hardware = "; ".join(sorted(set(cells["hardware"].to_list()))) if "hardware" in cells.columns else ""
+    subtitle = [f"model: {models} | hardware: {hardware}"] + ([ERRORBARS] if intervals else [])
+    return alt.TitleParams(text, subtitle=subtitle, anchor="start")
+
+
+def _ratios_vs_users(df, y_title: str, tooltip: list, **channels) -> alt.LayerChart:
+    """Ratios (value, lo, hi) against users on log axes: a line with its interval bars."""
+    base = alt.Chart(df).encode(x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"), **channels)
+    line = base.mark_line(point=True).encode(
+        y=alt.Y("value:Q", scale=alt.Scale(type="log"), title=y_title), tooltip=tooltip
+    )
+    return line + base.mark_errorbar().encode(y=alt.Y("lo:Q", title=y_title), y2="hi:Q")
+
+
+_RATIO_TIPS = [alt.Tooltip(f"{c}:Q", format=".3f") for c in ("value", "lo", "hi")]
+
+
+def factors_chart(attribution: pl.DataFrame, cells: pl.DataFrame, chain: str) -> alt.Chart:
+    df = attribution.filter((pl.col("chain") == chain) & pl.col("value").is_not_null()).to_pandas()
+    layers = _ratios_vs_users(
+        df,
+        "speedup factor (log)",
+        ["model", "cell", "factor", *_RATIO_TIPS],
+        color=alt.Color("factor:N", title="factor"),
+    )
+    return (
+        layers.properties(width=260, height=220)
+        .facet(column=alt.Column("workload:N"), row=alt.Row("model:N"))
+        .properties(title=_title(f"Speedup factors along chain '{chain}' vs concurrent users", cells))
+    )
+
+
+def shares_chart(attribution: pl.DataFrame, cells: pl.DataFrame, chain: str) -> alt.Chart:
+    df = attribution.filter(
+        (pl.col("chain") == chain) & (pl.col("position") > 0) & pl.col("log_share").is_not_null()
+    ).to_pandas()
+    return (
+        alt.Chart(df)
+        .mark_bar()
+        .encode(
+            x=alt.X("cell:N", title="cell (users-workload-sampling)", sort=None),
+            y=alt.Y("log_share:Q", stack="zero", title="log share of total speedup"),
+            color=alt.Color("factor:N"),
+            tooltip=["model", "cell", "factor", alt.Tooltip("log_share:Q", format=".2f")],
+        )
+        .properties(width=420, height=220)
+        .facet(row=alt.Row("model:N"))
+        .properties(
+            title=alt.TitleParams(
+                f"Log shares ln(factor)/ln(total) per cell, chain '{chain}'",
+                subtitle=["cells whose total is within 5% of 1 have no shares (undefined)"],
+                anchor="start",
+            )
+        )
+    )
+
+
+def waterfall_chart(waterfall: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
+    """The headline decompositions as log-scale waterfalls (answer.waterfall_frame), a row per
+    chain and model, a column per cell: each factor a bar from the running product before it
+    to the one after it, then the total from 1; on the log axis the factor bars add up to the
+    total bar."""
+    df = waterfall.with_columns(
+        pl.format("{} ({})", "cell", "topology").alias("where"),
+        pl.format("{}: {}", "chain", "model").alias("chain_model"),
+        pl.format("{}x", pl.col("value").round_sig_figs(3)).alias("label"),
+        pl.max_horizontal("start", "end").alias("top"),
+    ).to_pandas()
+    low = min(1.0, float(waterfall["end"].min())) / 1.2
+    high = max(1.0, float(waterfall["end"].max()), float(waterfall["start"].max())) * 1.6
+    base = alt.Chart().encode(
+        x=alt.X("bar:N", sort=alt.EncodingSortField("order"), title=None, axis=alt.Axis(labelAngle=-20, labelLimit=200))
+    )
+    bars = base.mark_bar(size=34).encode(
+        y=alt.Y(
+            "start:Q",
+            scale=alt.Scale(type="log", domain=[low, high], nice=False),
+            title="speedup (log; bars add up to the total)",
+        ),
+        y2="end:Q",
+        color=alt.Color(
+            "direction:N",
+            scale=alt.Scale(domain=["speeds up", "slows down", "total"], range=["#4c78a8", "#e45756", "#555555"]),
+            title=None,
+        ),
+        tooltip=["chain", "model", "cell", "factor", *_RATIO_TIPS],
+    )
+    text = base.mark_text(dy=-7, fontSize=12).encode(y=alt.Y("top:Q"), text="label:N")
+    one = base.mark_rule(strokeDash=[3, 3], color="#999").encode(y=alt.datum(1))
+    return (
+        alt.layer(bars, text, one, data=df)
+        .properties(width=220, height=200)
+        .facet(column=alt.Column("where:N", title=None), row=alt.Row("chain_model:N", title=None))
+        .resolve_scale(x="independent")
+        .properties(
+            title=alt.TitleParams(
+                "Where the speedup came from, at the headline cells (rows: chain: model)",
+                subtitle=[
+                    f"hardware: {'; '.join(sorted(set(cells['hardware'].to_list())))}",
+                    "intervals: in the sentences above and the tooltips",
+                ],
+                anchor="start",
+            )
+        )
+    )
+
+
+def kernels_chart(cells: pl.DataFrame, reference: str) -> alt.Chart:
+    """Every INT4 (gptq) stack's throughput vs users, each labelled with the kernel its engine
+    reported, against the FP16 reference stack (dashed)."""
+    df = cells.filter(
+        ((pl.col("variant") == "gptq") | (pl.col("stack") == reference)) & pl.col("output_tok_s").is_not_null()
+    ).with_columns(
+        pl.when(pl.col("stack") == reference)
+        .then(pl.format("{} (FP16 reference)", "stack"))
+        .otherwise(pl.format("{} ({})", "stack", pl.col("linear_kernel").fill_null("kernel not reported")))
+        .alias("kernel"),
+        (pl.col("stack") == reference).alias("reference"),
+    )
+    return _throughput_vs_users(
+        df,
+        dict(
+            color=alt.Color("kernel:N", title="stack (kernel the engine reported)"),
+            strokeDash=alt.StrokeDash(
+                "reference:N", scale=alt.Scale(domain=[False, True], range=[[1, 0], [6, 3]]), legend=None
+            ),
+        ),
+        ["stack", "linear_kernel", "kernel_ok", "cell", alt.Tooltip("output_tok_s:Q", format=".1f")],
+        (300, 240),
+    ).properties(title=_title(f"INT4 kernels vs users, against {reference} (dashed)", cells))
+
+
+def kernel_sweep_ran(cells: pl.DataFrame, reference: str) -> bool:
+    """Whether the kernel chart has something to compare: the reference and two gptq stacks."""
+    measured = cells.filter(pl.col("output_tok_s").is_not_null())
+    gptq = measured.filter(pl.col("variant") == "gptq")["stack"].n_unique()
+    return gptq >= 2 and measured.filter(pl.col("stack") == reference).height > 0
+
+
+def _throughput_vs_users(df: pl.DataFrame, channels: dict, tooltip: list, size: tuple[int, int]) -> alt.FacetChart:
+    """Median output tok/s vs users on log axes with the intervals as error bars, a column per
+    workload and a row per model; `channels` tell the lines apart."""
+    base = alt.Chart(df.to_pandas()).encode(
+        x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"), **channels
+    )
+    line = base.mark_line(point=True).encode(
+        y=alt.Y("output_tok_s:Q", scale=alt.Scale(type="log"), title="output tokens/s (log)"), tooltip=tooltip
+    )
+    bars = base.mark_errorbar().encode(
+        y=alt.Y("output_tok_s_lo:Q", title="output tokens/s (log)"), y2="output_tok_s_hi:Q"
+    )
+    return (
+        (line + bars)
+        .properties(width=size[0], height=size[1])
+        .facet(column=alt.Column("workload:N"), row=alt.Row("model:N"))
+    )
+
+
+def throughput_chart(cells: pl.DataFrame) -> alt.Chart:
+    return _throughput_vs_users(
+        cells.filter(pl.col("output_tok_s").is_not_null()),
+        dict(color=alt.Color("stack:N"), strokeDash=alt.StrokeDash("topology:N")),
+        ["stack", "topology", "cell", alt.Tooltip("output_tok_s:Q", format=".1f"), "linear_kernel"],
+        (260, 220),
+    ).properties(title=_title("Throughput per stack vs concurrent users", cells))
+
+
+def latency_chart(cells: pl.DataFrame) -> alt.Chart:
+    metrics = {
+        "ttft_s_median": "TTFT median",
+        "ttft_s_p99": "TTFT p99",
+        "tpot_s_median": "TPOT median",
+        "e2e_s_p99": "E2E p99",
+    }
+    long = (
+        cells.filter(pl.col("output_tok_s").is_not_null())
+        .unpivot(
+            index=["model", "stack", "users", "workload"],
+            on=list(metrics),
+            variable_name="metric",
+            value_name="seconds",
+        )
+        .with_columns(pl.col("metric").replace(metrics))
+        .filter(pl.col("seconds").is_not_null())
+    )
+    return (
+        alt.Chart(long.to_pandas())
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"),
+            y=alt.Y("seconds:Q", scale=alt.Scale(type="log"), title="seconds (log; median over runs)"),
+            color="stack:N",
+            strokeDash="workload:N",
+            tooltip=["stack", "workload", "users", "metric", alt.Tooltip("seconds:Q", format=".4f")],
+        )
+        .properties(width=220, height=180)
+        .facet(column=alt.Column("metric:N"), row=alt.Row("model:N"))
+        .properties(title=_title("Latency percentiles vs concurrent users", cells))
+    )
+
+
+def capacity_chart(cells: pl.DataFrame, capacity: pl.DataFrame) -> alt.Chart:
+    """The capacity sweep per stack: throughput, goodput and failed requests vs users, each
+    measured level marked pass or fail, a dashed rule at the first failing level (the cliff).
+    Skipped levels were not measured: they are in the capacity table, not on the chart."""
+    verdicts = capacity.select(
+        "model", "stack", "topology", "workload", "sampling", "passing_users", "failing_users", "first_failing_users"
+    )
+    levels = (
+        cells.join(verdicts, on=["model", "stack", "topology", "workload", "sampling"], how="inner")
+        .filter(
+            pl.col("passing_users").list.contains(pl.col("users"))
+            | pl.col("failing_users").list.contains(pl.col("users"))
+        )
+        .with_columns(
+            pl.when(pl.col("passing_users").list.contains(pl.col("users")))
+            .then(pl.lit("pass"))
+            .otherwise(pl.lit("fail"))
+            .alias("verdict"),
+            pl.col("failed_requests").cast(pl.Float64),
+            pl.format("{} ({})", "stack", "topology").alias("series"),
+        )
+    )
+    panels = {"output_tok_s": "output tokens/s", "goodput_rps": "goodput (requests/s)", "failed_requests": "failed"}
+    long = levels.unpivot(
+        index=["model", "series", "users", "verdict", "first_failing_users"],
+        on=list(panels),
+        variable_name="metric",
+        value_name="value",
+    ).with_columns(pl.col("metric").replace(panels))
+    base = alt.Chart().encode(
+        x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"), color=alt.Color("series:N")
+    )
+    lines = base.mark_line().encode(y=alt.Y("value:Q", title=None))
+    points = base.mark_point(filled=True, size=70).encode(
+        y="value:Q",
+        shape=alt.Shape("verdict:N", scale=alt.Scale(domain=["pass", "fail"], range=["circle", "cross"])),
+        tooltip=["series", "users", "verdict", alt.Tooltip("value:Q", format=".2f")],
+    )
+    cliff = base.mark_rule(strokeDash=[4, 3]).encode(x="first_failing_users:Q")
+    caps = sorted(set(capacity["card_memory_gib"].drop_nulls().to_list()))
+    return (
+        alt.layer(lines, points, cliff, data=long.filter(pl.col("value").is_not_null()).to_pandas())
+        .properties(width=260, height=170)
+        .facet(
+            row=alt.Row("metric:N", title=None, sort=list(panels.values())), column=alt.Column("model:N", title=None)
+        )
+        .resolve_scale(y="independent")
+        .properties(
+            title=alt.TitleParams(
+                "Capacity: each ladder level against the objectives (dashed: the first failing level)",
+                subtitle=[f"hardware: {'; '.join(sorted(set(cells['hardware'].to_list())))}"]
+                + ([f"memory cap: {', '.join(f'{g:g}' for g in caps)} GiB per card"] if caps else [])
+                + ["levels past the cliff that were skipped are listed in tables/capacity, not drawn"],
+                anchor="start",
+            )
+        )
+    )
+
+
+def server_chart(cells: pl.DataFrame) -> alt.Chart:
+    """What the servers reported while measured: peak KV-cache use, mean waiting requests and
+    preemptions vs users, per stack (stacks with a /metrics endpoint only)."""
+    panels = {"kv_cache_peak": "KV cache peak (fraction)", "waiting_mean": "waiting (mean)", "preemptions": "preempted"}
+    long = (
+        cells.filter(pl.col("kv_cache_peak").is_not_null())
+        .unpivot(index=["model", "stack", "users", "workload"], on=list(panels), variable_name="metric")
+        .with_columns(pl.col("metric").replace(panels))
+        .filter(pl.col("value").is_not_null())
+    )
+    return (
+        alt.Chart(long.to_pandas())
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"),
+            y=alt.Y("value:Q", title=None),
+            color="stack:N",
+            strokeDash="workload:N",
+            tooltip=["stack", "workload", "users", "metric", alt.Tooltip("value:Q", format=".3f")],
+        )
+        .properties(width=220, height=170)
+        .facet(column=alt.Column("metric:N", title=None, sort=list(panels.values())), row=alt.Row("model:N"))
+        .resolve_scale(y="independent")
+        .properties(
+            title=_title(
+                "What the servers were doing (their /metrics, over each measured phase)", cells, intervals=False
+            )
+        )
+    )
+
+
+def energy_chart(cells: pl.DataFrame) -> alt.Chart:
+    """Energy per output token per stack and cell, with its interval (cells whose GPUs' energy
+    counter was read)."""
+    df = cells.filter(pl.col("energy_per_token_j").is_not_null()).to_pandas()
+    base = alt.Chart().encode(x=alt.X("stack:N", title=None, sort=None), color=alt.Color("stack:N", legend=None))
+    bars = base.mark_bar().encode(
+        y=alt.Y("energy_per_token_j:Q", title="joules per output token"),
+        tooltip=["stack", "cell", alt.Tooltip("energy_per_token_j:Q", format=".4f")],
+    )
+    err = base.mark_errorbar(color="black").encode(
+        y=alt.Y("energy_per_token_j_lo:Q", title="joules per output token"), y2="energy_per_token_j_hi:Q"
+    )
+    return (
+        alt.layer(bars, err, data=df)
+        .properties(width=alt.Step(40), height=200)
+        .facet(column=alt.Column("cell:N", title=None, header=alt.Header(labelAngle=-10)), row=alt.Row("model:N"))
+        .resolve_scale(x="independent")
+        .properties(title=_title("Energy per output token (NVML energy counter, the session's cards)", cells))
+    )
+
+
+def topology_chart(topologies: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
+    """Throughput per GPU against each user's rate: one point per topology and cell. Up is
+    cheaper per card, right is faster per user."""
+    df = topologies.filter(pl.col("output_tok_s").is_not_null()).to_pandas()
+    return (
+        alt.Chart(df)
+        .mark_point(filled=True, size=80)
+        .encode(
+            x=alt.X("tok_s_per_user:Q", scale=alt.Scale(type="log"), title="output tokens/s per user (log)"),
+            y=alt.Y("tok_s_per_gpu:Q", scale=alt.Scale(type="log"), title="output tokens/s per GPU (log)"),
+            color=alt.Color("topology:N"),
+            shape=alt.Shape("stack:N"),
+            tooltip=[
+                "stack",
+                "topology",
+                "cell",
+                "gpus",
+                alt.Tooltip("output_tok_s:Q", format=".1f"),
+                alt.Tooltip("tok_s_per_gpu:Q", format=".1f"),
+                alt.Tooltip("tok_s_per_user:Q", format=".2f"),
+            ],
+        )
+        .properties(width=360, height=260)
+        .facet(column=alt.Column("model:N"))
+        .properties(title=_title("Per GPU vs per user, every topology and cell", cells))
+    )
+
+
+def scaling_chart(scaling: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
+    """Each topology comparison vs users, with intervals; 1 = no gain."""
+    df = scaling.filter(pl.col("value").is_not_null()).to_pandas()
+    tips = ["stack", "cell", "comparison", *_RATIO_TIPS, alt.Tooltip("efficiency:Q", format=".2f"), "winner"]
+    layers = _ratios_vs_users(
+        df, "throughput ratio (log)", tips, color=alt.Color("comparison:N"), strokeDash=alt.StrokeDash("workload:N")
+    )
+    return (
+        layers.properties(width=300, height=220)
+        .facet(column=alt.Column("stack:N"), row=alt.Row("model:N"))
+        .properties(title=_title("Topology factors vs concurrent users", cells))
+    )
+
+
+def link_chart(link: pl.DataFrame) -> alt.Chart:
+    """All-reduce latency and bus bandwidth vs payload, per pair and mode."""
+    df = link.with_columns((pl.col("bytes") / 2**20).alias("mib")).to_pandas()
+    base = alt.Chart(df).encode(
+        x=alt.X("mib:Q", scale=alt.Scale(type="log"), title="payload (MiB, log)"),
+        color=alt.Color("mode:N"),
+        detail="pair:N",
+        tooltip=[
+            "pair",
+            "mode",
+            "bytes",
+            alt.Tooltip("latency_us:Q", format=".1f"),
+            alt.Tooltip("busbw_gb_s:Q", format=".2f"),
+        ],
+    )
+    latency = base.mark_line(point=True).encode(
+        y=alt.Y("latency_us:Q", scale=alt.Scale(type="log"), title="latency per all-reduce (µs, log)")
+    )
+    busbw = base.mark_line(point=True).encode(
+        y=alt.Y("busbw_gb_s:Q", scale=alt.Scale(type="log"), title="bus bandwidth (GB/s, log)")
+    )
+    backend = ", ".join(sorted(set(link["backend"].to_list())))
+    return alt.hconcat(latency.properties(width=300, height=220), busbw.properties(width=300, height=220)).properties(
+        title=alt.TitleParams(f"Interconnect control: all-reduce between two ranks ({backend})", anchor="start")
+    )
+
+
+def save(chart: alt.Chart, stem: str | Path) -> dict[str, Path]:
+    """Write stem.html (JS inlined), stem.svg and stem.png, each atomically."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    chart = chart.configure_legend(labelLimit=400)
+    out = {}
+    for ext, kwargs in (("html", {"inline": True}), ("svg", {}), ("png", {"scale_factor": 1.5})):
+        target = Path(f"{stem}.{ext}")  # names may hold dots
+        fd, tmp = tempfile.mkstemp(dir=stem.parent, prefix=f".{target.name}.", suffix=f".{ext}")
+        os.close(fd)
+        try:
+            chart.save(tmp, format=ext, **kwargs)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        out[ext] = target
+    return out
+
+
+def all_charts(
+    cells: pl.DataFrame,
+    attribution: pl.DataFrame,
+    chains: list[str],
+    topologies: pl.DataFrame | None = None,
+    scaling: pl.DataFrame | None = None,
+    link: pl.DataFrame | None = None,
+    kernel_reference: str | None = None,
+    capacity: pl.DataFrame | None = None,
+) -> dict[str, alt.Chart]:
+    """Every chart from the typed frames (the topology charts where more than one topology ran,
+    the kernel chart where a kernel sweep ran, the capacity, server and energy charts where
+    there is something to show)."""
+    waterfall = answer.waterfall_frame(attribution)
+    cells, attribution = flat(cells), flat(attribution)  # tooltips show lists as text
+    charts = {}
+    if waterfall.height:
+        charts["waterfall"] = waterfall_chart(waterfall, cells)
+    charts |= {"throughput": throughput_chart(cells), "latency": latency_chart(cells)}
+    if kernel_reference and kernel_sweep_ran(cells, kernel_reference):
+        charts["kernels"] = kernels_chart(cells, kernel_reference)
+    if capacity is not None and capacity.height:
+        charts["capacity"] = capacity_chart(cells, capacity)
+    if cells.filter(pl.col("kv_cache_peak").is_not_null()).height:
+        charts["server"] = server_chart(cells)
+    if cells.filter(pl.col("energy_per_token_j").is_not_null()).height:
+        charts["energy"] = energy_chart(cells)
+    if topologies is not None and topologies["topology"].n_unique() > 1:
+        charts["topologies"] = topology_chart(topologies, cells)
+    if scaling is not None and scaling.filter(pl.col("value").is_not_null()).height:
+        charts["scaling"] = scaling_chart(flat(scaling), cells)
+    if link is not None and link.height:
+        charts["link"] = link_chart(link)
+    for chain in chains:
+        # a chart only where it has something to draw: no factor measured, or every total
+        # within 5% of 1 (shares undefined), would leave an empty frame
+        mine = attribution.filter(pl.col("chain") == chain) if attribution.height else attribution
+        if mine.filter(pl.col("value").is_not_null()).height:
+            charts[f"factors-{chain}"] = factors_chart(attribution, cells, chain)
+        if mine.filter((pl.col("position") > 0) & pl.col("log_share").is_not_null()).height:
+            charts[f"shares-{chain}"] = shares_chart(attribution, cells, chain)
+    return charts

@@ -1,0 +1,389 @@
+"""One self-contained HTML report that answers first: its first screen states each chain's
+decomposition at its headline cells in one sentence with intervals, draws it as a log-scale
+waterfall and lists the flags that qualify it; then every table and plot (SVG inlined, so it
+opens offline; no script is loaded), every failure, and the setup with the configuration
+collapsed.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import polars as pl
+
+from speedsplit.analysis.answer import qualifiers
+from speedsplit.analysis.capacity import card_memory_peak
+from speedsplit.core.formats import for_people, value_text
+from speedsplit.core.record import Provenance
+from speedsplit.core.results import redact, write_bytes_atomic
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:2rem;max-width:1400px;color:#222}
+table{border-collapse:collapse;font-size:12px;margin:1rem 0}
+td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}
+th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
+.bad{background:#fde8e8}.note{color:#666;font-size:13px}
+#answer{border-bottom:2px solid #ddd;margin-bottom:1rem}
+.headline{font-size:17px;line-height:1.45;margin:.4rem 0}
+.flags li{font-size:13px;color:#8a4b00}.clean{font-size:13px;color:#2d6a2d}
+figure{margin:1.5rem 0}figcaption{font-size:13px;color:#555}
+code,pre{background:#f6f6f6;padding:2px 4px}pre{padding:8px;overflow:auto;font-size:12px}
+"""
+
+
+def html_table(df: pl.DataFrame, bad_col: str | None = None, max_rows: int = 500) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
+    rows = []
+    for row in df.head(max_rows).iter_rows(named=True):
+        cls = ' class="bad"' if bad_col and row.get(bad_col) else ""
+        rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(value_text(v))}</td>" for v in row.values()) + "</tr>")
+    more = f'<p class="note">{df.height - max_rows} more rows in the table files.</p>' if df.height > max_rows else ""
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>{more}"
+
+
+# Inline (no file is loaded), last in the body: each figure records the size its SVG is laid
+# out at and the body where the first headline sentence ends, so a headless browser can check
+# what a reader's first screen shows (tests/test_workflow.py). Asking for a box lays the page
+# out there and then: the probe waits for no event.
+RENDER_PROBE = """<script>
+for (const f of document.querySelectorAll('figure')) {
+  const svg = f.querySelector('svg'), r = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
+  f.dataset.rendered = Math.round(r.width) + 'x' + Math.round(r.height);
+}
+const headline = document.querySelector('#answer .headline');
+document.body.dataset.headlineBottom = headline ? Math.round(headline.getBoundingClientRect().bottom) : -1;
+document.body.dataset.viewport = innerWidth + 'x' + innerHeight;
+</script>"""
+
+
+def _figure(name: str, svg: str | Path) -> str:
+    return (
+        f"<figure id='plot-{html.escape(name)}'>{Path(svg).read_text()}<figcaption>{html.escape(name)} "
+        f"(also as <a href='plots/{html.escape(name)}.html'>interactive HTML</a> and PNG)</figcaption></figure>"
+    )
+
+
+def energy_section(cells: pl.DataFrame, energy: pl.DataFrame) -> str:
+    """Energy per output token per stack and cell, and the chains' factors in tokens per
+    joule, where the GPUs' energy counter was read; else why not."""
+    if not energy.height:
+        why = sorted({a for xs in cells["telemetry_absent"].to_list() for a in xs if "NVML" in a or "GPU" in a})
+        return f"<h2>Energy</h2><p class='note'>No energy readings: {html.escape('; '.join(why) or 'not sampled')}.</p>"
+    per_cell = cells.select(
+        "model",
+        "stack",
+        "topology",
+        "cell",
+        "energy_per_token_j",
+        "energy_per_token_j_lo",
+        "energy_per_token_j_hi",
+        "power_mean_w",
+        "sm_util_mean_pct",
+    )
+    factors = energy.select(
+        [
+            c
+            for c in ("chain", "model", "topology", "cell", "step", "factor", "value", "lo", "hi", "note")
+            if c in energy.columns
+        ]
+    )
+    return (
+        "<h2>Energy</h2><p class='note'>From NVML's total-energy counter over each measured phase (all the "
+        "session's cards): joules per output token, median over runs with 95% bootstrap intervals. Factors: "
+        "ratios of output tokens per joule between neighbouring stacks of a chain, multiplying to the total "
+        "like the throughput factors; 1 - 1/factor is the energy per token a step saves.</p>"
+        + html_table(per_cell)
+        + html_table(factors)
+    )
+
+
+def memory_cap_note(runs: pl.DataFrame) -> str:
+    """What the memory cap emulated, what it cannot, and where a server held more of the card
+    than the cap ("" when no server ran under one)."""
+    capped = runs.filter(pl.col("card_memory_gib").is_not_null())
+    if not capped.height:
+        return ""
+    caps = capped.group_by("card_memory_gib").agg(pl.col("stack").unique().sort()).sort("card_memory_gib")
+    which = "; ".join(f"{', '.join(r['stack'])} as if on a {r['card_memory_gib']:g} GiB card" for r in caps.to_dicts())
+    hardware = "; ".join(sorted(set(capped["hardware"].drop_nulls().to_list()))) or "the real card"
+    over = []
+    for (stack, cap), df in capped.group_by(["stack", "card_memory_gib"], maintain_order=True):
+        peak = card_memory_peak(df)
+        if peak is not None and peak > cap:
+            fit = df["kv_cache_fit_gib"].min()
+            kv = df["kv_cache_gib"].min()
+            over.append(
+                f"{stack} held up to {peak:.1f} GiB of a card"
+                + (f" (its KV cache {kv:g} GiB; {fit:g} GiB would have fit, by vLLM's own estimate)" if fit else "")
+            )
+    leak = (
+        " <b>Over the cap</b> (NVML, every process on the card): " + html.escape("; ".join(over)) + "." if over else ""
+    )
+    return (
+        f"<p class='note'><b>Memory cap</b> (<i>card_memory_gib</i>): {html.escape(which)}, on {html.escape(hardware)}. "
+        "vLLM took that share of the card (--gpu-memory-utilization); a server without such a flag ran "
+        "under speedsplit.serving.memcap (its allocator capped, free memory reported as the small card's). "
+        "Bandwidth and compute stay the real card's: the cap reproduces where a smaller card runs out "
+        f"of memory (KV cache, batch, capacity), not its speed; the throughput and latency here are the "
+        f"real card's.{leak}</p>"
+    )
+
+
+def answer_section(sentences: pl.DataFrame, waterfalls: dict[str, str | Path], qualifiers: list[str]) -> str:
+    """The first screen: the decomposition in words, its waterfall, what qualifies it."""
+    parts = ["<section id='answer'><h2>The answer</h2>"]
+    if sentences.height:
+        parts += [f"<p class='headline'>{html.escape(t)}</p>" for t in sentences["sentence"].to_list()]
+    else:
+        parts.append(
+            "<p class='headline'>No chain has every stack measured in these results: nothing to decompose "
+            "(what was measured is in the sections below).</p>"
+        )
+    parts += [_figure(name, svg) for name, svg in waterfalls.items()]
+    if qualifiers:
+        parts.append("<p><b>What qualifies these numbers:</b></p><ul class='flags'>")
+        parts += [f"<li>{html.escape(q)}</li>" for q in qualifiers]
+        parts.append("</ul>")
+    else:
+        parts.append(
+            "<p class='clean'>Nothing qualifies them: every run counted, every engine ran the kernel "
+            "asked for, every measured phase was long enough, every request completed.</p>"
+        )
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def setup_section(prov: Provenance | None, config: dict) -> str:
+    """Hardware, versions and the config, from a result's provenance (None: no result yet)."""
+    cfg = html.escape(redact(json.dumps(config, indent=1, default=str)))
+    config_part = f"<details><summary>Config (validated, defaults filled)</summary><pre>{cfg}</pre></details>"
+    if prov is None:
+        return f"<h2>Setup</h2><p>No result yet.</p>{config_part}"
+    hw = prov.hardware
+    gpus = ", ".join(f"{g.name} ({g.memory}, driver {g.driver})" for g in hw.gpus or []) or "none"
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(prov.versions.items()))
+    return (
+        f"<h2>Setup</h2><ul><li>GPUs: {html.escape(gpus)}</li>"
+        f"<li>CPU: {html.escape(hw.host_cpu)} ({hw.cpu_count} cores)</li>"
+        f"<li>Versions: {html.escape(versions)} (Python {html.escape(prov.python)})</li>"
+        f"<li>Workflow commit: <code>{html.escape(prov.workflow_commit)}</code></li></ul>" + config_part
+    )
+
+
+def build(
+    out: str | Path,
+    *,
+    config: dict,
+    provenance: Provenance | None,
+    cells: pl.DataFrame,
+    runs: pl.DataFrame,
+    attribution: pl.DataFrame,
+    answer: pl.DataFrame,
+    energy: pl.DataFrame,
+    crossover: pl.DataFrame,
+    stability: pl.DataFrame,
+    topologies: pl.DataFrame,
+    scaling: pl.DataFrame,
+    packing: pl.DataFrame,
+    svgs: dict[str, str | Path],
+    link: pl.DataFrame | None = None,
+    link_matrix: str | None = None,
+    coordination: pl.DataFrame | None = None,
+    factorial: pl.DataFrame | None = None,
+    capacity: pl.DataFrame | None = None,
+) -> None:
+    """Write the report atomically."""
+    waterfalls = {name: svg for name, svg in svgs.items() if name == "waterfall"}
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>speedsplit report</title>"
+        f"<style>{CSS}</style></head><body>",
+        "<h1>speedsplit: where did the serving speedup come from?</h1>",
+        answer_section(answer, waterfalls, qualifiers(runs, attribution)),
+        memory_cap_note(runs),
+        "<p class='note'>Throughput = output tokens / wall time of the measured phase. Factors are "
+        "ratios of median throughput between neighbouring stacks of a chain; they multiply to the "
+        "total exactly. Intervals: 95% bootstrap over runs. Log share = ln(factor) / ln(total).</p>",
+    ]
+    fact = attribution.filter(pl.col("position") > 0) if attribution.height else attribution
+    parts += [
+        "<h2>Attribution</h2>",
+        html_table(
+            attribution.select(
+                [
+                    c
+                    for c in [
+                        "chain",
+                        "model",
+                        "topology",
+                        "cell",
+                        "factor",
+                        "step",
+                        "value",
+                        "lo",
+                        "hi",
+                        "log_share",
+                        "share_lo",
+                        "share_hi",
+                        "runs_used",
+                        "runs_excluded",
+                        "excluded",
+                        "note",
+                    ]
+                    if c in attribution.columns
+                ]
+            )
+        )
+        if fact.height
+        else "<p>No chain has measurements of all its stacks.</p>",
+    ]
+    parts.append(energy_section(cells, energy))
+    parts += [
+        "<h3>Runtime-share crossover</h3>",
+        html_table(for_people("crossover", crossover)) if crossover.height else "<p>—</p>",
+        "<h3>Cross-model stability</h3>",
+        html_table(stability) if stability.height else "<p>—</p>",
+    ]
+    if topologies["topology"].n_unique() > 1:
+        parts += [
+            "<h2>Topologies</h2>",
+            "<p class='note'>Throughput per GPU and per user of every topology (tp<i>k</i>: one "
+            "instance over <i>k</i> cards; <i>m</i>x1: <i>m</i> single-card instances, user <i>u</i> "
+            "served by instance <i>u</i> mod <i>m</i>). Factors: ratios of median throughput with 95% "
+            "bootstrap intervals; efficiency = factor / ideal; a tie when the interval holds 1.</p>",
+            html_table(scaling.drop("numerator", "denominator")) if scaling.height else "<p>—</p>",
+            html_table(topologies.drop([c for c in topologies.columns if c.endswith(("_lo", "_hi"))])),
+        ]
+    if packing.height:
+        parts += [
+            "<h2>Packing: how busy the cards were</h2>",
+            "<p class='note'>Over the wall time from the first benchmark job's start to the last one's "
+            "end: the share of it each card spent measuring (load running) and starting servers (lease "
+            "wait and start-up of each session). Device <i>all</i> pools the cards.</p>",
+            html_table(packing),
+        ]
+    if coordination is not None:
+        parts += [
+            "<h2>Where tensor parallelism loses time</h2>",
+            "<p class='note'>From profiler traces of steady decode (results/profile/): per decode step, "
+            "tp<i>k</i> against tp1. Shortfall = step time - ideal (tp1 step / <i>k</i>); each excess_ "
+            "column is that part at tp<i>k</i> minus its ideal share, and they add up to the shortfall. "
+            "coordination_share = (communication + idle gaps) / shortfall. The profiler itself slows "
+            "the steps it records; the split, not the absolute step time, is the point.</p>",
+            html_table(coordination) if coordination.height else "<p>No tp<i>k</i> was profiled beside tp1.</p>",
+        ]
+    if factorial is not None:
+        parts += [
+            "<h2>The operational number's confounds</h2>",
+            "<p class='note'>The runtime factor (fast stack over the HF reference) at two batch "
+            "ceilings of the reference x two sampling modes, at one cell (config <i>factorial</i>). "
+            "Effects are on the log scale (shown as factors); the decomposition rows multiply exactly: "
+            "operational = matched x batch ceiling x sampling.</p>",
+            html_table(factorial),
+        ]
+    if capacity is not None:
+        parts += [
+            "<h2>Capacity</h2>",
+            "<p class='note'>The capacity sweep (config <i>capacity</i>): a level passes when no request "
+            "failed and the latency objectives (<i>slo</i>) held in every run; sustainable users = the "
+            "largest passing level; levels past <i>stop_after</i> failing ones were skipped, not measured. "
+            "vs_reference: sustainable users over the reference stack's.</p>",
+            html_table(capacity) if capacity.height else "<p>No stack measured the ladder.</p>",
+        ]
+    if link is not None:
+        parts += [
+            "<h2>Interconnect control</h2>",
+            "<p class='note'>All-reduce between two ranks, no server: latency per call and bus "
+            "bandwidth per payload, peer-to-peer on (p2p) and off (no_p2p, through host memory). "
+            "Rows marked decode_sized are one decode step's activation (users x hidden x 2 bytes). "
+            "Every payload is in tables/link.csv.</p>",
+            html_table(link.filter(pl.col("decode_sized"))),
+            f"<details><summary>GPU topology (nvidia-smi topo -m)</summary><pre>{html.escape(link_matrix or '—')}</pre>"
+            "</details>",
+        ]
+    parts.append("<h2>Plots</h2>")
+    parts += [_figure(name, svg) for name, svg in svgs.items() if name not in waterfalls]
+    parts += [
+        "<h2>Cells</h2>",
+        html_table(cells.drop([c for c in cells.columns if c.endswith(("_lo", "_hi"))]), bad_col="failed_requests"),
+    ]
+    failures = runs.filter((pl.col("status") != "ok") | (pl.col("failed") > 0) | (pl.col("flags").list.len() > 0))
+    parts += [
+        "<h2>Failures and flags</h2>",
+        html_table(
+            failures.select(["model", "stack", "topology", "cell", "run", "status", "flags", "failures", "error"]),
+            bad_col="status",
+        )
+        if failures.height
+        else "<p>None: every run completed every request, unflagged.</p>",
+    ]
+    parts.append(setup_section(provenance, config))
+    parts.append(RENDER_PROBE + "</body></html>")
+    write_bytes_atomic(out, redact("\n".join(parts)).encode())
+
+
+def render(report: str | Path, png: str | Path | None = None, window: tuple[int, int] = (1400, 900)) -> dict:
+    """Open the report in headless Chromium (Debian's `chromium`) as a reader's first screen of
+    `window` pixels: what the render probe recorded (each figure's rendered size, where the
+    first headline sentence ends, the viewport) and, if `png` is given, a screenshot of it."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    import tempfile
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        raise FileNotFoundError("chromium is not installed (Debian: apt-get install chromium)")
+    uri = Path(report).resolve().as_uri()
+    with tempfile.TemporaryDirectory() as home:
+        base = [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={home}/profile",
+            f"--window-size={window[0]},{window[1]}",
+        ]
+        env = {**os.environ, "HOME": home}
+        dom = subprocess.run(
+            [*base, "--virtual-time-budget=10000", "--dump-dom", uri],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=env,
+        ).stdout
+        if png:
+            subprocess.run(
+                [*base, f"--screenshot={Path(png).resolve()}", uri], capture_output=True, timeout=180, env=env
+            )
+    figures = re.findall(r"<figure id=\"([^\"]+)\"[^>]*data-rendered=\"(\d+)x(\d+)\"", dom)
+    body = re.search(r"<body[^>]*>", dom)
+    attrs = dict(re.findall(r"data-([a-z-]+)=\"([^\"]*)\"", body.group(0))) if body else {}
+    return {
+        "dom": dom,
+        "figures": {name: (int(w), int(h)) for name, w, h in figures},
+        "figures_in_page": dom.count("<figure"),
+        "headline_bottom": int(attrs.get("headline-bottom", -1)),
+        "viewport": tuple(int(x) for x in attrs.get("viewport", "0x0").split("x")),
+    }
+
+
+def check_first_screen(report: str | Path, png: str | Path | None = None) -> int:
+    """Check a report's first screen in headless Chromium (every figure drawn, the first
+    headline on screen), optionally saving it as PNG; print what was seen, 1 when it fails."""
+    seen = render(report, png)
+    blank = [name for name, size in seen["figures"].items() if 0 in size]
+    print(
+        f"{len(seen['figures'])} of {seen['figures_in_page']} figures rendered"
+        + (f" (blank: {', '.join(blank)})" if blank else "")
+        + f"; first headline ends at {seen['headline_bottom']} px of a {seen['viewport'][1]} px screen"
+    )
+    ok = len(seen["figures"]) == seen["figures_in_page"] and not blank
+    return 0 if ok and 0 < seen["headline_bottom"] <= seen["viewport"][1] else 1

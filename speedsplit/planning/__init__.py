@@ -1,0 +1,3 @@
+"""From config to jobs, before anything runs: the config and its schema (config, schema.yaml),
+the jobs, lanes and server sessions (plan), how long a grid takes (estimate) and what the
+memory bandwidth allows (roofline)."""

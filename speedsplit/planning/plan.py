@@ -1,0 +1,210 @@
+"""The benchmark plan: every (model, stack, topology, cell, run) job, the server session it
+belongs to, and the lane order that lets consecutive jobs reuse one running server.
+
+Jobs of one session run back to back in one lane; lanes run in parallel up to the GPUs
+available. Sessions are ordered run-major (run 0 of every stack, then run 1, ...) so slow
+drift of the machine spreads over all stacks instead of biasing one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from speedsplit.planning import config as cfgmod
+
+
+@dataclass(frozen=True)
+class BenchJob:
+    model: str
+    stack: str
+    topology: str
+    cell: str
+    run: int
+
+    @property
+    def result(self) -> str:
+        return f"results/bench/{self.model}/{self.stack}/{self.topology}/{self.cell}/run{self.run}.json"
+
+    @property
+    def requests(self) -> str:
+        return self.result.removesuffix(".json") + ".requests.jsonl"
+
+
+def session_key(config: dict, job: BenchJob) -> str:
+    sid = {"per_run": f"run{job.run}", "per_stack": "all", "per_cell": f"run{job.run}-{job.cell}"}
+    return f"{job.model}/{job.stack}/{job.topology}/{sid[config['benchmark']['server_reuse']]}"
+
+
+def bench_jobs(config: dict) -> list[BenchJob]:
+    """Every benchmark job, in lane order (sessions run-major, cells in config order)."""
+    cells = cfgmod.cells(config)
+    jobs = []
+
+    def of(model: str, stack: str, topology: str, run: int) -> list[BenchJob]:
+        return [
+            BenchJob(model, stack, topology, c.name, run)
+            for c in cells
+            if c.measured_by(stack) and (c.runs is None or run < c.runs)
+        ]
+
+    for topology in config["benchmark"]["topologies"]:
+        for model in cfgmod.bench_models(config):
+            if config["benchmark"]["server_reuse"] == "per_stack":  # a session's jobs must be adjacent
+                for stack in cfgmod.bench_stacks(config, topology):
+                    for run in range(config["grid"]["runs"]):
+                        jobs += of(model, stack, topology, run)
+                continue
+            for run in range(config["grid"]["runs"]):
+                for stack in cfgmod.bench_stacks(config, topology):
+                    jobs += of(model, stack, topology, run)
+    return jobs
+
+
+def lane_count(config: dict, topology: str) -> int:
+    if cfgmod.platform_of(config) != "cuda":
+        return 1  # one server at a time on a CPU
+    return max(1, config["gpus_available"] // cfgmod.topology_gpus(config, topology))
+
+
+def predecessors(config: dict) -> dict[BenchJob, BenchJob | None]:
+    """For each job, the job that runs before it in its lane (None for a lane's first)."""
+    jobs = bench_jobs(config)
+    sessions: dict[str, list[BenchJob]] = {}
+    for job in jobs:
+        sessions.setdefault(session_key(config, job), []).append(job)
+    prev: dict[BenchJob, BenchJob | None] = {}
+    lane_tail: dict[tuple[str, int], BenchJob | None] = {}
+    index_in_topology: dict[str, int] = {}
+    for key, members in sessions.items():
+        topo = members[0].topology
+        i = index_in_topology.get(topo, 0)
+        index_in_topology[topo] = i + 1
+        lane = (topo, i % lane_count(config, topo))
+        for job in members:
+            prev[job] = lane_tail.get(lane)
+            lane_tail[lane] = job
+    return prev
+
+
+def session_groups(config: dict, finished: Callable[[BenchJob], bool]) -> dict[BenchJob, str | None]:
+    """Each bench job's Snakemake group: one per stretch of a session's jobs still to run.
+
+    On a cluster a group is one submission, so a session's server serves all its cells
+    there. A finished job (its result exists) splits its session's stretch and has no group of
+    its own: Snakemake refuses a group whose jobs connect through a job outside it, which an
+    order-only lane input through a finished cell would be."""
+    groups: dict[BenchJob, str | None] = {}
+    stretch: dict[str, int] = {}
+    for job in bench_jobs(config):
+        key = session_key(config, job)
+        if finished(job):
+            stretch[key] = stretch.get(key, 0) + 1
+            groups[job] = None
+        else:
+            groups[job] = f"{key.replace('/', '__')}__{stretch.get(key, 0)}"
+    return groups
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """What a bench job needs to know about its server session beyond its own cell. It comes
+    from results/plan.json, written when the workflow starts (no rule owns it): growing the
+    grid or changing a timeout rewrites the plan but reruns no finished cell."""
+
+    key: str  # {model}/{stack}/{topology}/{run|all}
+    log: str  # the servers' output, appended to by every job of the session
+    cache_dir: str  # the session's own compile caches (two servers starting at once must not share them)
+    last_job: str  # the session's last job (its result path): it stops the servers
+    idle_timeout_s: float  # servers with no cell for this long stop
+    lease_timeout_s: float  # the longest wait for free cards and ports
+    kv_tokens: int = 0  # the most tokens its cells keep in flight at once (users x (prompt + output)); 0: unknown
+
+    def is_last(self, job) -> bool:
+        """Whether `job` (anything with model, stack, topology, cell and run) ends the session."""
+        return BenchJob(job.model, job.stack, job.topology, job.cell, job.run).result == self.last_job
+
+
+def session_plans(config: dict) -> dict[str, SessionPlan]:
+    """Every session of the grid, keyed by session key (what results/plan.json holds)."""
+    members: dict[str, list[BenchJob]] = {}
+    for job in bench_jobs(config):
+        members.setdefault(session_key(config, job), []).append(job)
+    in_flight = {c.name: _in_flight(config, c) for c in cfgmod.cells(config)}
+    return {
+        key: _session_plan(config, key, jobs[-1].result, max(in_flight[j.cell] for j in jobs))
+        for key, jobs in members.items()
+    }
+
+
+def _in_flight(config: dict, cell: cfgmod.Cell) -> int:
+    """Tokens a cell keeps in flight at most: every user's prompt and output at once."""
+    w = config["workloads"][cell.workload]
+    return cell.users * (w["prompt_tokens"] + w["output_tokens"])
+
+
+def _session_plan(config: dict, key: str, last_job: str, kv_tokens: int = 0) -> SessionPlan:
+    b = config["benchmark"]
+    return SessionPlan(
+        key=key,
+        log=f"results/logs/sessions/{key.replace('/', '__')}.log",
+        cache_dir=f"results/cache/{key.replace('/', '__')}",
+        last_job=last_job,
+        idle_timeout_s=float(b["idle_timeout_s"]),
+        lease_timeout_s=float(b["lease_timeout_s"]),
+        kv_tokens=kv_tokens,
+    )
+
+
+def profile_session(config: dict, model: str, stack: str, topology: str) -> dict:
+    """The server session of a coordination profile: its own server, stopped when it ends."""
+    return asdict(_session_plan(config, f"{model}/{stack}/{topology}/profile", last_job=""))
+
+
+def plan_json(config: dict) -> dict:
+    """results/plan.json: every session, and the session of every job (by result path)."""
+    return {
+        "sessions": {key: asdict(p) for key, p in session_plans(config).items()},
+        "jobs": {job.result: session_key(config, job) for job in bench_jobs(config)},
+    }
+
+
+def write_plan(config: dict, path: str | Path) -> None:
+    """Write results/plan.json if its content changed (a cluster job that re-reads the
+    workflow never rewrites it)."""
+    from speedsplit.core.results import write_json_atomic
+
+    data = plan_json(config)
+    path = Path(path)
+    if not path.exists() or json.loads(path.read_text()) != data:
+        write_json_atomic(path, data)
+
+
+def session_of(plan_path: str | Path, result_path: str) -> SessionPlan:
+    """The session plan of the job that writes result_path, from results/plan.json."""
+    plan = json.loads(Path(plan_path).read_text())
+    if result_path not in plan["jobs"]:
+        raise cfgmod.ConfigError(f"no job writes {result_path} in {plan_path}: rerun the plan rule")
+    return SessionPlan(**plan["sessions"][plan["jobs"][result_path]])
+
+
+def variant_dir(config: dict, stack: str) -> str:
+    """Folder name under resources/models/{model}/ holding the weights a stack serves."""
+    if config["stacks"][stack]["variant"] == "fp16":
+        return "fp16"
+    q = config["quantization"]
+    group = "pc" if q["group_size"] == -1 else q["group_size"]
+    return f"gptq-w{q['bits']}g{group}"
+
+
+def find_job(
+    config: dict, model: str, stack: str, topology: str, cell: str, run: int, known: Collection[BenchJob] | None = None
+) -> BenchJob:
+    """The job with these wildcards; `known` (e.g. the planned jobs, computed once) saves
+    re-planning the whole grid on every lookup."""
+    job = BenchJob(model, stack, topology, cell, int(run))
+    if job not in (known if known is not None else set(bench_jobs(config))):
+        raise cfgmod.ConfigError(f"no benchmark job {job} in this config")
+    return job

@@ -1,0 +1,285 @@
+"""Closed-loop streaming load generator for OpenAI-compatible /v1/completions servers.
+
+N users each send their next request when the previous one completes. A warm-up phase runs
+first and is excluded; the measured phase starts for all users at once, or with the users
+joining evenly over a ramp. It knows URLs and a request dialect, never which stack is behind
+them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import aiohttp
+
+from speedsplit.core.record import Distribution, InstanceLoad, RequestRecord, Summary
+
+
+@dataclass
+class LoadSpec:
+    """What one cell asks of the servers."""
+
+    urls: list[str]
+    model: str
+    prompts: list[str]
+    users: int
+    prompt_tokens: int
+    output_tokens: int
+    requests_per_user: int = 2
+    warmup_requests: int = 1
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    dialect: str = "vllm"
+    request_timeout_s: float = 600.0
+    stall_timeout_s: float = 120.0
+    ramp_s: float = 0.0  # measured phase: user u starts at u * ramp_s / users
+
+
+def request_index(spec: LoadSpec, phase: str, user: int, i: int) -> int:
+    """A request's place in its run, from its identity alone (warm-ups first, then each user's
+    requests in order): the same on every stack whatever order requests are answered in.
+    It picks the request's prompt (every request of a run gets its own: a repeated prompt
+    would be served from the engine's prefix cache and inflate the measured throughput) and
+    its sampling seed (seed + index)."""
+    if phase == "warmup":
+        return user * spec.warmup_requests + i
+    return spec.users * spec.warmup_requests + user * spec.requests_per_user + i
+
+
+def request_body(spec: LoadSpec, prompt: str, seed: int) -> dict:
+    """The JSON body that forces exactly output_tokens tokens in the given dialect."""
+    n = spec.output_tokens
+    body = {
+        "model": spec.model,
+        "prompt": prompt,
+        "max_tokens": n,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    greedy = spec.temperature == 0
+    if spec.dialect == "vllm":
+        body.update(min_tokens=n, ignore_eos=True, temperature=spec.temperature, top_p=spec.top_p)
+        if not greedy:
+            body["seed"] = seed
+    elif spec.dialect == "transformers":
+        gen = {"max_new_tokens": n, "min_new_tokens": n, "do_sample": not greedy}
+        if not greedy:
+            gen.update(temperature=spec.temperature, top_p=spec.top_p)
+            body["seed"] = seed
+        body["generation_config"] = json.dumps(gen)
+    else:
+        raise ValueError(f"unknown request dialect {spec.dialect!r}")
+    return body
+
+
+async def _one_request(http: aiohttp.ClientSession, spec: LoadSpec, rec: RequestRecord, body: dict, t0: float) -> None:
+    last = None
+    try:
+        async with asyncio.timeout(spec.request_timeout_s):
+            async with http.post(rec.url + "/v1/completions", json=body) as resp:
+                if resp.status != 200:
+                    rec.error = f"http_{resp.status}"
+                    rec.detail = (await resp.text())[:300]
+                    return
+                async for raw in resp.content:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        break
+                    now = time.perf_counter() - t0
+                    chunk = json.loads(payload)
+                    if chunk.get("error"):
+                        rec.error, rec.detail = "server_error", str(chunk["error"])[:300]
+                        return
+                    if chunk.get("choices"):
+                        rec.chunks += 1
+                        if rec.first_token is None:
+                            rec.first_token = now
+                        else:
+                            rec.gaps.append(now - last)
+                        last = now
+                    usage = chunk.get("usage")
+                    if usage:
+                        rec.prompt_tokens = usage.get("prompt_tokens")
+                        rec.output_tokens = usage.get("completion_tokens")
+        rec.end = time.perf_counter() - t0
+        if rec.output_tokens is None:
+            rec.error, rec.detail = "no_usage", "stream ended without a usage chunk"
+    except aiohttp.ServerTimeoutError:  # no byte for stall_timeout_s
+        rec.error = "stall"
+    except TimeoutError:  # the whole request outlasted request_timeout_s
+        rec.error = "timeout"
+    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
+        rec.error, rec.detail = "connection", type(exc).__name__
+    except json.JSONDecodeError as exc:
+        rec.error, rec.detail = "protocol", str(exc)[:200]
+    finally:
+        if rec.end is None:
+            rec.end = time.perf_counter() - t0
+
+
+async def _phase(
+    spec: LoadSpec, phase: str, per_user: int, records: list[RequestRecord], progress: Callable[[str], None] | None
+) -> tuple[float, float]:
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=spec.stall_timeout_s, sock_connect=30)
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    total = spec.users * per_user
+    done = 0
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
+        t0 = time.perf_counter()
+
+        async def user(u: int) -> None:
+            nonlocal done
+            url = spec.urls[u % len(spec.urls)]
+            if phase == "measured" and spec.ramp_s:
+                await asyncio.sleep(u * spec.ramp_s / spec.users)
+            for i in range(per_user):
+                rec = RequestRecord(user=u, index=i, phase=phase, url=url, sent=time.perf_counter() - t0)
+                records.append(rec)
+                k = request_index(spec, phase, u, i)
+                body = request_body(spec, spec.prompts[k % len(spec.prompts)], spec.seed + k)
+                await _one_request(http, spec, rec, body, t0)
+                done += 1
+
+        async def report() -> None:
+            while True:
+                await asyncio.sleep(2.0)
+                # Chunks streamed so far, finished requests or not: with one request per user
+                # all of them end together, and a count of finished ones reads 0 until then.
+                elapsed = time.perf_counter() - t0
+                streamed = sum(r.chunks for r in records)
+                progress(
+                    f"{phase}: {done}/{total} requests done, {streamed / max(elapsed, 1e-9):.1f} chunks/s streamed"
+                )
+
+        reporter = asyncio.create_task(report()) if progress else None
+        try:
+            await asyncio.gather(*(user(u) for u in range(spec.users)))
+        finally:
+            if reporter:
+                reporter.cancel()
+        t1 = time.perf_counter()
+    return t0, t1
+
+
+async def run_async(
+    spec: LoadSpec, progress: Callable[[str], None] | None = None
+) -> tuple[Summary, list[RequestRecord]]:
+    warm: list[RequestRecord] = []
+    warm_s = 0.0
+    if spec.warmup_requests:
+        w0, w1 = await _phase(spec, "warmup", spec.warmup_requests, warm, progress)
+        warm_s = w1 - w0
+    measured: list[RequestRecord] = []
+    t0, t1 = await _phase(spec, "measured", spec.requests_per_user, measured, progress)
+    summary = summarize(measured, t1 - t0, spec, warm_s, sum(1 for r in warm if not r.ok))
+    summary.measured_from = time.time() - (time.perf_counter() - t0)
+    return summary, warm + measured
+
+
+def run(spec: LoadSpec, progress: Callable[[str], None] | None = None) -> tuple[Summary, list[RequestRecord]]:
+    """Run warm-up then the measured phase; returns the run summary and every request."""
+    return asyncio.run(run_async(spec, progress))
+
+
+def _dist(values: list[float]) -> Distribution:
+    if not values:
+        return Distribution(mean=None, median=None, p90=None, p99=None)
+    v = sorted(values)
+
+    def pct(q: float) -> float:
+        k = (len(v) - 1) * q
+        lo, hi = int(k), min(int(k) + 1, len(v) - 1)
+        return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+    return Distribution(mean=statistics.fmean(v), median=pct(0.5), p90=pct(0.9), p99=pct(0.99))
+
+
+def summarize(
+    records: list[RequestRecord], wall_s: float, spec: LoadSpec, warmup_s: float = 0.0, warmup_failed: int = 0
+) -> Summary:
+    """Per-run numbers over the measured phase: throughput, latency distributions, failures."""
+    ok = [r for r in records if r.ok]
+    out_tokens = sum(r.output_tokens or 0 for r in ok)
+    failures: dict[str, int] = {}
+    for r in records:
+        if r.error:
+            failures[r.error] = failures.get(r.error, 0) + 1
+    wrong_len = sum(1 for r in ok if r.output_tokens != spec.output_tokens)
+    wrong_prompt = sum(1 for r in ok if r.prompt_tokens is not None and r.prompt_tokens != spec.prompt_tokens)
+    tpot = [
+        (r.end - r.first_token) / (r.output_tokens - 1)
+        for r in ok
+        if r.first_token is not None and r.output_tokens and r.output_tokens > 1
+    ]
+    per_instance = [
+        InstanceLoad(
+            instance=i,
+            requests=sum(1 for r in records if r.url == url),
+            completed=sum(1 for r in ok if r.url == url),
+            output_tokens=sum(r.output_tokens or 0 for r in ok if r.url == url),
+        )
+        for i, url in enumerate(spec.urls)
+    ]
+    return Summary(
+        requests=len(records),
+        completed=len(ok),
+        failed=len(records) - len(ok),
+        failures=failures,
+        wall_s=wall_s,
+        output_tokens=out_tokens,
+        output_tok_s=out_tokens / wall_s if wall_s > 0 else None,
+        request_s=len(ok) / wall_s if wall_s > 0 else None,
+        ttft_s=_dist([r.first_token - r.sent for r in ok if r.first_token is not None]),
+        itl_s=_dist([g for r in ok for g in r.gaps]),
+        tpot_s=_dist(tpot),
+        e2e_s=_dist([r.end - r.sent for r in ok]),
+        wrong_output_length=wrong_len,
+        wrong_prompt_length=wrong_prompt,
+        warmup_s=warmup_s,
+        warmup_failed=warmup_failed,
+        per_instance=per_instance,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--url", action="append", required=True, help="server base URL (repeat for instances)")
+    p.add_argument("--model", required=True)
+    p.add_argument("--users", type=int, default=8)
+    p.add_argument("--prompt-words", type=int, default=64, help="prompt length in words of a synthetic vocabulary")
+    p.add_argument("--output-tokens", type=int, default=64)
+    p.add_argument("--requests-per-user", type=int, default=2)
+    p.add_argument("--dialect", default="vllm", choices=["vllm", "transformers"])
+    p.add_argument("--ramp-s", type=float, default=0.0, help="users join the measured phase over this many seconds")
+    args = p.parse_args(argv)
+    rng = random.Random(0)
+    prompts = [" ".join(f"w{rng.randrange(3, 1000)}" for _ in range(args.prompt_words)) for _ in range(64)]
+    spec = LoadSpec(
+        urls=args.url,
+        model=args.model,
+        prompts=prompts,
+        users=args.users,
+        prompt_tokens=args.prompt_words,
+        output_tokens=args.output_tokens,
+        requests_per_user=args.requests_per_user,
+        dialect=args.dialect,
+        ramp_s=args.ramp_s,
+    )
+    summary, _ = run(spec, progress=lambda m: print(m, file=sys.stderr))
+    print(summary.model_dump_json(indent=2))
+
+
+if __name__ == "__main__":
+    main()

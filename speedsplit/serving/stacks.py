@@ -1,0 +1,444 @@
+"""Start and stop a stack's OpenAI-compatible server(s), wait for readiness, and read from the
+engine log what the engine actually ran (linear kernel, attention backend, weight memory).
+
+A server runs in its own process group and is always stopped as a group: vLLM leaves child
+processes that would otherwise keep holding the GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from speedsplit.core import procs
+from speedsplit.core.results import redact
+from speedsplit.models.checkpoint import ModelError, is_dummy, read_model_config
+
+HOST = "127.0.0.1"  # servers never listen beyond loopback
+# CUDA numbers cards fastest first unless told otherwise; NVML and nvidia-smi number them by
+# PCI bus. Every process speedsplit starts on cards counts them as NVML does, so a lease's
+# index, a server's card and the card whose power is read are one card.
+CUDA_DEVICE_ORDER = "PCI_BUS_ID"
+
+
+class StartupFailed(RuntimeError):
+    """The server exited or did not become ready in time; carries the log tail."""
+
+    def __init__(self, message: str, log_tail: str = ""):
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+@dataclass
+class Server:
+    """One running server instance."""
+
+    proc: subprocess.Popen
+    url: str
+    port: int
+    log_path: Path
+    devices: list[str]
+    launched_at: float
+    ready_s: float | None = None
+    model_id: str = ""
+    argv: list[str] = field(default_factory=list)
+    log_offset: int = 0  # where this launch's output starts in the (appended) log
+    wide_listeners: list[str] = field(default_factory=list)  # internal sockets beyond loopback (check_ours)
+    memory_cap: dict | None = None  # what memory_cap() did, None without a cap
+    host_memory: str | None = None  # the host-memory cap of a CPU server, in words
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    @property
+    def proc_id(self) -> procs.Proc:
+        return procs.Proc.of(self.proc.pid) or procs.Proc(self.proc.pid, -1)
+
+    def launch_output(self) -> str:
+        """What this launch wrote to the log, never an earlier launch's lines."""
+        return launch_output(self.log_path, self.log_offset)
+
+    def launch_output_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.launch_output().splitlines()[-lines:])
+
+
+def launch_output(log_path: str | Path, offset: int) -> str:
+    """A server log from `offset` (where one launch's output starts); empty if unreadable."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _child_setup(cpus: tuple[int, ...]) -> None:
+    procs.die_with_parent()
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
+def render_args(args: list[str], values: dict) -> list[str]:
+    out = []
+    for a in args:
+        try:
+            out.append(a.format(**values))
+        except KeyError as exc:
+            raise ValueError(f"stack argument {a!r} uses unknown placeholder {exc}") from None
+    return out
+
+
+def memory_cap(stack: dict, argv: list[str], card_total_gib: float | None) -> tuple[list[str], dict | None]:
+    """The server command under the stack's memory cap (card_memory_gib), and what was done.
+
+    A stack caps itself through its own flag where it has one (memory_cap_args, with
+    {memory_fraction} = cap / the card's memory, e.g. vLLM's --gpu-memory-utilization);
+    otherwise its Python server runs under speedsplit.serving.memcap. Only a CUDA card is capped."""
+    gib = stack.get("card_memory_gib")
+    if not gib:
+        return argv, None
+    record = {"card_memory_gib": gib, "card_total_gib": card_total_gib, "fraction": None, "how": None}
+    if stack["platform"] != "cuda" or card_total_gib is None:
+        return argv, {**record, "applied": False, "reason": "not on a CUDA card: nothing to cap"}
+    if gib >= card_total_gib:
+        raise ValueError(
+            f"stack {stack['stack']}: card_memory_gib {gib} is not below the card's {card_total_gib:.1f} GiB"
+        )
+    fraction = int(gib / card_total_gib * 10_000) / 10_000  # rounded down: never above the cap
+    if stack.get("memory_cap_args"):
+        extra = render_args(stack["memory_cap_args"], {"memory_fraction": f"{fraction:.4f}", "memory_gib": gib})
+        argv, how = argv + extra, " ".join(extra)
+    elif argv[0] == sys.executable:
+        argv = [argv[0], "-m", "speedsplit.serving.memcap", "--gib", f"{gib:g}", "--", *argv[1:]]
+        how = "speedsplit.serving.memcap: allocator capped, mem_get_info reports the small card"
+    else:
+        raise ValueError(
+            f"stack {stack['stack']}: card_memory_gib needs memory_cap_args (the server's own memory flag) "
+            "or a command that starts with {python} (run under speedsplit.serving.memcap)"
+        )
+    return argv, {**record, "fraction": fraction, "how": how, "applied": True, "reason": None}
+
+
+GIB = 2**30
+HOST_CACHE_FLOOR_GIB = 0.25
+
+
+def host_cache_gib(stack: dict, model_dir: str | Path, kv_tokens: int) -> float | None:
+    """Host memory a CPU server with host_cache_cap may size its caches from: twice the KV
+    cache of what its session keeps in flight (at least one full-length sequence) plus 0.25
+    GiB for its other buffers; None where no such cap applies."""
+    if not stack.get("host_cache_cap"):
+        return None
+    try:
+        cfg = read_model_config(model_dir)
+    except ModelError:
+        return None  # the session's own model check says what is wrong
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    per_token = 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * 2  # K and V, 16-bit
+    tokens = max(kv_tokens, stack["max_model_len"])
+    return round(2 * per_token * tokens / GIB + HOST_CACHE_FLOOR_GIB, 3)
+
+
+def launch(
+    stack: dict,
+    model_dir: Path,
+    served_name: str,
+    port: int,
+    devices: list[str],
+    log_path: Path,
+    cache_dir: Path | None = None,
+    keep_fds: list[int] | tuple[int, ...] = (),
+    cpus: list[int] | tuple[int, ...] = (),
+    card_total_gib: float | None = None,
+    host_cache: float | None = None,
+) -> Server:
+    """Start one server instance in its own process group; returns at once. keep_fds (the
+    lease's lock files) stay open in the server so its cards stay locked while it lives;
+    cpus, if given, are the only host cores it (and every process it starts) may run on;
+    card_total_gib (the smallest of its cards' memory) is what a memory cap is taken from;
+    host_cache (GiB, see host_cache_gib) runs a {python} server under speedsplit.serving.memcap so that
+    it sizes its caches from that much host memory."""
+    values = {
+        "python": sys.executable,
+        "model_dir": str(model_dir),
+        "served_name": served_name,
+        "host": HOST,
+        "port": port,
+        "tp": stack["tensor_parallel"],
+        "max_model_len": stack["max_model_len"],
+        "dtype": stack["dtype"],
+    }
+    argv, cap = memory_cap(stack, render_args(stack["args"], values), card_total_gib)
+    host_memory = None
+    if host_cache is None:  # a launch that names no size still gets the cap (one full-length sequence)
+        host_cache = host_cache_gib(stack, model_dir, 0)
+    if host_cache is not None:
+        if argv[0] != sys.executable:
+            raise ValueError(f"stack {stack['stack']}: host_cache_cap needs a command that starts with {{python}}")
+        argv = [argv[0], "-m", "speedsplit.serving.memcap", "--host-cache-gib", f"{host_cache:g}", "--", *argv[1:]]
+        host_memory = (
+            f"caches sized from {host_cache:g} GiB of host memory (speedsplit.serving.memcap --host-cache-gib)"
+        )
+    if not any(a == HOST or a.endswith("=" + HOST) for a in argv):
+        raise ValueError(
+            f"stack {stack['stack']}: its command never passes {{host}} ({HOST}); refusing to start a server "
+            "that would listen on its default address (add e.g. --host {host} to its args)"
+        )
+    if is_dummy(model_dir):
+        if stack["dialect"] != "vllm":
+            raise ValueError(
+                f"stack {stack['stack']} cannot serve {model_dir}: it has dummy weights, "
+                "which only vLLM initialises itself"
+            )
+        if "--load-format" not in argv:
+            argv += ["--load-format", "dummy"]
+    env = dict(os.environ)
+    env.update({k: v.format(**values) for k, v in stack["env"].items()})
+    if devices:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    env["CUDA_DEVICE_ORDER"] = CUDA_DEVICE_ORDER
+    if cache_dir is not None:
+        # Servers started at once must not share compile caches or vLLM's internal port.
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        env.setdefault("VLLM_CACHE_ROOT", str(cache_dir / "vllm"))
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
+        env.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
+    env["VLLM_HOST_IP"] = HOST
+    # NVLink multicast (NVLS) is never used: a program that uses it can take a shared host's
+    # GPUs out of service.
+    env.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "ab")
+    log.write(f"[speedsplit] launching: {redact(' '.join(argv))}\n".encode())
+    log.flush()
+    log_offset = log.tell()  # this launch's own output starts here
+    proc = subprocess.Popen(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        preexec_fn=functools.partial(_child_setup, tuple(cpus)),
+        pass_fds=tuple(keep_fds),
+    )
+    log.close()
+    return Server(
+        proc=proc,
+        url=f"http://{HOST}:{port}",
+        port=port,
+        log_path=log_path,
+        devices=devices,
+        launched_at=time.monotonic(),
+        model_id=stack.get("request_model", "{served_name}").format(**values),
+        argv=argv,
+        log_offset=log_offset,
+        memory_cap=cap,
+        host_memory=host_memory,
+    )
+
+
+def wait_ready(server: Server, ready_path: str, timeout_s: float) -> float:
+    """Poll the readiness path until 200 from our own server; returns seconds from launch to
+    ready. Whoever answers must prove it is ours (check_ours) before it counts as ready."""
+    deadline = server.launched_at + timeout_s
+    while True:
+        if not server.alive():
+            cause = log_cause(server.launch_output())
+            raise StartupFailed(
+                f"server {exit_cause(server.proc.returncode)} before it was ready" + (f": {cause}" if cause else ""),
+                server.launch_output_tail(),
+            )
+        try:
+            with urllib.request.urlopen(server.url + ready_path, timeout=5) as resp:
+                if resp.status == 200:
+                    server.wide_listeners = check_ours(server)
+                    server.ready_s = time.monotonic() - server.launched_at
+                    return server.ready_s
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise StartupFailed(f"server not ready within {timeout_s:.0f} s", server.launch_output_tail())
+        time.sleep(0.5)
+
+
+def check_ours(server: Server) -> list[str]:
+    """The answer on our port came from our server, and that port listens on loopback only.
+
+    Proof: a process of the server's own tree listens on 127.0.0.1:port, and where the server
+    lists the models it serves, the list holds the name we passed (no fallback to another
+    name). `transformers serve` lists its hub cache, not what it serves: an empty list proves
+    nothing either way, the socket does.
+
+    Returns the tree's other listeners beyond loopback, to be recorded: on a GPU, vLLM's engine
+    opens torch.distributed's TCPStore on every interface (seen on an H200 as :::PORT), which
+    no server argument changes.
+    """
+    listen = procs.listening(procs.tree(server.proc.pid))
+    wide = sorted(f"{a}:{p}" for a, p in listen if not procs.is_loopback(a))
+    if any(p == server.port for a, p in listen if not procs.is_loopback(a)):
+        raise StartupFailed(
+            f"server listens beyond loopback on its port {server.port} ({', '.join(wide)}); refusing it",
+            server.launch_output_tail(),
+        )
+    if (HOST, server.port) not in listen:
+        raise StartupFailed(
+            f"port taken: something else answers on {HOST}:{server.port}, not this server", server.launch_output_tail()
+        )
+    listed = _listed_models(server)
+    if listed and server.model_id not in listed:
+        raise StartupFailed(
+            f"port taken: the server on {HOST}:{server.port} serves {listed}, not {server.model_id!r}",
+            server.launch_output_tail(),
+        )
+    return wide
+
+
+def _listed_models(server: Server) -> list[str] | None:
+    """Model ids from /v1/models, or None where the server has no usable listing."""
+    import json
+
+    try:
+        with urllib.request.urlopen(server.url + "/v1/models", timeout=10) as resp:
+            return [m["id"] for m in json.loads(resp.read()).get("data", [])]
+    except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def stop(server: Server, grace_s: float = 20.0) -> None:
+    """Stop one server we launched (its whole process tree) and reap it."""
+    stop_group(server.proc_id, grace_s)
+    server.proc.poll()
+    if server.proc.returncode is None:
+        server.proc.wait(timeout=5)
+
+
+def stop_group(leader: procs.Proc, grace_s: float = 20.0) -> None:
+    """SIGTERM a server's process group and every process below it, then SIGKILL what is left;
+    return once all of them are gone. A process is signalled only while it is the very
+    process seen (pid and start time)."""
+    current = procs.Proc.of(leader.pid)
+    if current is not None and current != leader:
+        # The pid is another process's now. Linux reuses a pid only once no process group of
+        # that id is left, so the server's group is empty: nothing of ours to stop.
+        return
+    members = {p.pid: p for p in procs.tree(leader.pid)}
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        for p in list(members.values()):
+            if p.signal(sig):
+                p.signal(signal.SIGCONT)  # a stopped (hung) process acts on SIGTERM only once continued
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if leader.alive():  # children it starts while shutting down count too
+                members.update({p.pid: p for p in procs.tree(leader.pid)})
+            if not any(p.alive() for p in members.values()):
+                return
+            time.sleep(0.2)
+
+
+# --- why a server failed ------------------------------------------------------------------
+
+# A log line that names a failure: an exception with its message, a fatal CUDA or memory
+# error, the kernel's "Killed". vLLM prefixes its lines with the process and level.
+_CAUSE = re.compile(
+    r"(?:\b[A-Z]\w*(?:Error|Exception)\b:?.*|CUDA error:.*|\bout of memory\b.*|^Killed$|Segmentation fault.*)", re.I
+)
+_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?(?:(?:ERROR|CRITICAL|WARNING|INFO)\s+[\d-]+ [\d:.]+ \[[^\]]*\]\s*)?")
+
+
+_QUIET_LEVEL = re.compile(r"(?:^|[\s\]\)-])(?:DEBUG|INFO|WARNING|WARN)(?=[\s:\-]|$)")
+
+
+def log_cause(text: str, lines: int = 3) -> str:
+    """The last distinct lines of a server log that name a failure (an exception and its
+    message first of all), prefixes stripped; empty when the log names none."""
+    found: list[str] = []
+    for raw in text.splitlines():
+        if _QUIET_LEVEL.search(raw[:80]):
+            continue  # a warning that mentions an error is not the failure
+        line = _PREFIX.sub("", raw.strip()).strip()
+        if not line or line.startswith(("File ", "Traceback", "raise ", "^")):
+            continue
+        m = _CAUSE.search(line)
+        if m:
+            cause = line[:300]
+            if cause in found:
+                found.remove(cause)
+            found.append(cause)
+    return " | ".join(found[-lines:])
+
+
+def exit_cause(returncode: int | None) -> str:
+    """A server's end in words: its exit code, or the signal that killed it."""
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        sig = -returncode
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        why = " (sent by the kernel's out-of-memory killer, or kill -9)" if sig == signal.SIGKILL else ""
+        return f"killed by {name} (signal {sig}){why}"
+    return f"exited with code {returncode}"
+
+
+# --- what the engine says it ran -------------------------------------------------------------
+
+_FACTS = {
+    "linear_kernel": [r"Using (\w+LinearKernel) for", r"Using (\w*[Mm]arlin\w*) kernel", r"(\w+LinearKernel)"],
+    "attention_backend": [
+        r"Using (?:AttentionBackendEnum\.)?(\w+) (?:attention )?backend",
+        r"attn_implementation[=: ]+['\"]?(\w+)",
+    ],
+    "weight_memory_gib": [r"Model loading took ([\d.]+) ?GiB", r"model weights take ([\d.]+) ?GiB"],
+    "kv_cache_tokens": [r"KV cache size: ([\d,]+) tokens"],
+    "kv_cache_gib": [
+        r"Available KV cache memory: ([\d.]+) ?GiB",  # vLLM
+        r"Memory available for cache allocation: (\d+) ?(MB)",  # transformers' continuous batching
+    ],
+    # vLLM counts its CUDA graphs outside --gpu-memory-utilization and says what would fit
+    "kv_cache_fit_gib": [r"--kv-cache-memory=\d+` \(([\d.]+) GiB\) to fit into requested memory"],
+    "max_concurrency": [r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x"],
+    "quantization": [r"quantization=(\w+)"],
+    "dtype": [r"dtype=(torch\.\w+|\w+)"],
+}
+_NUMBERS = {
+    "weight_memory_gib": float,
+    "kv_cache_gib": float,
+    "kv_cache_fit_gib": float,
+    "max_concurrency": float,
+    "kv_cache_tokens": int,
+}
+
+
+def engine_facts(log_text: str) -> dict:
+    """Facts the engine reported about itself (first match of each), None where silent."""
+    facts: dict = {}
+    for key, patterns in _FACTS.items():
+        facts[key] = None
+        for pat in patterns:
+            m = re.search(pat, log_text)
+            if m:
+                value = m.group(1).replace(",", "")
+                facts[key] = _NUMBERS[key](value) if key in _NUMBERS else value
+                if m.re.groups > 1 and m.group(2) == "MB":
+                    facts[key] = round(facts[key] / 1024, 3)
+                break
+    return facts
+
+
+def kernel_matches(expect: str, kernel: str | None) -> bool | None:
+    """None when nothing is expected; else whether the reported kernel matches the regex."""
+    if not expect:
+        return None
+    return bool(re.search(expect, kernel or ""))

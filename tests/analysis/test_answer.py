@@ -1,0 +1,120 @@
+"""The answer first: step names from the stacks, headline cells, the one-sentence
+decomposition, the waterfall whose bars add up on the log axis, and what qualifies them."""
+
+import math
+
+import polars as pl
+import pytest
+from records import fake_result, write_result
+
+from speedsplit.analysis import answer as A
+from speedsplit.output import aggregate
+from speedsplit.planning import config as C
+
+CHAINS = {"study": ["hf-fp16", "vllm-fp16", "vllm-marlin"]}
+STEPS = {"study": ["runtime", "INT4 weights + kernel"]}
+# median output tok/s per (stack, users)
+RATES = {("hf-fp16", 2): 50.0, ("vllm-fp16", 2): 400.0, ("vllm-marlin", 2): 500.0}
+RATES |= {("hf-fp16", 8): 100.0, ("vllm-fp16", 8): 1200.0, ("vllm-marlin", 8): 1000.0}
+
+
+@pytest.fixture
+def frames(tmp_path):
+    paths = []
+    for (stack, users), rate in RATES.items():
+        for run, wobble in enumerate((0.97, 1.0, 1.03)):
+            paths.append(
+                write_result(tmp_path / f"{stack}-{users}-{run}.json", fake_result(stack, users, run, rate * wobble))
+            )
+    return aggregate.build_frames(paths, CHAINS, steps=STEPS)
+
+
+def test_the_headline_is_the_most_users_by_default_or_the_configured_cells(frames):
+    att = frames["attribution"]
+    assert set(att.filter("headline")["users"].to_list()) == {8}
+    chosen = A.with_headline(att.drop("headline"), [{"users": 2, "workload": "wide"}])
+    assert set(chosen.filter("headline")["users"].to_list()) == {2}
+
+
+def test_the_sentence_states_each_step_with_its_interval_and_the_total(frames):
+    (sentence,) = frames["answer"]["sentence"].to_list()
+    assert sentence.startswith("study (hf-fp16 → vllm-marlin) at 8 users × 8 in / 16 out tokens, greedy (tiny, tp1): ")
+    att = frames["attribution"]
+    total = att.filter((att["position"] == 0) & att["headline"]).row(0, named=True)
+    assert "runtime 12× [" in sentence and "× INT4 weights + kernel 0.833× [" in sentence
+    assert sentence.endswith(f"= 10× [{total['lo']:.3g}, {total['hi']:.3g}].")
+
+
+def test_the_waterfall_bars_add_up_to_the_total_on_the_log_axis(frames):
+    w = A.waterfall_frame(frames["attribution"])
+    assert w["bar"].to_list() == ["1. runtime", "2. INT4 weights + kernel", "= total"]
+    runtime, quant, total = w.iter_rows(named=True)
+    assert (runtime["start"], runtime["end"]) == (1.0, pytest.approx(12.0))
+    assert (quant["start"], quant["end"]) == (
+        pytest.approx(12.0),
+        pytest.approx(10.0),
+    )  # it slows down: a bar downwards
+    assert quant["direction"] == "slows down" and (total["start"], total["end"]) == (1.0, pytest.approx(10.0))
+    lengths = A.log_lengths(w).row(0, named=True)
+    assert lengths["factors"] == pytest.approx(lengths["total"]) == pytest.approx(math.log(10.0))
+    A.check_adds_up(w)
+    broken = w.with_columns(w["end"] * pl.Series([1.0, 1.1, 1.0]))
+    with pytest.raises(AssertionError, match="factors"):
+        A.check_adds_up(broken)
+
+
+def test_an_undefined_decomposition_has_no_waterfall_and_is_said(tmp_path):
+    paths = [write_result(tmp_path / f"{s}.json", fake_result(s, 8, 0, 100.0)) for s in ("hf-fp16", "vllm-fp16")]
+    frames = aggregate.build_frames(paths, CHAINS, steps=STEPS)
+    assert A.waterfall_frame(frames["attribution"]).height == 0
+    # a stack these results never measured: no sentence, one line among the qualifiers
+    assert frames["answer"].height == 0 and frames["answer"].columns[-1] == "sentence"
+    (line,) = A.qualifiers(frames["runs"], frames["attribution"])
+    assert line == "Chain study is not decomposed at 1 headline cell(s): vllm-marlin not measured here"
+    # a stack measured, but with no run that counts: said in the sentence
+    paths.append(write_result(tmp_path / "m.json", fake_result("vllm-marlin", 8, 0, 90.0, flags=["kernel_mismatch"])))
+    frames = aggregate.build_frames(paths, CHAINS, steps=STEPS)
+    (sentence,) = frames["answer"]["sentence"].to_list()
+    assert "not decomposable" in sentence and "vllm-marlin: no clean run (run0: kernel_mismatch)" in sentence
+    lines = A.qualifiers(frames["runs"], frames["attribution"])
+    assert any(q.startswith("Not decomposable: chain study") for q in lines)
+
+
+def test_qualifiers_name_kernel_mismatches_short_runs_and_failed_starts(tmp_path):
+    paths = [
+        write_result(tmp_path / f"{s}-{r}.json", fake_result(s, 8, r, 100.0 + r))
+        for s in CHAINS["study"]
+        for r in (0, 1)
+    ]
+    paths.append(write_result(tmp_path / "k.json", fake_result("vllm-marlin", 8, 2, 90.0, flags=["kernel_mismatch"])))
+    paths.append(write_result(tmp_path / "s.json", fake_result("vllm-fp16", 8, 2, 90.0, flags=["short_measurement"])))
+    paths.append(write_result(tmp_path / "f.json", fake_result("hf-fp16", 8, 2, None, status="startup_failed")))
+    frames = aggregate.build_frames(paths, CHAINS, steps=STEPS)
+    text = "\n".join(A.qualifiers(frames["runs"], frames["attribution"]))
+    assert "ran another kernel than the one asked for" in text and "vllm-marlin u8-wide-greedy run2" in text
+    assert "measured for less than" in text and "vllm-fp16 u8-wide-greedy run2" in text
+    assert "did not complete" in text and "startup_failed" in text
+    assert "skipped" not in text
+    paths.append(write_result(tmp_path / "c.json", fake_result("vllm-fp16", 96, 0, None, status="skipped")))
+    frames = aggregate.build_frames(paths, CHAINS, steps=STEPS)
+    lines = A.qualifiers(frames["runs"], frames["attribution"])
+    assert "1 capacity level(s) not measured, past the cliff (skipped): vllm-fp16: 96 users" in lines
+    assert not any("did not complete" in q and "skipped" in q for q in lines)  # not a failure
+    assert "Left out of the headline numbers" in text  # the flagged runs were excluded
+    clean = aggregate.build_frames(paths[:6], CHAINS, steps=STEPS)
+    assert A.qualifiers(clean["runs"], clean["attribution"]) == []
+
+
+def test_step_names_follow_what_changes_between_the_stacks():
+    cfg = C.load()
+    cfg["chains"] = {
+        "study": ["hf-fp16", "vllm-fp16", "vllm-marlin"],
+        "format": ["hf-fp16", "vllm-fp16", "vllm-gptq-triton", "vllm-marlin"],
+        "hf": ["hf-generate", "hf-fp16", "vllm-fp16"],
+    }
+    assert C.chain_steps(cfg) == {
+        "study": ["runtime", "INT4 weights + kernel"],
+        "format": ["runtime", "INT4 format", "kernel"],
+        "hf": ["scheduler", "runtime"],
+    }
+    assert C.kernel_reference(cfg) == "vllm-fp16"

@@ -1,0 +1,80 @@
+"""The result record: one definition, a generated schema kept current, old versions readable,
+and every committed result conforming."""
+
+import json
+
+import jsonschema
+import pytest
+from conftest import REPO
+from records import fake_result, write_result
+
+from speedsplit.core.record import (
+    ResultError,
+    json_schema,
+    parse_result,
+    read_requests,
+    read_result,
+    request_lines,
+    requests_path,
+    to_json,
+)
+
+SCHEMA = REPO / "docs" / "result-schema.json"
+
+
+def test_the_committed_schema_is_generated_from_the_record_types():
+    assert json.loads(SCHEMA.read_text()) == json_schema(), (
+        "docs/result-schema.json is stale: speedsplit schema > docs/result-schema.json"
+    )
+
+
+def _validator(kind: str):
+    """A validator of the committed schema for one of its records."""
+    defs = json.loads(SCHEMA.read_text())["$defs"]
+    return jsonschema.Draft202012Validator({"$defs": defs, "$ref": f"#/$defs/{kind}"})
+
+
+def test_a_written_result_conforms_to_the_schema_and_reads_back_equal(tmp_path):
+    res = fake_result("vllm-marlin", 8, 0, 100.0)
+    write_result(tmp_path / "r.json", res)
+    data = json.loads((tmp_path / "r.json").read_text())
+    _validator("RunResult").validate(data)
+    assert read_result(tmp_path / "r.json") == res
+    failed = fake_result("vllm-marlin", 8, 0, None, status="startup_failed")
+    _validator("RunResult").validate(to_json(failed))
+    assert failed.summary is None
+
+
+def test_an_unknown_key_or_a_wrong_type_is_refused_with_its_place():
+    data = to_json(fake_result("hf-fp16", 8, 0, 100.0))
+    with pytest.raises(ResultError, match="at summary.output_tok_s"):
+        parse_result({**data, "summary": {**data["summary"], "output_tok_s": "fast"}})
+    with pytest.raises(ResultError, match="at _records"):
+        parse_result({**data, "_records": []})
+    with pytest.raises(ResultError, match="unfinished"):
+        parse_result({**data, "status": None})
+
+
+def test_a_version_1_result_is_upgraded():
+    v2 = to_json(fake_result("hf-fp16", 8, 0, None, status="error"))
+    v1 = {k: v for k, v in v2.items() if k not in ("session_key", "model_shape", "server", "error")}
+    v1.update(schema_version=1, session="tiny/hf-fp16/tp1/all", model_config={"hidden_size": 128}, summary={})
+    res = parse_result(v1)
+    assert res.schema_version == 2 and res.session_key == "tiny/hf-fp16/tp1/all"
+    assert res.summary is None and res.server is None and res.model_shape.hidden_size == 128
+
+
+EVIDENCE_RESULTS = sorted((REPO / "docs/evidence").rglob("run*.json"))
+
+
+@pytest.mark.parametrize("path", EVIDENCE_RESULTS, ids=lambda p: str(p.relative_to(REPO / "docs/evidence")))
+def test_every_committed_result_conforms(path):
+    """Read as the analysis reads it (older versions upgraded), it is what the schema says."""
+    res = read_result(path)
+    _validator("RunResult").validate(to_json(res))
+    requests = requests_path(path)  # (the first pass of 2026-11-29 lost its request records)
+    if requests.exists():
+        validator = _validator("RequestRecord")
+        for line in request_lines(requests):
+            validator.validate(json.loads(line))
+        read_requests(requests)

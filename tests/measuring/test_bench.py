@@ -1,0 +1,97 @@
+from speedsplit.measuring import bench
+
+
+def test_prompts_differ_between_cells_and_runs_and_match_across_stacks(tiny_model):
+    wide, narrow = {"cell": "u8-wide-greedy", "seed": 0}, {"cell": "u2-narrow-greedy", "seed": 0}
+    seeds = {bench.prompt_seed(c, r) for c in (wide, narrow) for r in (0, 1)}
+    assert len(seeds) == 4
+    a = bench.build_prompts(tiny_model, 8, 32, bench.prompt_seed(wide, 0))
+    b = bench.build_prompts(tiny_model, 8, 32, bench.prompt_seed(wide, 1))
+    again = bench.build_prompts(tiny_model, 8, 32, bench.prompt_seed(wide, 0))
+    assert a == again  # every stack of a chain gets the same prompts
+    assert not set(a) & set(b) and len(set(a)) == 8
+
+
+def test_honesty_flags():
+    from records import fake_result
+
+    from speedsplit.core.record import EngineFacts
+
+    result = fake_result("vllm-marlin", 8, 0, 100.0)
+    result.summary.failed, result.summary.wrong_output_length, result.summary.wall_s = 1, 2, 0.5
+    result.engine = EngineFacts(linear_kernel="MacheteLinearKernel")
+    flags = bench.honesty_flags(result, {"expect_kernel": "Marlin"}, {"min_measured_s": 1.0})
+    assert flags == ["request_failures", "output_length_mismatch", "short_measurement", "kernel_mismatch"]
+    assert result.kernel_ok is False
+    ok = fake_result("vllm-marlin", 8, 0, 100.0)
+    ok.engine = EngineFacts(linear_kernel="MarlinLinearKernel")
+    assert bench.honesty_flags(ok, {"expect_kernel": "Marlin"}, {"min_measured_s": 1.0}) == []
+    assert ok.kernel_ok is True
+
+
+def _skipped_level(tmp_path, tiny_model, **kw):
+    """A capacity level above two failing ones: measured without any server, so every
+    failure below is the job's own."""
+    from conftest import REPO
+    from records import fake_result, write_result
+
+    from speedsplit.core import procs
+    from speedsplit.planning import config as C
+    from speedsplit.planning.plan import SessionPlan
+
+    cfg = C.load(REPO / "config/config.yaml")
+    stack = C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
+    cell = C.cell_params(cfg, C.cells(cfg)[0])
+    cell.update(capacity_below=["u2-wide-greedy", "u4-wide-greedy"], capacity_stop_after=2, cell="u8-wide-greedy")
+    for users in (2, 4):
+        write_result(
+            tmp_path / f"u{users}-wide-greedy/run0.json", fake_result("vllm-fp16", users, 0, None, "server_died")
+        )
+    plan = SessionPlan("t/vllm-fp16/tp1/run0", str(tmp_path / "s.log"), str(tmp_path / "c"), "other", 60.0, 60.0)
+    args = dict(
+        stack=stack,
+        cell=cell,
+        run=0,
+        session=plan,
+        model_dir=tiny_model,
+        tokenizer_dir=tiny_model,
+        out_json=tmp_path / "u8-wide-greedy/run0.json",
+        out_requests=tmp_path / "u8-wide-greedy/run0.requests.jsonl",
+        owner=procs.me(),
+    )
+    return bench.measure(**{**args, **kw}), args["out_json"]
+
+
+def test_a_plan_that_cannot_be_read_still_ends_in_a_result(tmp_path, tiny_model):
+    from speedsplit.core.record import read_result
+    from speedsplit.planning.plan import session_of
+
+    res, path = _skipped_level(tmp_path, tiny_model, session=lambda: session_of(tmp_path / "absent.json", "x"))
+    assert res.status == "error" and res.error.type == "FileNotFoundError" and "absent.json" in res.error.message
+    assert read_result(path).status == "error"
+
+
+def test_a_result_its_own_type_refuses_is_written_as_an_error_result(tmp_path, tiny_model, monkeypatch):
+    """A writer bug (here: the redaction mangles a value) fails the result's own check: the job
+    still writes a small, valid error result instead of none (which would block its lane)."""
+    from speedsplit.core import results
+    from speedsplit.core.record import read_result
+
+    monkeypatch.setattr(bench, "redact", lambda text, workdir=None: results.redact(text).replace('"skipped"', '"odd"'))
+    res, path = _skipped_level(tmp_path, tiny_model)
+    assert res.status == "error" and "writing the result failed" in res.error.message
+    assert read_result(path).status == "error" and read_result(path).cell == "u8-wide-greedy"
+
+
+def test_a_cell_with_keys_no_cell_has_is_an_error_result(tmp_path, tiny_model):
+    """A job file of another version (a key the record type does not know): an error result
+    naming the key, not a job that dies without one."""
+    from conftest import REPO
+
+    from speedsplit.core.record import read_result
+    from speedsplit.planning import config as C
+
+    cfg = C.load(REPO / "config/config.yaml")
+    cell = {**C.cell_params(cfg, C.cells(cfg)[0]), "rate_rps": 3.0}
+    res, path = _skipped_level(tmp_path, tiny_model, cell=cell)
+    assert res.status == "error" and "rate_rps" in res.error.message and read_result(path).status == "error"

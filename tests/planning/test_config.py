@@ -1,0 +1,165 @@
+import subprocess
+import time
+
+import pytest
+import yaml
+from conftest import REPO, snakemake_bin
+
+from speedsplit.planning import config as C
+
+
+def base() -> dict:
+    return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def test_default_and_study_configs_validate():
+    for name in ("config.yaml", "study.yaml", "h200-smoke.yaml"):
+        cfg = C.load(REPO / "config" / name)
+        assert cfg["models"] and C.cells(cfg)
+
+
+def test_defaults_are_filled():
+    cfg = C.validate(
+        {
+            "models": {"m": {}},
+            "stacks": {"s": {"args": ["x"]}},
+            "workloads": {"w": {"prompt_tokens": 8, "output_tokens": 8}},
+            "sampling": {"greedy": {}},
+        }
+    )
+    assert cfg["models"]["m"]["shape"] == "tiny"
+    assert cfg["stacks"]["s"]["on_cpu"]["dtype"] == "bfloat16"
+    assert cfg["grid"]["workloads"] == ["w"] and cfg["grid"]["runs"] == 3
+    assert cfg["topologies"] == {"tp1": {"tensor_parallel": 1, "instances": 1}}
+
+
+@pytest.mark.parametrize(
+    "edit, expect",
+    [
+        (lambda c: c["models"]["tiny"].update(shap="tiny"), "config error at models.tiny: unknown key 'shap'"),
+        (lambda c: c["grid"].update(users=[-3]), "config error at grid.users[0]: -3 is less than the minimum of 1"),
+        (
+            lambda c: c["chains"].update(study=["hf-fp16", "nope"]),
+            "config error at chains.study[1]: unknown stack 'nope'",
+        ),
+        (lambda c: c["workloads"]["wide"].update(output_tokens=5000), "exceeds models.tiny.max_model_len"),
+        (
+            lambda c: c.update(platform="cuda", topologies={"tp1": {"tensor_parallel": 8}}),
+            "config error at topologies.tp1: needs 8 GPUs but gpus_available is 1",
+        ),
+        (lambda c: c["stacks"]["hf-fp16"].update(variant="int3"), "config error at stacks.hf-fp16.variant"),
+        (
+            lambda c: c["stacks"]["vllm-fp16"]["env"].update(HF_TOKEN="hf_x"),
+            "config error at stacks.vllm-fp16.env.HF_TOKEN: a secret never goes into the config",
+        ),
+        (
+            lambda c: c["stacks"]["vllm-fp16"]["args"].extend(["--api-key", "sk-1"]),
+            "config error at stacks.vllm-fp16.args[",
+        ),
+        (  # a secret under a name that does not say so
+            lambda c: c["stacks"]["vllm-fp16"]["env"].update(HF_ENDPOINT="https://me:pa55word@hub.example"),
+            "config error at stacks.vllm-fp16.env.HF_ENDPOINT: a secret never goes into the config",
+        ),
+        (
+            lambda c: c["stacks"]["hf-fp16"]["on_cpu"]
+            .setdefault("env", {})
+            .update(AUTH="hf_abcdefghijklmnopqrstuvwxyz01"),
+            "config error at stacks.hf-fp16.on_cpu.env.AUTH: a secret never goes into the config",
+        ),
+        (
+            lambda c: c["stacks"]["vllm-fp16"]["args"].extend(["--hub", "https://me:pa55word@hub.example/x"]),
+            "config error at stacks.vllm-fp16.args[",
+        ),
+        (
+            lambda c: c.update(analysis={"tolerate_flags": ["kernel_mismach"]}),
+            "config error at analysis.tolerate_flags[0]",
+        ),
+    ],
+)
+def test_bad_values_fail_with_one_line_naming_the_key(edit, expect):
+    cfg = base()
+    edit(cfg)
+    with pytest.raises(C.ConfigError) as err:
+        C.validate(cfg)
+    assert expect in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_the_factorial_names_known_stacks_and_sampling():
+    cfg = C.load(REPO / "config/config.yaml")
+    cfg["factorial"] = {"enabled": True, "high": "hf-generate-b128"}
+    with pytest.raises(C.ConfigError, match="config error at factorial.high: unknown stack 'hf-generate-b128'"):
+        C.validate(cfg)
+    cfg["factorial"] = {"enabled": True, "sampling": ["greedy", "nucleus"]}
+    with pytest.raises(C.ConfigError, match=r"factorial.sampling\[1\]: unknown sampling 'nucleus'"):
+        C.validate(cfg)
+    cfg["factorial"] = {"enabled": True}
+    assert C.factorial_spec(C.validate(cfg))["workload"] == C.cells(cfg)[0].workload
+
+
+def test_auto_platform_is_refused_for_a_cluster_run():
+    cfg = C.validate(base())
+    assert cfg["platform"] == "auto"  # fine where this machine runs the jobs
+    with pytest.raises(C.ConfigError, match="config key platform: 'auto' cannot be resolved for a cluster run"):
+        C.check_cluster_platform(cfg)
+    C.check_cluster_platform({**cfg, "platform": "cuda"})
+
+
+def test_misspelled_key_fails_fast_in_snakemake(tmp_path):
+    bad = base()
+    bad["grid"]["userz"] = [1]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    t0 = time.monotonic()
+    out = subprocess.run(
+        [snakemake_bin(), "-n", "--configfile", str(path), "--cores", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    elapsed = time.monotonic() - t0
+    assert out.returncode != 0
+    lines = [ln for ln in (out.stdout + out.stderr).splitlines() if "config error" in ln]
+    assert lines and "grid: unknown key 'userz'" in lines[0], out.stderr
+    assert elapsed < 5, f"took {elapsed:.1f} s"
+
+
+def test_cells_and_params_are_plain_builtins():
+    cfg = C.load(REPO / "config" / "config.yaml")
+    cell = C.cells(cfg)[0]
+    params = C.cell_params(cfg, cell)
+    stack = C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
+    allowed = (int, float, str, bool, list, dict, type(None))
+    assert all(isinstance(v, allowed) for v in {**params, **stack}.values())
+    assert params["cell"] == cell.name == f"u{cell.users}-{cell.workload}-{cell.sampling}"
+
+
+def test_cpu_isolation_applies_on_cuda_only():
+    cfg = C.load()
+    assert C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")["cpu_isolation"] is (C.platform_of(cfg) == "cuda")
+    cuda = C.merge(cfg, {"platform": "cuda"})
+    assert C.stack_params(cuda, "tiny", "vllm-fp16", "tp1")["cpu_isolation"] is True
+    off = C.merge(cuda, {"benchmark": {"cpu_isolation": False}})
+    assert C.stack_params(off, "tiny", "vllm-fp16", "tp1")["cpu_isolation"] is False
+
+
+def test_with_a_capacity_sweep_the_report_headlines_the_grid_not_the_ladders_top():
+    cfg = C.load(REPO / "config/h200-smoke.yaml", REPO / "config/h200-capacity.yaml")
+    assert max(c.users for c in C.cells(cfg)) == 512  # the ladder's top, past any cliff there
+    assert C.headline(cfg) == [{"users": 64, "workload": "h200-wide", "sampling": "greedy"}]
+    assert C.headline(C.load()) == []  # no sweep: the answer's own default (the most users)
+    given = C.merge(cfg, {"report": {"headline": [{"users": 32, "workload": "h200-wide"}]}})
+    assert C.headline(C.validate(given)) == [{"users": 32, "workload": "h200-wide"}]
+
+
+def test_a_job_file_holds_no_secret_the_environment_has(tmp_path, monkeypatch):
+    """Job files (results/jobs/...) are written redacted: a value the environment holds as a
+    secret, or a password in a URL, never lands there."""
+    from speedsplit.core.results import write_job_file
+
+    monkeypatch.setenv("HF_TOKEN", "hf_PlantedJobFileToken0123456789")
+    stack = {"stack": "s", "args": ["--x", "hf_PlantedJobFileToken0123456789"], "env": {"U": "http://a:b1b2b3@h/"}}
+    write_job_file(tmp_path / "job.json", stack, {"cell": "c"})
+    text = (tmp_path / "job.json").read_text()
+    assert "hf_Planted" not in text and "b1b2b3" not in text and "<HF_TOKEN>" in text

@@ -1,0 +1,111 @@
+"""How long a grid will take: measured rates first, then the roofline, then the configured rate;
+server starts on a session's first job only; lanes side by side."""
+
+import pytest
+from conftest import REPO
+from records import fake_result, write_result
+
+from speedsplit.models.checkpoint import shape_config
+from speedsplit import cli
+from speedsplit.planning import config as C
+from speedsplit.planning import estimate as E
+from speedsplit.planning import plan, roofline
+
+
+@pytest.fixture
+def ci():
+    return C.merge(C.load(REPO / "tests/config/ci.yaml"), {"platform": "cpu"})
+
+
+def tokens(cfg, cell_name):
+    c = C.cell_params(cfg, C.cell_by_name(cfg, cell_name))
+    return c["users"] * (c["requests_per_user"] + c["warmup_requests"]) * c["output_tokens"]
+
+
+def test_without_results_every_job_runs_at_the_configured_rate_and_each_session_starts_once(ci, tmp_path):
+    est = E.job_estimates(ci, results=str(tmp_path / "none/*.json"))
+    assert [e.job for e in est] == plan.bench_jobs(ci)
+    for e in est:
+        assert e.source == "configured" and e.rate_tok_s == 20
+        assert e.load_s == pytest.approx(tokens(ci, e.job.cell) / 20 + 5)  # the load, and the job's overhead
+    starts = [e for e in est if e.start_s]
+    assert [e.job.stack for e in starts] == list(dict.fromkeys(e.job.stack for e in est))  # one per session
+    assert all(e.start_s == 90 for e in starts)
+    assert E.grid_seconds(est) == pytest.approx(sum(e.total_s for e in est))  # one lane on a CPU
+
+
+def test_measured_rates_and_start_ups_come_first(ci, tmp_path):
+    from speedsplit.core.record import Timing
+
+    for run, rate in ((0, 100.0), (1, 300.0)):
+        res = fake_result("hf-fp16", 4, run, rate, workload="ci-wide")
+        res.server.reused, res.server.lease_wait_s = run > 0, 2.0  # run 0 started the server (10 s)
+        res.timing = Timing(job_start=0.0, job_end=40.0 + 10 * run)
+        write_result(tmp_path / f"r{run}.json", res)
+    failed = fake_result("hf-fp16", 2, 0, 0.0, status="server_died", workload="ci-narrow")
+    write_result(tmp_path / "failed.json", failed)
+    est = {(e.job.stack, e.job.cell, e.job.run): e for e in E.job_estimates(ci, results=str(tmp_path / "*.json"))}
+    wide = est[("hf-fp16", "u4-ci-wide-greedy", 0)]
+    assert wide.source == "measured" and wide.rate_tok_s == 200.0  # the median of the ok runs
+    assert wide.start_s == 10.0  # the measured start-up of that stack's sessions
+    assert wide.load_s == (40.0 - 12.0 + 50.0) / 2  # the jobs' median time beyond their server's start
+    assert est[("hf-fp16", "u2-ci-narrow-greedy", 0)].source == "configured"  # a failed run says nothing
+    assert est[("vllm-fp16", "u4-ci-wide-greedy", 0)].start_s == 90  # no result for that stack
+
+
+def test_results_of_the_other_platform_are_not_used(ci, tmp_path):
+    res = fake_result("hf-fp16", 4, 0, 500.0, workload="ci-wide")
+    res.stack_def.platform = "cuda"
+    write_result(tmp_path / "r.json", res)
+    est = E.job_estimates(ci, results=str(tmp_path / "*.json"))
+    assert {e.source for e in est} == {"configured"}
+
+
+def test_the_roofline_on_cuda_reads_every_weight_once_per_decode_step(tmp_path):
+    cfg = C.merge(C.load(REPO / "config/h200-smoke.yaml"), {"estimate": {"bandwidth_gb_s": 4000.0}})
+    est = {(e.job.stack, e.job.cell): e for e in E.job_estimates(cfg, results=str(tmp_path / "*.json"))}
+    wide = est[("vllm-fp16", "u64-h200-wide-greedy")]
+    step_s = roofline.decode_step_bytes(shape_config("llama-3.1-8b"), "fp16", 64, 512 + 256 / 2) / (4000e9 * 0.5)
+    assert wide.source == "roofline" and wide.rate_tok_s == pytest.approx(64 / step_s)
+    assert est[("vllm-marlin", "u64-h200-wide-greedy")].rate_tok_s > 1.5 * wide.rate_tok_s  # 4-bit weights
+
+
+def test_lanes_run_side_by_side(tmp_path):
+    cfg = C.merge(C.load(REPO / "config/h200-smoke.yaml"), {"gpus_available": 2})
+    est = E.job_estimates(cfg, results=str(tmp_path / "*.json"))
+    lanes = {e.lane for e in est}
+    assert lanes == {0, 1}
+    per_lane = [sum(e.total_s for e in est if e.lane == lane) for lane in lanes]
+    assert E.grid_seconds(est) == max(per_lane) < sum(per_lane)
+
+
+def test_a_jobs_runtime_request_is_its_estimate_with_the_margin(ci, tmp_path):
+    est = E.job_estimates(ci, results=str(tmp_path / "*.json"))
+    long = max(est, key=lambda e: e.total_s)
+    assert E.runtime_minutes(ci, long) == -(-long.total_s * 2.0 // 60)  # whole minutes, rounded up
+    short = min(est, key=lambda e: e.total_s)
+    floor = C.merge(ci, {"estimate": {"min_runtime_min": 30}})
+    assert E.runtime_minutes(floor, short) == 30
+    slow = C.merge(ci, {"estimate": {"output_tok_s": {"cpu": 0.01}, "margin": 1.5}})
+    e = E.job_estimates(slow, results=str(tmp_path / "*.json"))[0]
+    assert E.runtime_minutes(slow, e) == -(-e.total_s * 1.5 // 60) > 30
+
+
+def test_the_command_prints_every_job_and_the_grid(capsys, tmp_path):
+    assert (
+        cli.main(["estimate", "--configfile", str(REPO / "tests/config/ci.yaml"), "--results", str(tmp_path / "x")])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert out.count("tiny/") == len(plan.bench_jobs(C.load(REPO / "tests/config/ci.yaml")))
+    assert "grid: " in out and "lane(s)" in out
+
+
+def test_warming_up_only_at_a_sessions_start_counts_the_warm_up_once(ci, tmp_path):
+    once = C.merge(ci, {"benchmark": {"warmup": "session_start"}})
+    every = {e.job: e for e in E.job_estimates(ci, results=str(tmp_path / "none/*.json"))}
+    for e in E.job_estimates(once, results=str(tmp_path / "none/*.json")):
+        cell = C.cell_params(ci, C.cell_by_name(ci, e.job.cell))
+        warm_up = cell["users"] * cell["warmup_requests"] * cell["output_tokens"] / 20
+        saved = 0.0 if e.start_s else warm_up  # the session's first job still warms up
+        assert e.load_s == pytest.approx(every[e.job].load_s - saved)

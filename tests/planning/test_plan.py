@@ -1,0 +1,126 @@
+import copy
+
+import pytest
+from conftest import REPO
+
+from speedsplit.planning import config as C
+from speedsplit.planning import plan as P
+
+
+@pytest.fixture()
+def cfg():
+    return C.load(REPO / "config" / "config.yaml")
+
+
+def test_every_job_once_in_run_major_lane_order(cfg):
+    jobs = P.bench_jobs(cfg)
+    assert len(jobs) == len(set(jobs)) == 1 * 3 * 4 * 2  # models x stacks x cells x runs
+    assert [j.run for j in jobs[:12]] == [0] * 12  # run 0 of every stack first
+    assert jobs[0].result == "results/bench/tiny/hf-fp16/tp1/u2-wide-greedy/run0.json"
+    assert jobs[0].requests.endswith("run0.requests.jsonl")
+
+
+def test_one_lane_on_cpu_chains_every_job(cfg):
+    prev = P.predecessors(cfg)
+    jobs = P.bench_jobs(cfg)
+    assert prev[jobs[0]] is None
+    assert all(prev[b] == a for a, b in zip(jobs, jobs[1:]))
+
+
+def test_lanes_on_gpus_follow_the_cards_available(cfg):
+    cfg = copy.deepcopy(cfg)
+    cfg.update(platform="cuda", gpus_available=2)
+    prev = P.predecessors(cfg)
+    firsts = [j for j, p in prev.items() if p is None]
+    assert len(firsts) == 2  # two single-card lanes
+    # sessions never split across lanes: within a session each job follows the previous one
+    plans = P.session_plans(cfg)
+    for job, p in prev.items():
+        if p is not None and P.session_key(cfg, p) != P.session_key(cfg, job):
+            assert plans[P.session_key(cfg, p)].is_last(p)
+
+
+def test_sessions_and_their_last_cell(cfg):
+    jobs = P.bench_jobs(cfg)
+    key = P.session_key(cfg, jobs[0])
+    assert key == "tiny/hf-fp16/tp1/run0"
+    members = [j for j in jobs if P.session_key(cfg, j) == key]
+    assert len(members) == 4
+    plan = P.session_plans(cfg)[key]
+    assert [plan.is_last(j) for j in members] == [False, False, False, True]
+    assert plan.log == "results/logs/sessions/tiny__hf-fp16__tp1__run0.log"
+    assert (
+        plan.cache_dir == "results/cache/tiny__hf-fp16__tp1__run0"
+        and plan.idle_timeout_s == cfg["benchmark"]["idle_timeout_s"]
+    )
+    cfg["benchmark"]["server_reuse"] = "per_cell"
+    plans = P.session_plans(cfg)
+    assert all(plans[P.session_key(cfg, j)].is_last(j) for j in members)
+    cfg["benchmark"]["server_reuse"] = "per_stack"
+    assert P.session_key(cfg, jobs[0]) == "tiny/hf-fp16/tp1/all"
+    ordered = P.bench_jobs(cfg)
+    assert [j.stack for j in ordered[:8]] == ["hf-fp16"] * 8  # both runs of a stack back to back
+
+
+def test_variant_dirs(cfg):
+    assert P.variant_dir(cfg, "hf-fp16") == "fp16"
+    assert P.variant_dir(cfg, "vllm-marlin") == "gptq-w4g128"
+    cfg["quantization"]["group_size"] = -1
+    assert P.variant_dir(cfg, "vllm-marlin") == "gptq-w4gpc"
+
+
+def test_topology_stack_lists_and_unknown_jobs():
+    cfg = C.load(REPO / "config" / "study.yaml")
+    stacks_by_topo = {t: {j.stack for j in P.bench_jobs(cfg) if j.topology == t} for t in cfg["topologies"]}
+    assert stacks_by_topo == {
+        "tp1": {"hf-fp16", "vllm-fp16", "vllm-marlin"},
+        "tp4": {"vllm-fp16", "vllm-marlin"},
+        "4x1": {"vllm-fp16", "vllm-marlin"},
+    }
+    with pytest.raises(C.ConfigError, match="no benchmark job"):
+        P.find_job(cfg, "llama-3.1-8b", "hf-fp16", "tp4", "u8-study-wide-greedy", 0)
+
+
+def test_a_job_finds_its_session_in_the_plan_file(cfg, tmp_path):
+    from speedsplit.core.results import write_json_atomic
+
+    write_json_atomic(tmp_path / "plan.json", P.plan_json(cfg))
+    jobs = P.bench_jobs(cfg)
+    plan = P.session_of(tmp_path / "plan.json", jobs[1].result)
+    assert plan == P.session_plans(cfg)[P.session_key(cfg, jobs[1])]
+    with pytest.raises(C.ConfigError, match="no job writes results/bench/x.json"):
+        P.session_of(tmp_path / "plan.json", "results/bench/x.json")
+
+
+def test_a_sessions_cells_to_run_share_a_group_that_a_finished_cell_splits(cfg):
+    jobs = P.bench_jobs(cfg)
+    first = [j for j in jobs if P.session_key(cfg, j) == P.session_key(cfg, jobs[0])]
+    assert len(first) == 4  # per_run: one stack's four cells of one run
+    fresh = P.session_groups(cfg, finished=lambda job: False)
+    assert {fresh[j] for j in first} == {"tiny__hf-fp16__tp1__run0__0"}
+    assert len(set(fresh.values())) == len({P.session_key(cfg, j) for j in jobs})  # one per session
+    split = P.session_groups(cfg, finished=lambda job: job == first[1])
+    assert [split[j] for j in first] == [
+        "tiny__hf-fp16__tp1__run0__0",
+        None,  # finished: in no group
+        "tiny__hf-fp16__tp1__run0__1",
+        "tiny__hf-fp16__tp1__run0__1",
+    ]
+
+
+def test_a_cell_with_a_stack_list_is_measured_by_those_stacks_only(cfg):
+    cfg = copy.deepcopy(cfg)
+    cfg["grid"]["cells"] = [
+        {"users": 2, "workload": "wide", "sampling": "greedy"},
+        {"users": 2, "workload": "wide", "sampling": "ancestral", "stacks": ["vllm-fp16"]},
+    ]
+    cfg = C.validate(cfg)
+    jobs = P.bench_jobs(cfg)
+    ancestral = {j.stack for j in jobs if j.cell == "u2-wide-ancestral"}
+    assert ancestral == {"vllm-fp16"} and len(jobs) == (3 + 1) * 2
+    # the session's last job is its own last cell, whichever cells it measures
+    plans = P.session_plans(cfg)
+    assert plans[P.session_key(cfg, jobs[0])].last_job.endswith("u2-wide-greedy/run0.json")
+    cfg["grid"]["cells"][1]["stacks"] = ["vllm-fp17"]
+    with pytest.raises(C.ConfigError, match=r"grid.cells\[1\].stacks\[0\]: unknown stack 'vllm-fp17'"):
+        C.validate(cfg)

@@ -1,0 +1,142 @@
+import json
+
+import pytest
+
+from speedsplit.core.record import RequestRecord
+from speedsplit.probes import loadgen
+from speedsplit.probes.ceiling import make_app, serve_in_thread
+
+
+@pytest.fixture(scope="module")
+def server_url():
+    url, _ = serve_in_thread(make_app(delay_s=0.001))
+    return url
+
+
+def spec(url, **kw) -> loadgen.LoadSpec:
+    base = dict(
+        urls=[url],
+        model="m",
+        prompts=["w1 w2 w3 w4"] * 4,
+        users=3,
+        prompt_tokens=4,
+        output_tokens=5,
+        requests_per_user=2,
+        warmup_requests=1,
+    )
+    base.update(kw)
+    return loadgen.LoadSpec(**base)
+
+
+def test_closed_loop_counts_every_request_and_token(server_url):
+    s, records = loadgen.run(spec(server_url))
+    assert s.requests == 6 and s.completed == 6 and s.failed == 0
+    assert s.output_tokens == 6 * 5
+    assert s.output_tok_s == pytest.approx(s.output_tokens / s.wall_s)
+    assert s.wrong_output_length == 0 and s.wrong_prompt_length == 0
+    measured = [r for r in records if r.phase == "measured"]
+    warm = [r for r in records if r.phase == "warmup"]
+    assert len(warm) == 3 and len(measured) == 6
+    for r in measured:
+        assert r.first_token >= r.sent and r.end >= r.first_token
+        assert len(r.gaps) == 4  # 5 chunks -> 4 inter-token gaps
+    # closed loop: a user's second request is sent after its first ended
+    by_user = {}
+    for r in measured:
+        by_user.setdefault(r.user, []).append(r)
+    for reqs in by_user.values():
+        first, second = sorted(reqs, key=lambda r: r.index)
+        assert second.sent >= first.end
+    for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
+        assert getattr(s, key).median > 0
+
+
+def test_request_bodies_force_the_output_length():
+    s = spec("http://x", temperature=0.7, top_p=0.9)
+    v = loadgen.request_body(s, "p", seed=3)
+    assert v["ignore_eos"] is True and v["min_tokens"] == v["max_tokens"] == 5 and v["seed"] == 3
+    s.dialect = "transformers"
+    t = loadgen.request_body(s, "p", seed=3)
+    assert "ignore_eos" not in t and "min_tokens" not in t
+    gen = json.loads(t["generation_config"])
+    assert gen == {"max_new_tokens": 5, "min_new_tokens": 5, "do_sample": True, "temperature": 0.7, "top_p": 0.9}
+    s.temperature = 0.0
+    assert json.loads(loadgen.request_body(s, "p", 0)["generation_config"])["do_sample"] is False
+
+
+def test_wrong_output_length_is_counted(server_url):
+    s = spec(server_url)
+    s.output_tokens = 5
+    records = [
+        RequestRecord(
+            user=0,
+            index=0,
+            phase="measured",
+            url="",
+            sent=0.0,
+            first_token=0.1,
+            end=1.0,
+            output_tokens=4,
+            prompt_tokens=4,
+        )
+    ]
+    assert loadgen.summarize(records, 1.0, s).wrong_output_length == 1
+
+
+def test_stalled_server_is_recorded_as_stall():
+    url, _ = serve_in_thread(make_app(delay_s=3.0))
+    s, _ = loadgen.run(spec(url, users=1, requests_per_user=1, warmup_requests=0, stall_timeout_s=0.5))
+    assert s.failures == {"stall": 1}
+
+
+def test_unreachable_server_is_a_connection_failure():
+    s, _ = loadgen.run(spec("http://127.0.0.1:9", users=2, requests_per_user=1, warmup_requests=0))
+    assert s.failures == {"connection": 2}
+    assert s.output_tok_s == 0
+
+
+def test_each_request_sends_its_own_prompt_and_a_seed_fixed_by_its_identity():
+    """What the server received: no prompt twice in a run (no prefix-cache hits), and each
+    prompt goes with the same seed on any server, whatever order the requests arrive in."""
+    prompts = [f"w{i}" for i in range(3 * (2 + 1))]
+    sent = {}
+    for name, delay in (("fast", 0.0), ("slow", 0.003)):
+        got: list = []
+        url, _ = serve_in_thread(make_app(delay_s=delay, received=got))
+        loadgen.run(spec(url, prompts=prompts, seed=7, temperature=1.0, top_p=0.9))
+        assert sorted(b["prompt"] for b in got) == sorted(prompts)
+        sent[name] = {b["prompt"]: b["seed"] for b in got}
+        # prompt k of the run (its identity: warm-ups, then each user's requests) has seed 7 + k
+        assert all(b["seed"] == 7 + prompts.index(b["prompt"]) for b in got)
+    assert sent["fast"] == sent["slow"]
+
+
+def test_users_are_spread_over_instances_and_each_instance_counts_what_it_served():
+    """User u is served by instance u mod n; the summary says what each instance served."""
+    urls = [serve_in_thread(make_app(delay_s=0.001))[0] for _ in range(2)]
+    s, records = loadgen.run(spec(urls[0], urls=urls, users=3, requests_per_user=2, warmup_requests=0))
+    assert [r.url for r in sorted(records, key=lambda r: (r.user, r.index))] == [
+        urls[u % 2] for u in range(3) for _ in "ab"
+    ]
+    assert [(i.instance, i.requests, i.completed, i.output_tokens) for i in s.per_instance] == [
+        (0, 4, 4, 4 * 5),
+        (1, 2, 2, 2 * 5),
+    ]
+
+
+def test_progress_counts_tokens_streamed_before_any_request_ends():
+    """With one request per user they all end together; the live line still shows the rate."""
+    url, _ = serve_in_thread(make_app(delay_s=0.6))
+    lines = []
+    loadgen.run(spec(url, requests_per_user=1, warmup_requests=0, output_tokens=5), progress=lines.append)
+    first = next(line for line in lines if line.startswith("measured:"))
+    assert first.startswith("measured: 0/3 requests done, ")
+    assert float(first.split(", ")[1].split()[0]) > 0
+
+
+def test_a_ramp_spreads_the_users_first_requests_and_leaves_the_warm_up_a_burst(server_url):
+    _, records = loadgen.run(spec(server_url, users=4, requests_per_user=1, ramp_s=0.8))
+    first = sorted(r.sent for r in records if r.phase == "measured")
+    for t, due in zip(first, [0.0, 0.2, 0.4, 0.6]):  # user u at u x 0.8 / 4 s (a sleep may overrun)
+        assert due <= t < due + 0.15
+    assert max(r.sent for r in records if r.phase == "warmup") < 0.1

@@ -1,0 +1,278 @@
+"""Stock generate() as a server: static batches never exceed the ceiling, every request gets
+exactly its tokens, streamed one by one, and the workflow's load generator reads it as any
+other stack."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from conftest import REPO
+
+from speedsplit.probes import loadgen
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    """The server with a batch ceiling of 2, as a process of its own."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("hfgen") / "server.log"
+    argv = [
+        sys.executable,
+        "-m",
+        "speedsplit.serving.hf_generate",
+        "--model",
+        str(tiny_model),
+        "--served-model-name",
+        "tiny",
+    ]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--max-batch", "2"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-2000:]
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2):
+                break
+        except OSError:
+            time.sleep(0.5)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def stats(url) -> dict:
+    with urllib.request.urlopen(url + "/stats", timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def spec(url, tiny_model, **kw):
+    from speedsplit.measuring.bench import build_prompts
+
+    base = dict(users=5, prompt_tokens=8, output_tokens=6, requests_per_user=1, warmup_requests=0)
+    base.update(kw)
+    prompts = build_prompts(tiny_model, base["users"] * 2, base["prompt_tokens"], seed=3)
+    return loadgen.LoadSpec(urls=[url], model="tiny", prompts=prompts, **base)
+
+
+def test_every_request_gets_exactly_its_tokens_streamed(server, tiny_model):
+    summary, records = loadgen.run(spec(server, tiny_model))
+    assert summary.completed == 5 and summary.failed == 0
+    assert summary.wrong_output_length == 0 and summary.wrong_prompt_length == 0
+    for r in records:
+        assert r.output_tokens == 6 and r.chunks == 6 and len(r.gaps) == 5  # one chunk per token
+
+
+def test_batches_never_exceed_the_ceiling(server, tiny_model):
+    before = stats(server)
+    summary, _ = loadgen.run(spec(server, tiny_model, users=5, output_tokens=4))
+    after = stats(server)
+    assert summary.completed == 5
+    assert after["largest_batch"] == 2  # 5 waiting users, a ceiling of 2
+    assert after["batches"] - before["batches"] >= 3
+
+
+def test_a_request_for_another_model_is_refused(server):
+    body = json.dumps({"model": "other", "prompt": "a b", "max_tokens": 2, "stream": True}).encode()
+    req = urllib.request.Request(server + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=10)
+    assert err.value.code == 400 and "unknown model 'other'" in err.value.read().decode()
+
+
+def test_the_workflow_measures_it_as_any_stack(tiny_model, tmp_path):
+    """Started, held and stopped by the session machinery, read by the load generator."""
+    from speedsplit.core import procs
+    from speedsplit.measuring import bench
+    from speedsplit.planning import config as C
+    from speedsplit.planning.plan import BenchJob, SessionPlan
+    from speedsplit.serving import session
+
+    cfg = C.load(REPO / "config/config.yaml")
+    stack = C.stack_params(cfg, "tiny", "hf-generate", "tp1")
+    cell = C.cell_params(cfg, C.cells(cfg)[0])
+    cell.update(users=3, requests_per_user=2, output_tokens=8, min_measured_s=0.0)
+    plan = SessionPlan(
+        key="hfgen/tiny/tp1/run0",
+        log=str(tmp_path / "session.log"),
+        cache_dir=str(tmp_path / "cache"),
+        last_job=BenchJob("tiny", "hf-generate", "tp1", cell["cell"], 0).result,
+        idle_timeout_s=120.0,
+        lease_timeout_s=600.0,
+    )
+    res = bench.measure(
+        stack=stack,
+        cell=cell,
+        run=0,
+        session=plan,
+        model_dir=tiny_model,
+        tokenizer_dir=tiny_model,
+        out_json=tmp_path / "r.json",
+        out_requests=tmp_path / "r.requests.jsonl",
+        owner=procs.me(),
+    )
+    assert res.status == "ok", res.server
+    assert res.summary.completed == 6 and res.summary.wrong_output_length == 0 and res.flags == []
+    st = session.Session(plan.key).state()
+    assert st["state"] == "stopped" and not any(procs.Proc.from_record(r).alive() for r in st["servers"])
+
+
+def post(url, body, timeout=60):
+    """(HTTP status, the streamed texts, the error or usage at the end) of one request."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            texts, end = [], None
+            for raw in resp:
+                line = raw.strip()
+                if not line.startswith(b"data:") or line == b"data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                if chunk.get("error") or chunk.get("usage"):
+                    end = chunk.get("error") or chunk["usage"]
+                elif chunk.get("choices"):
+                    texts.append(chunk["choices"][0]["text"])
+            return resp.status, texts, end
+    except urllib.error.HTTPError as err:
+        return err.code, [], json.loads(err.read())["error"]["message"]
+
+
+BASE = {"model": "tiny", "prompt": "one two three", "stream": True}
+
+
+@pytest.mark.parametrize(
+    "body, why",
+    [
+        (b"[1, 2]", "the body must be a JSON object, not a list"),
+        (b"{not json", "the body is not JSON"),
+        ({**BASE, "max_tokens": 0}, "max_tokens must be between 1 and"),
+        ({**BASE, "max_tokens": -5}, "max_tokens must be between 1 and"),
+        ({**BASE, "max_tokens": 10**15}, "max_tokens must be between 1 and"),
+        ({**BASE, "max_tokens": "8"}, "max_tokens must be an integer"),
+        ({**BASE, "max_tokens": 4, "min_tokens": 9}, "min_tokens must be between 0 and 4"),
+        ({**BASE, "seed": "abc", "temperature": 1.0}, "seed must be an integer"),
+        ({**BASE, "seed": -1, "temperature": 1.0}, "seed must be between 0 and"),
+        ({**BASE, "temperature": -1}, "temperature must be in"),
+        ({**BASE, "top_p": 0}, "top_p must be in (0.0, 1.0]"),
+        ({**BASE, "prompt": ["a", "b"]}, "prompt must be a non-empty string"),
+        ({**BASE, "stream": False}, "only streaming requests are served"),
+    ],
+)
+def test_a_bad_request_gets_400_with_its_reason_before_anything_runs(server, body, why):
+    status, texts, message = post(server, body)
+    assert status == 400 and why in message and texts == []
+
+
+def test_max_tokens_defaults_to_16_and_a_bad_request_never_fails_a_good_one(server):
+    """A request without max_tokens gets OpenAI's 16; one with a bad seed sent beside a good
+    one is refused alone."""
+    import concurrent.futures
+
+    assert post(server, {**BASE, "ignore_eos": True})[2]["completion_tokens"] == 16
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        good = pool.submit(post, server, {**BASE, "max_tokens": 6, "ignore_eos": True, "temperature": 1.0, "seed": 3})
+        bad = pool.submit(post, server, {**BASE, "max_tokens": 6, "temperature": 1.0, "seed": 2**70})
+        assert bad.result()[0] == 400
+        status, texts, usage = good.result()
+    assert status == 200 and len(texts) == 6 and usage["completion_tokens"] == 6
+
+
+def test_sampling_is_each_requests_own(server):
+    """A greedy request batched with a sampled one stays greedy; a seed repeats its sample."""
+    import concurrent.futures
+
+    greedy = {**BASE, "max_tokens": 12, "ignore_eos": True, "temperature": 0}
+    sampled = {**BASE, "max_tokens": 12, "ignore_eos": True, "temperature": 1.0, "seed": 11}
+    alone = post(server, greedy)[1]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        both = [pool.submit(post, server, body) for body in (greedy, sampled)]
+        batched, drawn = both[0].result()[1], both[1].result()[1]
+    assert batched == alone and drawn != alone
+    assert post(server, sampled)[1] == drawn and post(server, {**sampled, "seed": 12})[1] != drawn
+
+
+def test_a_client_that_leaves_stops_its_generation(server):
+    """The client reads one token of a request for ~1000 and disconnects: its row, and with it
+    the batch, stops; decode steps stop growing and the next request is served at once."""
+    import http.client
+    from urllib.parse import urlparse
+
+    u = urlparse(server)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    conn.request(
+        "POST",
+        "/v1/completions",
+        json.dumps({**BASE, "max_tokens": 1000, "ignore_eos": True}),
+        {"Content-Type": "application/json"},
+    )
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.readline().startswith(b"data:")
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    time.sleep(1.0)
+    before = stats(server)["steps"]
+    time.sleep(1.0)
+    assert stats(server)["steps"] == before, "the batch went on generating for a client that left"
+    t0 = time.monotonic()
+    assert post(server, {**BASE, "max_tokens": 4, "ignore_eos": True})[0] == 200
+    assert time.monotonic() - t0 < 10
+
+
+def test_sigterm_stops_a_running_batch_promptly(tiny_model, tmp_path):
+    """SIGTERM mid-batch: the server stops at the batch's next step (its client is told), and
+    exits within seconds, not after the batch's 1000 tokens."""
+    import signal
+    import threading
+
+    port = _free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "speedsplit.serving.hf_generate",
+        "--model",
+        str(tiny_model),
+        "--served-model-name",
+        "tiny",
+    ]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        got = {}
+        client = threading.Thread(
+            target=lambda: got.update(r=post(url, {**BASE, "max_tokens": 1000, "ignore_eos": True}))
+        )
+        client.start()
+        while stats(url)["steps"] < 5:
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+        assert time.monotonic() - t0 < 10
+        client.join(30)
+        status, texts, end = got["r"]
+        assert status == 200 and len(texts) < 1000 and "shutting down" in str(end)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -1,0 +1,92 @@
+"""The session state machine and process identity, without servers."""
+
+import os
+import stat
+import subprocess
+
+import pytest
+
+from speedsplit.core import procs
+from speedsplit.serving import session as S
+
+
+@pytest.fixture()
+def sleeper():
+    """A live process that has nothing to do with speedsplit."""
+    p = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    yield p
+    p.kill()
+    p.wait()
+
+
+def test_the_state_machine_has_final_states_for_attaching_cells(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    sess = S.Session("m/s/tp1/run0")
+    gen = S._new_generation(sess)["generation"]
+    assert S.transition(sess, gen, S.READY) is None  # spawning cannot skip starting
+    assert S.transition(sess, gen, S.STARTING)["state"] == S.STARTING
+    assert S.transition(sess, "another-generation", S.READY) is None
+    assert S.transition(sess, gen, S.READY, urls=["u"])["urls"] == ["u"]
+    assert S.transition(sess, gen, S.STOPPING)["state"] == S.STOPPING
+    for later in (S.READY, S.STARTING, S.DIED, S.STARTUP_FAILED):  # stopping is final for cells
+        assert S.transition(sess, gen, later) is None
+    assert S.transition(sess, gen, S.STOPPED)["state"] == S.STOPPED
+    assert S.TRANSITIONS[S.STOPPED] == set()
+    with S.attached(sess, gen) as held:
+        assert held is None
+    assert S.wait_ready(sess, gen, 1.0)["state"] == S.STOPPED  # wait_ready ends on final states
+
+
+def test_session_files_are_private(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    sess = S.Session("m/s/tp1/run0")
+    S._new_generation(sess)
+    assert stat.S_IMODE(os.stat(sess.state_path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(sess.state_path.parent).st_mode) == 0o700
+
+
+def test_the_same_key_in_two_workflows_is_two_sessions(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    assert S.Session("m/s/tp1/run0", a).state_path != S.Session("m/s/tp1/run0", b).state_path
+
+
+def test_a_stale_state_naming_a_live_unrelated_process_is_never_signalled(tmp_path, monkeypatch, sleeper):
+    monkeypatch.chdir(tmp_path)
+    real = procs.Proc.of(sleeper.pid)
+    recycled = {"pid": sleeper.pid, "start": real.start - 1}  # the dead daemon's pid, reused since
+    sess = S.Session("m/s/tp1/run0")
+    sess.write(
+        {
+            "state": S.READY,
+            "generation": "old",
+            "key": sess.key,
+            "workflow": sess.workdir,
+            "daemon": recycled,
+            "servers": [recycled],
+        }
+    )
+    assert not S.daemon_alive(sess.state())
+    assert S.evict_idle() == 0
+    S.stop_daemon(sess)
+    legacy = S.Session("m/s/tp1/run1")  # a state written before daemons had start times
+    legacy.write({"state": "ready", "pid": sleeper.pid, "key": legacy.key, "workflow": legacy.workdir})
+    assert S.evict_idle() == 0
+    S.stop_daemon(legacy)
+    assert sleeper.poll() is None
+
+
+def test_only_an_idle_ready_session_is_evicted(tmp_path, monkeypatch, sleeper):
+    """A session still starting belongs to the cell that started it; an idle ready one may be
+    stopped for another's cards (here its 'daemon' is a live process of our own)."""
+    monkeypatch.chdir(tmp_path)
+    daemon = procs.Proc.of(sleeper.pid).as_record()
+    sess = S.Session("m/s/tp1/run0")
+    gen = S._new_generation(sess)["generation"]
+    S.transition(sess, gen, S.STARTING, daemon=daemon)
+    assert S.evict_idle() == 0 and sleeper.poll() is None
+    S.transition(sess, gen, S.READY)
+    with S.attached(sess, gen) as held:  # a cell measures on it
+        assert held is not None and S.evict_idle() == 0
+    assert S.evict_idle() == 1
+    assert sleeper.wait(10) is not None and sess.state()["state"] == S.STOPPED

@@ -1,0 +1,263 @@
+import os
+import sys
+import time
+
+import pytest
+
+from speedsplit.core import procs
+from speedsplit.serving import stacks
+
+VLLM_GPU_LOG = """
+(EngineCore pid=1) INFO [core.py:133] Initializing a V1 LLM engine (v0.26.0) with config: model='m', dtype=torch.float16, quantization=gptq_marlin, enforce_eager=False
+(EngineCore pid=1) INFO [gptq_marlin.py:300] Using MarlinLinearKernel for GPTQMarlinLinearMethod
+(EngineCore pid=1) INFO [cuda.py:400] Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN']
+(EngineCore pid=1) INFO [gpu_model_runner.py:5150] Model loading took 5.31 GiB memory and 12.1 seconds
+(Worker pid=2) INFO [gpu_worker.py:760] Available KV cache memory: 118.45 GiB
+(EngineCore pid=1) INFO [kv_cache_utils.py:1000] GPU KV cache size: 1,034,880 tokens
+(EngineCore pid=1) INFO [gpu_worker.py:857] Free memory on device (139.29/139.8 GiB) on startup. Desired GPU memory utilization is (0.1709, 23.89 GiB). Actual usage is 15.0 GiB for weight, 1.1 GiB for peak activation, 0.22 GiB for non-torch memory, and 0.98 GiB for CUDAGraph memory. Replace gpu_memory_utilization config with `--kv-cache-memory=6906680947` (6.43 GiB) to fit into requested memory, or `--kv-cache-memory=130810379776` (121.83 GiB) to fully utilize gpu memory. Current kv cache memory in use is 7.56 GiB.
+(EngineCore pid=1) INFO [kv_cache_utils.py:1001] Maximum concurrency for 2,048 tokens per request: 505.31x
+"""
+
+
+def test_engine_facts_from_a_vllm_log():
+    f = stacks.engine_facts(VLLM_GPU_LOG)
+    assert f["linear_kernel"] == "MarlinLinearKernel"
+    assert f["attention_backend"] == "FLASH_ATTN"
+    assert f["weight_memory_gib"] == pytest.approx(5.31)
+    assert f["kv_cache_tokens"] == 1034880 and f["kv_cache_gib"] == pytest.approx(118.45)
+    assert f["kv_cache_fit_gib"] == pytest.approx(6.43)  # what fits the memory share, CUDA graphs counted
+    assert f["max_concurrency"] == pytest.approx(505.31)
+    assert f["quantization"] == "gptq_marlin" and f["dtype"] == "torch.float16"
+    assert stacks.kernel_matches("Marlin", f["linear_kernel"]) is True
+    assert stacks.kernel_matches("Machete", f["linear_kernel"]) is False
+    assert stacks.kernel_matches("", f["linear_kernel"]) is None
+    assert stacks.kernel_matches("Marlin", None) is False
+    assert stacks.engine_facts("nothing here")["linear_kernel"] is None
+
+
+def test_the_kv_cache_of_transformers_continuous_batching_is_read_in_gib():
+    line = "2026-11-30 - ContinuousBatchingLogger - INFO - Memory available for cache allocation: 6144 MB"
+    assert stacks.engine_facts(line)["kv_cache_gib"] == 6.0
+
+
+def _capped(**over):
+    return {"stack": "s", "platform": "cuda", "card_memory_gib": 24, "memory_cap_args": [], **over}
+
+
+def test_a_memory_cap_uses_the_servers_own_flag_with_the_cards_share():
+    flag = ["--gpu-memory-utilization", "{memory_fraction}"]
+    argv, cap = stacks.memory_cap(_capped(memory_cap_args=flag), ["vllm", "serve"], 139.8)
+    assert argv == ["vllm", "serve", "--gpu-memory-utilization", "0.1716"]  # 24 / 139.8, rounded down
+    assert cap["applied"] and cap["fraction"] == 0.1716 and cap["how"] == "--gpu-memory-utilization 0.1716"
+
+
+def test_a_python_server_without_a_flag_runs_under_memcap():
+    argv, cap = stacks.memory_cap(_capped(), [sys.executable, "-m", "transformers.cli.transformers", "serve"], 80.0)
+    assert argv == [
+        sys.executable,
+        "-m",
+        "speedsplit.serving.memcap",
+        "--gib",
+        "24",
+        "--",
+        "-m",
+        "transformers.cli.transformers",
+        "serve",
+    ]
+    assert cap["applied"] and cap["fraction"] == 0.3
+    with pytest.raises(ValueError, match="stack s: card_memory_gib needs memory_cap_args"):
+        stacks.memory_cap(_capped(), ["/usr/bin/llama-server"], 80.0)
+
+
+def test_a_cap_the_card_cannot_emulate_is_refused_and_a_cpu_records_it_unapplied():
+    with pytest.raises(ValueError, match="card_memory_gib 96 is not below the card's 80.0 GiB"):
+        stacks.memory_cap(_capped(card_memory_gib=96), [sys.executable], 80.0)
+    argv, cap = stacks.memory_cap(_capped(platform="cpu"), [sys.executable, "x"], None)
+    assert argv == [sys.executable, "x"] and not cap["applied"] and "not on a CUDA card" in cap["reason"]
+    assert stacks.memory_cap(_capped(card_memory_gib=None), ["x"], 80.0) == (["x"], None)
+
+
+def test_render_args_names_an_unknown_placeholder():
+    assert stacks.render_args(["--port", "{port}"], {"port": 5}) == ["--port", "5"]
+    with pytest.raises(ValueError, match="unknown placeholder 'nope'"):
+        stacks.render_args(["{nope}"], {})
+
+
+def _stack(args):
+    return {
+        "stack": "s",
+        "args": args,
+        "env": {},
+        "tensor_parallel": 1,
+        "max_model_len": 64,
+        "dtype": "float16",
+        "dialect": "vllm",
+        "request_model": "{served_name}",
+    }
+
+
+def test_stop_takes_down_the_whole_process_tree(tmp_path, tiny_model):
+    # a "server" that leaves children behind, as vLLM's engine core would, one of them in a
+    # session of its own
+    script = (
+        "import subprocess,time; subprocess.Popen(['sleep','300']); "
+        "subprocess.Popen(['setsid','sleep','301']); time.sleep(300)"
+    )
+    srv = stacks.launch(_stack(["{python}", "-c", script, "{host}"]), tiny_model, "m", 1, [], tmp_path / "s.log")
+    deadline = time.monotonic() + 10
+    while len(procs.tree(srv.proc.pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    tree = procs.tree(srv.proc.pid)
+    assert len(tree) == 3
+    assert os.getpgid(srv.proc.pid) == srv.proc.pid  # its own group, not ours
+    stacks.stop(srv, grace_s=5)
+    assert not [p for p in tree if p.alive()]
+
+
+def test_a_command_that_never_binds_loopback_is_refused(tmp_path, tiny_model):
+    with pytest.raises(ValueError, match="never passes {host}"):
+        stacks.launch(_stack(["{python}", "-m", "http.server", "{port}"]), tiny_model, "m", 1, [], tmp_path / "s.log")
+
+
+def test_engine_facts_come_from_this_launch_only(tmp_path, tiny_model):
+    """The log is appended across launches; an earlier launch's kernel must not be reported."""
+    log = tmp_path / "s.log"
+    for kernel in ("MarlinLinearKernel", "MacheteLinearKernel"):
+        script = f"print('Using {kernel} for GPTQMarlinLinearMethod', flush=True)"
+        srv = stacks.launch(_stack(["{python}", "-c", script, "{host}"]), tiny_model, "m", 1, [], log)
+        srv.proc.wait(10)
+    printed = [ln for ln in log.read_text().splitlines() if ln.startswith("Using ")]
+    assert printed == [
+        "Using MarlinLinearKernel for GPTQMarlinLinearMethod",
+        "Using MacheteLinearKernel for GPTQMarlinLinearMethod",
+    ]
+    assert stacks.engine_facts(srv.launch_output())["linear_kernel"] == "MacheteLinearKernel"
+
+
+def test_a_server_that_exits_is_a_startup_failure_with_its_log(tmp_path, tiny_model):
+    srv = stacks.launch(
+        _stack(["{python}", "-c", "import sys; print('boom: no such model'); sys.exit(3)", "{host}"]),
+        tiny_model,
+        "m",
+        1,
+        [],
+        tmp_path / "s.log",
+    )
+    with pytest.raises(stacks.StartupFailed) as err:
+        stacks.wait_ready(srv, "/health", 30)
+    assert "exited with code 3" in str(err.value)
+    assert "boom: no such model" in err.value.log_tail
+
+
+def test_a_server_that_never_gets_ready_times_out(tmp_path, tiny_model):
+    srv = stacks.launch(
+        _stack(["{python}", "-c", "import time; time.sleep(60)", "{host}"]), tiny_model, "m", 1, [], tmp_path / "s.log"
+    )
+    t0 = time.monotonic()
+    with pytest.raises(stacks.StartupFailed, match="not ready within 2 s"):
+        stacks.wait_ready(srv, "/health", 2)
+    assert time.monotonic() - t0 < 10
+    stacks.stop(srv)
+    assert not srv.alive()
+
+
+SERVE = """
+import http.server, socket, sys
+host, port, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if mode == "side":  # an internal socket on every interface, as vLLM's TCPStore on a GPU
+    side = socket.socket(socket.AF_INET6)
+    side.bind(("::", 0))
+    side.listen()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"{{}}")  # braces doubled: stack args are format strings
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("0.0.0.0" if mode == "wide" else host, port), H).serve_forever()
+"""
+
+
+@pytest.mark.parametrize("mode", ["side", "wide"])
+def test_the_served_port_must_be_loopback_only_and_other_listeners_are_recorded(tmp_path, tiny_model, mode):
+    from speedsplit.serving import lease
+
+    with lease.Lease() as held:
+        port = held.port()
+        srv = stacks.launch(
+            _stack(["{python}", "-c", SERVE, "{host}", "{port}", mode]), tiny_model, "m", port, [], tmp_path / "s.log"
+        )
+        try:
+            if mode == "wide":
+                with pytest.raises(stacks.StartupFailed, match=f"beyond loopback on its port {port}"):
+                    stacks.wait_ready(srv, "/health", 30)
+            else:
+                stacks.wait_ready(srv, "/health", 30)
+                assert len(srv.wide_listeners) == 1 and srv.wide_listeners[0].startswith("::")
+        finally:
+            stacks.stop(srv)
+
+
+def test_a_pinned_server_and_its_children_run_on_their_cores_only(tmp_path, tiny_model):
+    """Two lanes' servers must not share cores: the launch pins the server, and what it starts
+    (vLLM's engine core, compile workers) inherits the pinning."""
+    mine = sorted(os.sched_getaffinity(0))
+    script = (
+        "import os,subprocess,sys; print('server', sorted(os.sched_getaffinity(0)), flush=True); "
+        "subprocess.run([sys.executable, '-c', 'import os; print(\"child\", sorted(os.sched_getaffinity(0)))'])"
+    )
+    log = tmp_path / "s.log"
+    srv = stacks.launch(_stack(["{python}", "-c", script, "{host}"]), tiny_model, "m", 1, [], log, cpus=mine[-1:])
+    srv.proc.wait(timeout=30)
+    text = log.read_text()
+    assert f"server [{mine[-1]}]" in text and f"child [{mine[-1]}]" in text
+    unpinned = tmp_path / "u.log"
+    srv = stacks.launch(_stack(["{python}", "-c", script, "{host}"]), tiny_model, "m", 1, [], unpinned)
+    srv.proc.wait(timeout=30)
+    assert f"server {mine}" in unpinned.read_text()
+
+
+def test_cards_are_numbered_as_nvml_numbers_them(tmp_path, tiny_model, monkeypatch):
+    """CUDA counts cards fastest first unless CUDA_DEVICE_ORDER says otherwise; NVML (telemetry,
+    the memory cap) and nvidia-smi (the lease) count by PCI bus: every server gets PCI_BUS_ID,
+    whatever the caller's environment says."""
+    from speedsplit.measuring import link
+
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    script = "import os; print('order=' + os.environ.get('CUDA_DEVICE_ORDER', ''), flush=True)"
+    srv = stacks.launch(_stack(["{python}", "-c", script, "{host}"]), tiny_model, "m", 1, ["1"], tmp_path / "s.log")
+    srv.proc.wait(10)
+    assert "order=PCI_BUS_ID" in srv.launch_output()
+    assert link.BASE_ENV["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def test_a_killed_server_says_which_signal_and_what_its_log_names(tmp_path, tiny_model):
+    """The OOM killer's SIGKILL, an exit code, and the exception the log ends with: the words a
+    result's cause is made of."""
+    script = (
+        "import os, signal, sys; print('Traceback (most recent call last):'); "
+        "print(\"(Worker pid=7) ERROR 12-01 06:37:04 [x.py:1] AttributeError: '_C' object has no attribute 'op'\"); "
+        "sys.stdout.flush(); os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    srv = stacks.launch(_stack(["{python}", "-c", script, "{host}"]), tiny_model, "m", 1, [], tmp_path / "s.log")
+    with pytest.raises(stacks.StartupFailed) as err:
+        stacks.wait_ready(srv, "/health", 30)
+    assert "killed by SIGKILL (signal 9)" in str(err.value) and "out-of-memory" in str(err.value)
+    assert "AttributeError: '_C' object has no attribute 'op'" in str(err.value)
+    assert stacks.exit_cause(3) == "exited with code 3" and stacks.exit_cause(-15) == "killed by SIGTERM (signal 15)"
+    assert stacks.log_cause("INFO all good\nWARNING slow\n") == ""
+
+
+def test_a_cpu_server_sizes_its_cache_from_its_grid_not_the_host(tiny_model):
+    """host_cache_cap: twice the KV cache of what the session keeps in flight (at least one
+    full-length sequence), plus 0.25 GiB; no cap where the stack does not ask for one."""
+    import json
+
+    cfg = json.loads((tiny_model / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 2
+    stack = {"host_cache_cap": True, "max_model_len": 1024}
+    assert stacks.host_cache_gib(stack, tiny_model, 64 * 2048) == round(2 * per_token * 64 * 2048 / 2**30 + 0.25, 3)
+    assert stacks.host_cache_gib(stack, tiny_model, 10) == round(2 * per_token * 1024 / 2**30 + 0.25, 3)
+    assert stacks.host_cache_gib({"host_cache_cap": False}, tiny_model, 10) is None

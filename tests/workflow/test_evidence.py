@@ -1,0 +1,89 @@
+"""Committed evidence rebuilds: each evidence folder's tables come out of its own raw results
+exactly as committed, and every path its README names exists."""
+
+import re
+
+import pytest
+import yaml
+from conftest import REPO
+
+from speedsplit.core.record import read_result, requests_path
+from speedsplit.output.aggregate import TABLES, write_tables
+from speedsplit.planning import config as C
+
+EVIDENCE = sorted(p for p in (REPO / "docs/evidence").iterdir() if p.is_dir())
+FILE_LIKE = re.compile(r"\.(json|jsonl|csv|md|html|yaml|yml|sh|png|svg|parquet|log|py|txt)$")
+
+
+def named_paths(readme: str) -> list[str]:
+    """Paths a README names in `backticks` outside code blocks (templates and globs skipped)."""
+    prose = re.sub(r"```.*?```", "", readme, flags=re.S)
+    out = []
+    for token in re.findall(r"`([^`\s]+)`", prose):
+        if (
+            any(c in token for c in "*{}<>…")
+            or token.startswith(("/", "~", "-", "http"))
+            or (token.startswith(".") and "/" not in token)
+        ):
+            continue
+        if "/" in token or FILE_LIKE.search(token):
+            out.append(token)
+    return out
+
+
+@pytest.mark.parametrize("folder", EVIDENCE, ids=lambda p: p.name)
+def test_every_path_the_readme_names_exists(folder):
+    readme = (folder / "README.md").read_text()
+    missing = [p for p in named_paths(readme) if not (folder / p).exists() and not (REPO / p).exists()]
+    assert not missing, f"{folder.name}/README.md names paths that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("folder", EVIDENCE, ids=lambda p: p.name)
+def test_tables_rebuild_from_the_committed_raw_results(folder, tmp_path):
+    how = yaml.safe_load((folder / "evidence.yaml").read_text())
+    if how.get("rebuild") is False:
+        # allowed only where the README says so up front, with the reason
+        assert how["why"] and "cannot be rebuilt" in (folder / "README.md").read_text()
+        return
+    results = sorted(folder.glob(how["results"]))
+    assert results, f"{folder.name}: no raw results match {how['results']}"
+    for path in results:
+        read_result(path)
+        assert requests_path(path).is_file(), path
+    cfg = C.load(*[REPO / c for c in how["config"]])
+    link = folder / how["link"] if how.get("link") else None
+    profiles = sorted(folder.glob(how["profiles"])) if how.get("profiles") else []
+    write_tables(
+        results,
+        tmp_path,
+        bandwidth_json=folder / how["bandwidth"],
+        link_json=link,
+        profile_paths=profiles,
+        **C.analysis_spec(cfg),
+    )
+    names = list(TABLES) + (["link"] if link else []) + (["coordination"] if profiles else [])
+    names += ["factorial"] if cfg["factorial"]["enabled"] else []
+    for name in names:
+        rebuilt, committed = (tmp_path / f"{name}.csv").read_text(), (folder / "tables" / f"{name}.csv").read_text()
+        assert rebuilt == committed, f"{folder.name}: tables/{name}.csv differs from its rebuild"
+
+
+def test_no_evidence_file_is_ignored_by_git():
+    import subprocess
+
+    tracked_or_not = subprocess.run(
+        ["git", "status", "--ignored", "--porcelain", "docs"], cwd=REPO, capture_output=True, text=True
+    )
+    if tracked_or_not.returncode != 0:
+        pytest.skip("not a git checkout")
+    # The one ignored kind: plots' interactive HTML and PNGs, rebuilt from the folder's results.
+    rebuilt = re.compile(r"!! docs/evidence/[^/]+/plots/[^/]+\.(html|png)")
+    ignored = [ln for ln in tracked_or_not.stdout.splitlines() if ln.startswith("!!") and not rebuilt.fullmatch(ln)]
+    assert not ignored, ignored
+    probe = subprocess.run(
+        ["git", "check-ignore", "docs/evidence/x/results/bench/x/run0.json", "docs/evidence/x/logs/a.log"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert probe.stdout == ""

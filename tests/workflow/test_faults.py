@@ -1,0 +1,660 @@
+"""Fault injection on the tiny model with the real servers: every fault ends in a recorded
+status or a clear error within bounded time, with no server left behind."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, planned_outputs, run_snakemake
+
+from speedsplit.core import procs
+from speedsplit.core.record import read_result
+from speedsplit.measuring import bench
+from speedsplit.planning import config as C
+from speedsplit.planning import plan
+from speedsplit.serving import lease, session, stacks
+from speedsplit.serving.vllm_cpu_int4 import cpu_int4_route
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return C.load(REPO / "config/config.yaml")
+
+
+@pytest.fixture(scope="module")
+def gptq_model(tiny_model):
+    from speedsplit.models.quantize import quantize
+
+    out = tiny_model.parent / "gptq-w4g128"
+    quantize(tiny_model, out, calibration_samples=8, calibration_tokens=64, eval_samples=2)
+    return out
+
+
+CPU_INT4_KERNEL = cpu_int4_route()[0]  # what vLLM runs GPTQ on, on this CPU
+AVX2 = {"PYTHONPATH": str(REPO / "tests/cpu_avx2"), "SPEEDSPLIT_EMULATE_CPU": "avx2"}  # vLLM's AVX2 build
+
+
+def cell(cfg, **kw):
+    params = C.cell_params(cfg, C.cells(cfg)[0])
+    params.update(kw)
+    return params
+
+
+def session_plan(tmp_path, key, stack, cell_params, last_in_session=True, idle_timeout_s=120.0, lease_timeout_s=3600.0):
+    """The plan of a one-cell session (or, last_in_session=False, of a longer one)."""
+    own = plan.BenchJob(stack["model"], stack["stack"], stack["topology"], cell_params["cell"], 0).result
+    return plan.SessionPlan(
+        key=key,
+        log=str(tmp_path / "session.log"),
+        cache_dir=str(tmp_path / "cache"),
+        last_job=own if last_in_session else "results/bench/a/later/job.json",
+        idle_timeout_s=idle_timeout_s,
+        lease_timeout_s=lease_timeout_s,
+    )
+
+
+def run_cell(tmp_path, stack, cell_params, model_dir, tokenizer_dir, key, last_in_session=True, **kw):
+    kw.setdefault("owner", procs.me())
+    timeouts = {k: kw.pop(k) for k in ("idle_timeout_s", "lease_timeout_s") if k in kw}
+    return bench.measure(
+        stack=stack,
+        cell=cell_params,
+        run=0,
+        session=session_plan(tmp_path, key, stack, cell_params, last_in_session, **timeouts),
+        model_dir=model_dir,
+        tokenizer_dir=tokenizer_dir,
+        out_json=tmp_path / "r.json",
+        out_requests=tmp_path / "r.requests.jsonl",
+        **kw,
+    )
+
+
+def wait_state(key, want, timeout=300, workdir=None):
+    sess = session.Session(key, workdir)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = sess.state()
+        if st.get("state") in want:
+            return st
+        time.sleep(0.2)
+    raise AssertionError(f"session {key} never reached {want}")
+
+
+def server_processes(state) -> list[procs.Proc]:
+    """Every process of a session's servers: each server's group and everything below it."""
+    out = []
+    for rec in state.get("servers") or []:
+        out += procs.tree(procs.Proc.from_record(rec).pid)
+    return out
+
+
+def assert_gone(processes, within_s=30.0):
+    """Every process ends within a bounded time (speedsplit sends SIGTERM, then SIGKILL)."""
+    deadline = time.monotonic() + within_s
+    while any(p.alive() for p in processes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [f"{p.pid} {' '.join(procs.cmdline(p.pid))[:80]}" for p in processes if p.alive()]
+    assert not left, f"still running after {within_s:.0f} s: {left}"
+
+
+def card_is_free(within_s: float = 15.0) -> bool:
+    """The card's lease is free within a bounded time (a server that got SIGTERM from its dead
+    parent releases it as it exits); if not, the processes still holding it are printed."""
+    try:
+        lease.acquire_gpus(1, timeout_s=within_s, poll_s=0.2, devices=["cpu"]).release()
+        return True
+    except lease.LeaseError:
+        lock = str(lease.lock_dir() / "gpu-cpu.lock")
+        for fd in Path("/proc").glob("[0-9]*/fd/*"):
+            try:
+                if os.readlink(fd) == lock:
+                    pid = int(fd.parts[2])
+                    print(f"holds {lock}: {pid} {' '.join(procs.cmdline(pid))[:200]}")
+            except OSError:
+                continue
+        return False
+
+
+def listening_addresses(processes):
+    return {a for a, _ in procs.listening(processes)}
+
+
+def test_server_killed_mid_cell(cfg, tmp_path, tiny_model, gptq_model):
+    """vLLM's API server process killed during the measured phase (its engine core left
+    orphaned): server_died, completed requests kept, every process of the server gone. The stack
+    claims Marlin, which vLLM's CPU build does not have: the kernel check flags it."""
+    stack = C.stack_params(cfg, "tiny", "vllm-marlin", "tp1")
+    stack["expect_kernel"] = "Marlin"
+    params = cell(cfg, users=2, output_tokens=400, requests_per_user=8, warmup_requests=1, prompt_tokens=16)
+    key = "faults/kill/run0"
+    seen = {}
+    measuring = threading.Event()
+
+    def progress(msg):
+        if msg.startswith("measured"):  # first report: 2 s into the measured phase
+            measuring.set()
+
+    def killer():
+        st = wait_state(key, ("ready",))
+        seen["tree"] = server_processes(st)
+        seen["listen"] = listening_addresses(seen["tree"])
+        seen["daemon"] = session.daemon_of(st)
+        measuring.wait(300)
+        os.kill(st["servers"][0]["pid"], signal.SIGKILL)  # the API server only, not its group
+
+    t = threading.Thread(target=killer)
+    t.start()
+    res = run_cell(tmp_path, stack, params, gptq_model, tiny_model, key, progress=progress)
+    t.join()
+    assert res.status == "server_died"
+    assert len(seen["tree"]) >= 2  # the API server and its engine core
+    assert seen["listen"] == {"127.0.0.1"}  # servers bind loopback only
+    assert res.summary.failed > 0 and res.summary.failures.get("connection")
+    records = [json.loads(x) for x in (tmp_path / "r.requests.jsonl").read_text().splitlines()]
+    assert len(records) == 2 * 1 + 2 * 8 == 2 + res.summary.requests  # every request kept, done or not
+    assert "kernel_mismatch" in res.flags and res.engine.linear_kernel == CPU_INT4_KERNEL
+    assert read_result(tmp_path / "r.json").status == "server_died"
+    # the cause: which process ended how (the daemon saw its exit), in the result and its table row
+    assert res.error.type == "ServerExit" and "killed by SIGKILL (signal 9)" in res.error.message
+    assert res.server.exit_code == -9 and res.cause == res.error.message
+    assert_gone(seen["tree"] + [seen["daemon"]])
+    assert card_is_free()
+
+
+def test_stack_that_cannot_start(cfg, tmp_path, tiny_model):
+    """A real vLLM given an argument it does not know: startup_failed with its log tail."""
+    stack = C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
+    stack["args"] = stack["args"] + ["--no-such-flag"]
+    t0 = time.monotonic()
+    res = run_cell(tmp_path, stack, cell(cfg), tiny_model, tiny_model, "faults/nostart/run0")
+    assert res.status == "startup_failed"
+    assert "exited with code" in res.server.error
+    assert "no-such-flag" in res.server.log_tail
+    assert time.monotonic() - t0 < 120
+    assert read_result(tmp_path / "r.json").summary is None
+
+
+def test_a_cell_planned_for_cuda_on_a_node_without_one(cfg, tmp_path, tiny_model):
+    """What a cluster job gets when the submitting host planned the wrong platform: the
+    result says it did not run, and that the node had the other platform."""
+    stack = C.stack_params({**cfg, "platform": "cuda"}, "tiny", "hf-fp16", "tp1")
+    res = run_cell(tmp_path, stack, cell(cfg), tiny_model, tiny_model, "faults/platform/run0")
+    assert res.status != "ok" and res.summary is None
+    assert res.stack_def.platform == "cuda" and res.provenance.hardware.platform == "cpu"
+    assert res.flags == ["platform_mismatch"]
+    assert read_result(tmp_path / "r.json").flags == ["platform_mismatch"]
+
+
+def test_server_that_never_gets_ready(cfg, tmp_path, tiny_model):
+    """Start-up timeout: startup_failed in bounded time, and the server that was starting (with
+    every process it had started) is gone."""
+    stack = C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
+    stack["startup_timeout_s"] = 6.0
+    key = "faults/slow/run0"
+    seen: list = []
+
+    def watch():  # what the daemon says it launched, while it is starting
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            st = session.Session(key).state()
+            if st.get("servers"):
+                seen.extend(server_processes(st))
+                if st["state"] != "starting" or len(seen) > 1:
+                    return
+            time.sleep(0.1)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    t0 = time.monotonic()
+    res = run_cell(tmp_path, stack, cell(cfg), tiny_model, tiny_model, key)
+    t.join()
+    assert res.status == "startup_failed" and "not ready within 6 s" in res.server.error
+    assert time.monotonic() - t0 < 60
+    assert seen, "the daemon never published the server it launched"
+    assert_gone(seen)
+    assert card_is_free()
+
+
+def test_missing_or_corrupt_model_folder(cfg, tmp_path, tiny_model):
+    stack = C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
+    bad = tmp_path / "corrupt"
+    shutil.copytree(tiny_model, bad)
+    (bad / "config.json").write_text("{not json")
+    res = run_cell(tmp_path, stack, cell(cfg), bad, tiny_model, "faults/corrupt/run0")
+    assert res.status == "startup_failed" and "config.json is corrupt" in res.server.error
+    res = run_cell(tmp_path, stack, cell(cfg), tmp_path / "absent", tiny_model, "faults/absent/run0")
+    assert res.status == "startup_failed" and "does not exist" in res.server.error
+    gptq = C.stack_params(cfg, "tiny", "vllm-marlin", "tp1")
+    res = run_cell(tmp_path, gptq, cell(cfg), tiny_model, tiny_model, "faults/notgptq/run0")
+    assert res.status == "startup_failed" and "not GPTQ-quantized" in res.server.error
+
+
+def test_lease_not_had_in_time(cfg, tmp_path, tiny_model):
+    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    with lease.acquire_gpus(1, timeout_s=5, devices=["cpu"]):  # someone else holds the card
+        t0 = time.monotonic()
+        res = run_cell(tmp_path, stack, cell(cfg), tiny_model, tiny_model, "faults/lease/run0", lease_timeout_s=1.0)
+    assert res.status == "startup_failed" and "could not lease 1" in res.server.error
+    assert time.monotonic() - t0 < 30
+
+
+def test_a_foreign_server_on_our_port_is_not_adopted(cfg, tmp_path, tiny_model):
+    """Another server takes the port our lease handed out before ours binds it: ours must not
+    take the other one's answers for its own (startup_failed: port taken)."""
+    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    with lease.Lease() as held:
+        port = held.port()
+        foreign = stacks.launch(stack, tiny_model, "tiny", port, [], tmp_path / "foreign.log")
+        try:
+            stacks.wait_ready(foreign, "/health", 120)
+            ours = stacks.launch(stack, tiny_model, "tiny", port, [], tmp_path / "ours.log")
+            with pytest.raises(stacks.StartupFailed) as err:
+                stacks.wait_ready(ours, "/health", 120)
+            stacks.stop(ours)
+        finally:
+            stacks.stop(foreign)
+    assert "port taken" in str(err.value)
+
+
+def test_a_tokenizer_error_is_an_error_result(cfg, tmp_path, tiny_model):
+    """An exception nobody foresaw (here: no tokenizer where the prompts are built) still ends
+    in a result file: status error, the exception's class and message, and no server left."""
+    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    empty = tmp_path / "no-tokenizer"
+    empty.mkdir()
+    key = "faults/tokenizer/run0"
+    res = run_cell(tmp_path, stack, cell(cfg), tiny_model, empty, key)
+    assert res.status == "error" and res.error.type and res.error.message
+    assert read_result(tmp_path / "r.json").status == "error"
+    st = session.Session(key).state()
+    assert st["state"] == "stopped"
+    assert_gone(server_processes(st) + [session.daemon_of(st)])
+
+
+def test_hanging_server_is_server_hung(cfg, tmp_path, tiny_model):
+    """transformers serve frozen (SIGSTOP) mid-run: requests stall, status server_hung, and
+    speedsplit's cleanup ends the frozen server and everything below it."""
+    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    params = cell(
+        cfg, users=2, output_tokens=400, requests_per_user=6, warmup_requests=1, prompt_tokens=16, stall_timeout_s=3.0
+    )
+    key = "faults/hang/run0"
+    seen = {}
+    measuring = threading.Event()
+
+    def freezer():
+        st = wait_state(key, ("ready",))
+        seen["tree"] = server_processes(st)
+        measuring.wait(240)
+        time.sleep(0.5)
+        os.killpg(st["servers"][0]["pid"], signal.SIGSTOP)
+
+    def progress(msg):
+        if msg.startswith("measured"):
+            measuring.set()
+
+    t = threading.Thread(target=freezer)
+    t.start()
+    t0 = time.monotonic()
+    res = run_cell(tmp_path, stack, params, tiny_model, tiny_model, key, progress=progress)
+    t.join()
+    assert res.status == "server_hung", res.summary
+    assert res.summary.failures.get("stall")
+    assert res.error.type == "ServerHung" and "no longer answers its health check" in res.error.message
+    assert time.monotonic() - t0 < 300
+    assert_gone(seen["tree"])
+
+
+def test_interrupted_workflow_leaves_nothing_and_resumes(tmp_path_factory):
+    """SIGINT to Snakemake mid-cell: no server left, no partial result, leases free; a rerun
+    keeps finished cells."""
+    wd = tmp_path_factory.mktemp("interrupt")
+    cfg = yaml.safe_load((REPO / "tests/config/ci.yaml").read_text())
+    cfg["benchmark"]["stacks"] = ["hf-fp16"]
+    cfg["chains"] = {"study": ["hf-fp16", "vllm-fp16"]}
+    (wd / "c.yaml").write_text(yaml.safe_dump(cfg))
+    cmd = [
+        str(Path(REPO / ".venv/bin/snakemake")) if (REPO / ".venv/bin/snakemake").exists() else "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(wd),
+        "--configfile",
+        "c.yaml",
+        "--cores",
+        "2",
+        "--resources",
+        "gpu=1",
+    ]
+    proc = subprocess.Popen(cmd, cwd=wd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    first = wd / "results/bench/tiny/hf-fp16/tp1/u4-ci-wide-greedy/run0.json"
+    deadline = time.monotonic() + 600
+    while not first.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert first.exists(), proc.stdout.read().decode()[-3000:]
+    time.sleep(1.0)  # the next cell of the same server is under way
+    # the servers this workflow's sessions launched, as their state files name them
+    ours = [st for st in session.host_states() if st.get("workflow") == str(wd.resolve())]
+    servers = [p for st in ours for p in server_processes(st)]
+    daemons = [session.daemon_of(st) for st in ours if session.daemon_alive(st)]
+    assert servers and daemons, "a session of this workflow should be serving"
+    assert any("serve" in " ".join(procs.cmdline(p.pid)) for p in servers)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in the terminal reaches the whole group
+    proc.wait(timeout=120)
+    assert_gone(servers + daemons)
+    for path in (wd / "results/bench").rglob("*"):
+        assert not path.name.endswith(".tmp"), path
+        if path.suffix == ".json":
+            read_result(path)
+    assert card_is_free()
+    out = run_snakemake(["-n", "--configfile", "c.yaml", "--cores", "2", "--resources", "gpu=1"], wd, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    planned = planned_outputs(out.stdout)
+    every = {
+        f"results/bench/tiny/hf-fp16/tp1/{c}/run{r}.json"
+        for c in ("u4-ci-wide-greedy", "u2-ci-narrow-greedy")
+        for r in (0, 1)
+    }
+    finished = {p for p in every if (wd / p).exists()}
+    first_cell = "results/bench/tiny/hf-fp16/tp1/u4-ci-wide-greedy/run0.json"
+    assert first_cell in finished and first_cell not in planned  # finished before Ctrl-C: kept
+    # every missing cell is rerun (a job stopped while it was writing its result counts as
+    # unfinished for Snakemake and reruns too)
+    assert every - finished <= set(planned)
+
+
+JOB = """
+import os, sys
+sys.path.insert(0, {repo!r})
+from pathlib import Path
+from speedsplit.measuring import bench
+from speedsplit.planning import config as C, plan
+from speedsplit.core import procs
+cfg = C.load({config!r})
+stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+cell = C.cell_params(cfg, C.cells(cfg)[0])
+cell.update(users=2, output_tokens={output_tokens}, requests_per_user=5, warmup_requests=1, prompt_tokens=16)
+t = Path({tmp!r})
+def progress(msg):
+    with open(t / "progress.txt", "a") as f:
+        f.write(msg + "\\n")
+session = plan.SessionPlan(key={key!r}, log=str(t / "session.log"), cache_dir=str(t / "cache"),
+                           last_job=plan.BenchJob("tiny", "hf-fp16", "tp1", cell["cell"], 0).result,
+                           idle_timeout_s=120.0, lease_timeout_s=3600.0)
+bench.measure(stack=stack, cell=cell, run=0, session=session, model_dir={model!r},
+              tokenizer_dir={model!r}, out_json=t / "r.json", out_requests=t / "r.requests.jsonl",
+              owner=procs.me(), progress=progress,
+              workdir=os.getcwd())
+"""
+
+
+def start_job(tmp_path, key, model, cwd=None, output_tokens=500):
+    """One benchmark job in a process of its own (as Snakemake runs it), in folder cwd."""
+    script = JOB.format(
+        repo=str(REPO),
+        config=str(REPO / "config/config.yaml"),
+        tmp=str(tmp_path),
+        key=key,
+        model=str(model),
+        output_tokens=output_tokens,
+    )
+    return subprocess.Popen(
+        [os.sys.executable, "-c", script], env=os.environ.copy(), stderr=subprocess.PIPE, cwd=cwd or os.getcwd()
+    )
+
+
+def wait_measuring(tmp_path, job, timeout=240):
+    log = tmp_path / "progress.txt"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and job.poll() is None:
+        if log.exists() and "measured" in log.read_text():
+            return
+        time.sleep(0.2)
+    raise AssertionError("the job never reached its measured phase")
+
+
+def test_sigterm_to_one_job_stops_its_server_and_writes_nothing(cfg, tmp_path, tiny_model):
+    """A single benchmark job terminated mid-cell: its server goes, no result file is left,
+    its card is free again."""
+    key = "faults/sigterm/run0"
+    job = start_job(tmp_path, key, tiny_model)
+    st = wait_state(key, ("ready",))
+    tree = server_processes(st)
+    wait_measuring(tmp_path, job)
+    job.send_signal(signal.SIGTERM)
+    job.wait(timeout=90)
+    assert_gone(tree + [session.daemon_of(st)])
+    assert not (tmp_path / "r.json").exists() and not list(tmp_path.glob(".r.json.*"))
+    assert card_is_free()
+
+
+@pytest.mark.parametrize("limit, outcome", [(20_000, "error result"), (300, "clean failure")])
+def test_a_full_disk_while_the_result_is_written(cfg, tmp_path, tiny_model, limit, outcome):
+    """The disk fills up (RLIMIT_FSIZE on the job stands in) after the load ran: an error result
+    if one still fits, else the job fails cleanly; never a partial or temporary file."""
+    key = f"faults/disk{limit}/run0"
+    job = start_job(tmp_path, key, tiny_model)
+    st = wait_state(key, ("ready",))
+    tree = server_processes(st)
+    wait_measuring(tmp_path, job)
+    import resource
+
+    resource.prlimit(job.pid, resource.RLIMIT_FSIZE, (limit, limit))
+    _, err = job.communicate(timeout=240)
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert not leftovers, leftovers
+    if outcome == "error result":
+        assert job.returncode == 0, err.decode()[-2000:]
+        res = read_result(tmp_path / "r.json")
+        assert res.status == "error" and res.error.type == "OSError"
+        assert "writing the result failed" in res.error.message and "File too large" in res.error.message
+        assert (tmp_path / "r.requests.jsonl").read_text() == ""
+    else:
+        assert job.returncode != 0 and b"File too large" in err
+        assert not (tmp_path / "r.json").exists()
+    assert_gone(tree + [session.daemon_of(st)])
+    assert card_is_free()
+    # the job's provenance reads git without taking the index lock it could not release
+    assert not (REPO / ".git/index.lock").exists()
+
+
+def test_two_workflows_with_the_same_names_keep_their_own_servers(cfg, tmp_path, tiny_model, monkeypatch):
+    """Two checkouts on one host, same model, stack and session key: each measures its own
+    model on its own server; one never reuses, or stops mid-cell, the other's."""
+    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    key = "faults/twowf/run0"
+    wd = {name: tmp_path / name for name in ("a", "b")}
+    for d in wd.values():
+        shutil.copytree(tiny_model, d / "resources/models/tiny/fp16")
+
+    def cell_in(name, params, last=False, **kw):
+        monkeypatch.chdir(wd[name])
+        model = wd[name] / "resources/models/tiny/fp16"
+        out = wd[name] / "out"
+        out.mkdir(exist_ok=True)
+        return run_cell(out, stack, params, model, model, key, last_in_session=last, workdir=wd[name], **kw)
+
+    def serving(name):
+        st = session.Session(key, wd[name]).state()
+        if st.get("state") != "ready" or not session.daemon_alive(st):
+            return None
+        cmd = " ".join(procs.cmdline(st["servers"][0]["pid"]))
+        return str(wd[name] / "resources/models/tiny/fp16") in cmd
+
+    short = cell(cfg, users=2, requests_per_user=1, output_tokens=8, prompt_tokens=16)
+    a1 = cell_in("a", short)
+    assert a1.status == "ok" and serving("a") is True
+    b1 = cell_in("b", short)
+    assert b1.status == "ok" and b1.server.reused is False
+    assert serving("b") is True  # b's server serves b's model
+    # a's idle server was evicted for the card (a CPU has one), never used by b
+    assert session.Session(key, wd["a"]).state()["state"] == "stopped"
+
+    # a measures (a job of its own) while b asks for the card: b waits and gives up, and never
+    # stops a's server mid-cell
+    out_a = wd["a"] / "long"
+    out_a.mkdir()
+    job = start_job(out_a, key, wd["a"] / "resources/models/tiny/fp16", cwd=wd["a"])
+    wait_measuring(out_a, job)
+    b2 = cell_in("b", short, lease_timeout_s=3.0)
+    _, err = job.communicate(timeout=240)
+    assert job.returncode == 0, err.decode()[-2000:]
+    assert b2.status == "startup_failed" and "could not lease" in b2.server.error
+    a2 = read_result(out_a / "r.json")
+    assert a2.status == "ok" and a2.summary.failed == 0
+    for name in wd:
+        session.stop_daemon(session.Session(key, wd[name]))
+    assert card_is_free()
+
+
+def test_eviction_racing_a_cell_that_attaches(cfg, tmp_path, tiny_model):
+    """A cell found its session ready, and another job evicts it before the cell takes it: the
+    cell never measures on the stopped server, it starts a fresh one. A session a cell holds
+    is never evicted."""
+    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    key = "faults/race/run0"
+    launch = {"stack": stack, "model_dir": str(tiny_model), "cache_dir": str(tmp_path / "cache")}
+    sess, _, gen = session.open_session(key, launch, tmp_path / "s.log", procs.me(), 120, 60)
+    st = session.wait_ready(sess, gen, 120)
+    assert st["state"] == "ready"
+    tree = server_processes(st)
+    # held by a cell: not evicted
+    with session.attached(sess, gen) as held:
+        assert held is not None
+        assert session.evict_idle() == 0
+        assert bench.health(st["urls"][0]) == 200
+    # found ready, evicted before it was held: refused
+    assert session.evict_idle() == 1
+    with session.attached(sess, gen) as held:
+        assert held is None
+    assert_gone(tree + [session.daemon_of(st)])
+    # the whole cell, racing against an evictor that keeps trying
+    stop = threading.Event()
+
+    def evictor():
+        while not stop.is_set():
+            session.evict_idle()
+            time.sleep(0.05)
+
+    t = threading.Thread(target=evictor)
+    t.start()
+    try:
+        res = run_cell(
+            tmp_path, stack, cell(cfg, users=2, requests_per_user=1, output_tokens=8), tiny_model, tiny_model, key
+        )
+    finally:
+        stop.set()
+        t.join()
+    assert res.status in ("ok", "startup_failed"), res
+    if res.status == "ok":
+        assert res.summary.failed == 0
+    else:  # evicted before every attach: said so, never measured on a stopped server
+        assert "stopped 3 times" in res.server.error
+
+
+def test_sigterm_during_the_daemons_cleanup(cfg, tmp_path, tiny_model):
+    """A second SIGTERM while the daemon stops its servers: nothing is left, and the card is
+    free only once the servers are gone."""
+    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    key = "faults/cleanup/run0"
+    launch = {"stack": stack, "model_dir": str(tiny_model), "cache_dir": str(tmp_path / "cache")}
+    sess, _, gen = session.open_session(key, launch, tmp_path / "s.log", procs.me(), 120, 60)
+    st = session.wait_ready(sess, gen, 120)
+    tree = server_processes(st)
+    daemon = session.daemon_of(st)
+    assert tree and not card_is_free()
+    early = []
+    deadline = time.monotonic() + 60
+    while daemon.alive() and time.monotonic() < deadline:
+        daemon.signal(signal.SIGTERM)  # the first starts the cleanup, the rest land inside it
+        if card_is_free():
+            early += [p for p in tree if p.alive()]
+            break
+        time.sleep(0.02)
+    assert not early, f"the card was released while server processes lived: {early}"
+    assert_gone(tree + [daemon])
+    assert card_is_free()
+    assert session.Session(key).state()["state"] == "stopped"
+
+
+def test_a_rerun_after_editing_the_stacks_environment_reports_the_new_launch(cfg, tmp_path, tiny_model):
+    """The same session log gets a second launch after the stack's environment changed (the KV
+    cache space vLLM's CPU build gets): the facts are the new launch's, not the first's."""
+    stack = C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
+    params = cell(cfg, users=1, requests_per_user=1, output_tokens=4, prompt_tokens=8, warmup_requests=0)
+    key = "faults/envedit/run0"
+    first = run_cell(tmp_path, stack, params, tiny_model, tiny_model, key)
+    stack["env"] = {**stack["env"], "VLLM_CPU_KVCACHE_SPACE": "2"}
+    second = run_cell(tmp_path, stack, params, tiny_model, tiny_model, key)
+    assert first.status == second.status == "ok"
+    kv1, kv2 = first.engine.kv_cache_tokens, second.engine.kv_cache_tokens
+    assert kv1 and kv2 == 2 * kv1, (kv1, kv2)
+    log = (tmp_path / "session.server0.log").read_text()
+    assert log.count("[speedsplit] launching:") == 2 and f"{kv1:,}" in log
+
+
+def test_int4_on_a_cpu_without_avx512(cfg, tmp_path, tiny_model, gptq_model):
+    """vllm-cpu's AVX2 build (no cpu_gemm_wna16) serves the GPTQ model on PyTorch's INT4 GEMM
+    (AtenInt4, speedsplit's vLLM plugin), and the result says so. With the plugin turned off
+    (today's failure on such CPUs) the session's first request fails (vLLM streams its
+    internal server error): the start
+    fails at once with the cause from the server's own log, no cell waits for a timeout."""
+    stack = C.stack_params(cfg, "tiny", "vllm-marlin", "tp1")
+    stack["env"] = {**stack["env"], **AVX2}
+    params = cell(
+        cfg, users=2, output_tokens=16, requests_per_user=2, warmup_requests=1, prompt_tokens=16, min_measured_s=0.0
+    )
+    res = run_cell(tmp_path, stack, params, gptq_model, tiny_model, "faults/avx2/run0")
+    assert res.status == "ok", res.cause
+    assert res.engine.linear_kernel == "AtenInt4CPULinearKernel" and res.kernel_ok is True and res.flags == []
+    assert res.summary.completed == 4 and res.summary.wrong_output_length == 0
+
+    stack["env"]["SPEEDSPLIT_CPU_INT4"] = "vllm"
+    t0 = time.monotonic()
+    res = run_cell(tmp_path, stack, params, gptq_model, tiny_model, "faults/avx2off/run0")
+    assert res.status == "startup_failed" and res.summary is None
+    assert "ready, but its first request failed (server_error" in res.server.error  # vLLM streams its 500
+    assert "'_C' object has no attribute 'cpu_gemm_wna16'" in res.server.error
+    assert time.monotonic() - t0 < 150
+    st = session.Session("faults/avx2off/run0").state()
+    assert_gone(server_processes(st) + [session.daemon_of(st)])
+    assert card_is_free()
+
+
+def test_a_daemon_killed_mid_cell_is_said_so(cfg, tmp_path, tiny_model):
+    """The session's daemon SIGKILLed during the measured phase (its servers get SIGTERM from
+    the kernel as it dies): server_died, labelled SessionLost, and nothing left running."""
+    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    params = cell(cfg, users=2, output_tokens=300, requests_per_user=6, warmup_requests=1, prompt_tokens=16)
+    key = "faults/daemon/run0"
+    seen = {}
+    measuring = threading.Event()
+
+    def killer():
+        st = wait_state(key, ("ready",))
+        seen["tree"] = server_processes(st)
+        measuring.wait(240)
+        time.sleep(0.5)
+        os.kill(st["daemon"]["pid"], signal.SIGKILL)
+
+    def progress(msg):
+        if msg.startswith("measured"):
+            measuring.set()
+
+    t = threading.Thread(target=killer)
+    t.start()
+    res = run_cell(tmp_path, stack, params, tiny_model, tiny_model, key, progress=progress)
+    t.join()
+    assert res.status == "server_died" and res.error.type == "SessionLost", res.error
+    assert "killed from outside" in res.error.message
+    assert_gone(seen["tree"])
+    assert card_is_free()

@@ -1,0 +1,344 @@
+"""The workflow itself: lint, the study's dry run, and the whole DAG on the tiny model (CPU)
+with real servers, then an incremental rerun and the report in a real browser."""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import PLANTED_TOKEN, REPO, planned_outputs, run_snakemake, snakemake_bin
+
+from speedsplit.core.record import read_result
+from speedsplit.serving.vllm_cpu_int4 import cpu_int4_route
+
+
+def test_snakemake_lint_is_clean():
+    out = subprocess.run([snakemake_bin(), "--lint"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Congratulations, your workflow is in a good condition!" in out.stdout + out.stderr
+
+
+def dry_run_counts(configfile: Path | list[Path], cwd: Path, gpus: int) -> dict[str, int]:
+    files = [str(f) for f in (configfile if isinstance(configfile, list) else [configfile])]
+    out = run_snakemake(
+        ["-n", "--configfile", *files, "--cores", "all", "--resources", f"gpu={gpus}", "--quiet", "rules"],
+        cwd,
+        timeout=300,
+        env={"HF_HUB_OFFLINE": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    counts = {}
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            counts[parts[0]] = int(parts[1])
+    assert not (cwd / "resources").exists()  # nothing downloaded, nothing made
+    return counts
+
+
+def test_a_hub_grid_dry_run_builds_the_full_dag_without_gpu_or_network(tmp_path):
+    counts = dry_run_counts(REPO / "tests/config/grid.yaml", tmp_path, gpus=2)
+    # 2 models; 4 cells x 2 runs x (3 stacks on tp1 + 2 on tp2 + 2 on 2x1) per model
+    assert counts["model"] == 2 and counts["quantize"] == 2
+    assert counts["bench"] == 2 * 4 * 2 * 7
+    assert counts["tables"] == counts["plots"] == counts["report"] == 1
+
+
+@pytest.mark.parametrize(
+    "overlay, bench",
+    [
+        ("h200x4-topologies.yaml", 2 * 3 * 2 * 2),  # 2 stacks x (tp1, tp4, 4x1) x 2 cells x 2 runs
+        ("h200x4-70b.yaml", 2 * 2 * 2 * 2),  # 2 stacks x (tp4, 2x2) x 2 cells x 2 runs
+    ],
+)
+def test_the_four_card_configs_dry_run(tmp_path, overlay, bench):
+    counts = dry_run_counts([REPO / "config/h200-smoke.yaml", REPO / "config" / overlay], tmp_path, gpus=4)
+    assert counts["bench"] == bench
+
+
+def test_the_factorial_config_dry_runs_with_its_table(tmp_path):
+    files = [str(REPO / "config/h200-smoke.yaml"), str(REPO / "config/h200-factorial.yaml")]
+    out = run_snakemake(["-n", "--configfile", *files, "--cores", "all", "--resources", "gpu=1"], tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "results/tables/factorial.parquet" in out.stdout
+    # 3 stacks x 2 cells (greedy, ancestral) x 2 runs
+    assert len(planned_outputs(out.stdout)) == 12
+
+
+def test_the_capacity_configs_dry_run(tmp_path):
+    base = [REPO / "config/h200-smoke.yaml", REPO / "config/h200-capacity.yaml"]
+    # 3 stacks x 9 levels, the 64-user level a grid cell of 2 runs
+    assert dry_run_counts(base, tmp_path, gpus=1)["bench"] == 3 * 10
+    steady = [
+        REPO / "config/h200-capacity-steady.yaml",
+        REPO / "docs/evidence/h200x2-2026-11-30-capacity-steady/two-cards.yaml",
+    ]
+    assert dry_run_counts(base + steady, tmp_path, gpus=2)["bench"] == 2 * 9
+
+
+def test_the_shipped_study_config_dry_runs(tmp_path):
+    counts = dry_run_counts(REPO / "config/study.yaml", tmp_path, gpus=4)
+    assert counts["bench"] > 0 and counts["report"] == 1
+
+
+def test_a_cluster_run_plans_the_profiles_platform_not_the_submitting_hosts(tmp_path):
+    """No GPU here, yet through profiles/slurm a GPU config plans cuda cells: tp2 asks Slurm
+    for two cards (a dry run; tests/test_slurm.py sees a real run refuse `platform: auto`)."""
+    gpu_configs = ["--configfile", str(REPO / "config/h200-smoke.yaml"), str(REPO / "config/h200-topologies.yaml")]
+    out = run_snakemake(["-n", "--profile", str(REPO / "profiles/slurm"), *gpu_configs], tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    bench = [b for b in out.stdout.split("\n\n") if "rule bench:" in b]
+    tp2 = [b for b in bench if "topology=tp2" in b]
+    assert tp2 and all("gpu=2" in b and "runtime=" in b for b in tp2)
+    assert all("gpu=1" in b for b in bench if "topology=tp1" in b)
+
+
+@pytest.fixture(scope="module")
+def workdir(local_run):
+    """The whole DAG, run once on tests/config/ci.yaml in a fresh folder (conftest)."""
+    return local_run
+
+
+@pytest.mark.slow
+def test_every_result_is_complete_and_honest(workdir):
+    results = sorted((workdir / "results/bench").rglob("run*.json"))
+    assert len(results) == 3 * 2 * 2  # stacks x cells x runs
+    served = []
+    for path in results:
+        res = read_result(path)
+        assert res.status == "ok", (path, res.server)
+        s = res.summary
+        assert s.failed == 0 and s.wrong_output_length == 0 and s.wrong_prompt_length == 0
+        assert s.output_tok_s > 0
+        assert res.provenance.versions["transformers"]
+        requests = path.with_name(path.stem + ".requests.jsonl").read_text().splitlines()
+        assert len(requests) == s.requests + res.params.users * res.params.warmup_requests
+        tel = res.telemetry  # vLLM CPU's real /metrics; no GPU here, no /metrics on the HF server
+        assert tel.gpu is None and tel.gpu_absent == "no GPU: the run was on the CPU"
+        if res.stack.startswith("vllm"):
+            assert tel.server.samples >= 1 and 0 <= tel.server.kv_cache_usage_peak <= 1, (path, tel)
+            assert tel.server.prefix_cache_hits_flagged is False  # distinct prompts reuse nothing
+            served.append(tel.server)
+        else:
+            assert tel.server is None and "/metrics" in tel.server_absent
+        assert res.slo.ttft_p99_s == 2.0 and 0 < res.slo.good_requests <= s.requests
+        if res.stack == "vllm-marlin":
+            # vLLM's CPU build has no Marlin: the GPTQ model runs on its CPU int4 kernel, and the
+            # result says so
+            assert res.engine.linear_kernel == cpu_int4_route()[0] and res.kernel_ok is True
+    # a reading can fall before the server took the phase's first requests (KV use 0), but
+    # across the runs the counters show requests being served
+    assert max(t.kv_cache_usage_peak for t in served) > 0 and max(t.running_mean for t in served) > 0
+    reused = [read_result(p).server.reused for p in results]
+    assert reused.count(False) == 3  # one server start per stack (server_reuse: per_stack)
+    quant = json.loads((workdir / "results/quantize/tiny/gptq-w4g128.json").read_text())
+    assert quant["method"] == "gptqmodel" and quant["quality"]["status"] == "measured"
+    q = json.loads((workdir / "resources/models/tiny/gptq-w4g128/config.json").read_text())
+    assert q["quantization_config"]["bits"] == 4 and q["quantization_config"]["desc_act"] is False
+
+
+@pytest.mark.slow
+def test_the_terminal_says_what_each_cell_did_and_what_the_run_found(workdir):
+    """One line per finished cell, the CPU's INT4 route before the grid, and a closing summary
+    with the answer and the report's path: nobody has to open a log."""
+    out = (workdir / "snakemake.out").read_text()
+    assert f"speedsplit: {cpu_int4_route()[1]}" in out
+    cells = [ln for ln in out.splitlines() if ln.startswith("[speedsplit] ") and " run" in ln and ": ok, " in ln]
+    assert len(cells) == 3 * 2 * 2, out[-3000:]
+    assert all("output tok/s, p99 TTFT" in ln for ln in cells)
+    summary = out[out.index("speedsplit: what this run found") :]
+    assert "study (hf-fp16 → vllm-marlin)" in summary and "NOT DECOMPOSED" not in summary
+    assert f"report: {workdir / 'results/report.html'}" in summary
+
+
+@pytest.mark.slow
+def test_tables_and_attribution_come_out(workdir):
+    import polars as pl
+
+    att = pl.read_csv(workdir / "results/tables/attribution.csv")
+    for cell in ("u4-ci-wide-greedy", "u2-ci-narrow-greedy"):
+        rows = att.filter(pl.col("cell") == cell)
+        factors = rows.filter(pl.col("position") > 0)["value"].to_list()
+        total = rows.filter(pl.col("factor") == "total")["value"].item()
+        assert len(factors) == 2 and abs(factors[0] * factors[1] - total) < 1e-9 * total
+    assert (workdir / "results/tables/cells.parquet").stat().st_size > 0
+    assert (workdir / "results/tables/attribution.md").read_text().startswith("|")
+    prof = json.loads((workdir / "results/profile/tiny/vllm-fp16/tp1/u4-ci-wide-greedy.json").read_text())
+    assert prof["status"] == "ok" and prof["traces"] and prof["breakdown"] is None and "no GPU" in prof["note"]
+    assert prof["load"]["failed"] == 0
+    link = pl.read_csv(workdir / "results/tables/link.csv")
+    assert set(link["backend"]) == {"gloo"} and link["decode_sized"].any()
+    # shares are undefined where a total is within 5% of 1 (the tiny model on a CPU can get there)
+    shares = pl.read_parquet(workdir / "results/tables/attribution.parquet").filter(
+        (pl.col("chain") == "study") & (pl.col("position") > 0) & pl.col("log_share").is_not_null()
+    )
+    names = ["throughput", "latency", "factors-study", "link"] + (["shares-study"] if shares.height else [])
+    assert (workdir / "results/plots/shares-study.svg").exists() == bool(shares.height)
+    for name in names:
+        for ext in ("html", "svg", "png"):
+            assert (workdir / f"results/plots/{name}.{ext}").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_no_server_is_left_running(workdir):
+    """Every session this workflow ran is stopped, and every server process it published is gone."""
+    from speedsplit.core import procs
+    from speedsplit.serving import session
+
+    ours = [st for st in session.host_states() if st.get("workflow") == str(workdir.resolve())]
+    keys = sorted(st["key"] for st in ours)
+    # one per stack (server_reuse: per_stack), and the coordination profile's own server
+    want = [f"tiny/{s}/tp1/all" for s in ("hf-fp16", "vllm-fp16", "vllm-marlin")] + ["tiny/vllm-fp16/tp1/profile"]
+    assert keys == sorted(want), keys
+    for st in ours:
+        assert st["state"] == "stopped" and not session.daemon_alive(st)
+        assert st["servers"] and not any(procs.Proc.from_record(r).alive() for r in st["servers"])
+
+
+@pytest.mark.slow
+def test_failed_cells_are_remeasured_exactly(workdir, tmp_path):
+    """`speedsplit failed --rerun` sets aside the failed runs; Snakemake then plans
+    exactly those cells again (and the aggregates), nothing else."""
+    import sys
+
+    wd = tmp_path / "copy"
+    shutil.copytree(workdir, wd, ignore=shutil.ignore_patterns("resources"))
+    (wd / "resources").symlink_to(workdir / "resources")
+    failed = "results/bench/tiny/vllm-fp16/tp1/u2-ci-narrow-greedy/run0.json"
+    res = json.loads((wd / failed).read_text())
+    res.update(status="error", error={"type": "OSError", "message": "No space left on device"})
+    (wd / failed).write_text(json.dumps(res))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    listed = subprocess.run(
+        [sys.executable, "-m", "speedsplit.cli", "failed"], cwd=wd, capture_output=True, text=True, env=env
+    )
+    assert listed.returncode == 0 and f"{failed}: error: No space left on device" in listed.stdout
+    moved = subprocess.run(
+        [sys.executable, "-m", "speedsplit.cli", "failed", "--rerun"], cwd=wd, capture_output=True, text=True, env=env
+    )
+    assert moved.returncode == 0 and "moved 1 result(s)" in moved.stdout, moved.stdout + moved.stderr
+    assert not (wd / failed).exists() and list((wd / "results/failed").rglob("run0.json"))
+    # the command it prints (and runs, given snakemake's arguments after --), as a dry run
+    args = moved.stdout.split("re-measure them with: snakemake ")[1].split(" <your usual arguments>")[0].split()
+    assert args == [failed]
+    usual = ["--configfile", "ci.yaml", "--cores", "2", "--resources", "gpu=1"]
+    out = run_snakemake([*args, "-n", *usual], wd, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert planned_outputs(out.stdout) == [failed]
+    # once it is measured again (here: put back with a new time), the second run rebuilds the
+    # aggregates and re-measures nothing
+    aside = next((wd / "results/failed").rglob("run0.json"))
+    shutil.copy(aside, wd / failed)
+    shutil.copy(aside.with_name("run0.requests.jsonl"), (wd / failed).with_name("run0.requests.jsonl"))
+    out = run_snakemake(["-n", *usual], wd, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert planned_outputs(out.stdout) == [] and "rule report:" in out.stdout
+
+
+@pytest.mark.slow
+def test_no_secret_or_home_path_in_any_output(workdir):
+    home = str(Path.home())
+    for path in list((workdir / "results").rglob("*")):
+        if path.is_file() and path.suffix in (".json", ".jsonl", ".csv", ".md", ".html", ".log"):
+            text = path.read_text(errors="replace")
+            assert PLANTED_TOKEN not in text, path
+            if path.suffix != ".log":
+                assert home + "/" not in text, path
+
+
+@pytest.mark.slow
+def test_editing_one_cell_reruns_exactly_that_cell(workdir):
+    cfg = yaml.safe_load((workdir / "ci.yaml").read_text())
+    cfg["workloads"]["ci-narrow"]["output_tokens"] = 40
+    (workdir / "edited.yaml").write_text(yaml.safe_dump(cfg))
+    out = run_snakemake(
+        ["-n", "--configfile", "edited.yaml", "--cores", "2", "--resources", "gpu=1"], workdir, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert planned_outputs(out.stdout) == sorted(
+        f"results/bench/tiny/{s}/tp1/u2-ci-narrow-greedy/run{r}.json"
+        for s in ("hf-fp16", "vllm-fp16", "vllm-marlin")
+        for r in (0, 1)
+    )
+    unchanged = run_snakemake(
+        ["-n", "--configfile", "ci.yaml", "--cores", "2", "--resources", "gpu=1"], workdir, timeout=300
+    )
+    assert "Nothing to be done" in unchanged.stdout + unchanged.stderr
+
+
+@pytest.mark.slow
+def test_a_new_timeout_or_a_grown_grid_reruns_no_finished_cell(workdir):
+    """Timeouts and the session layout reach bench jobs through results/plan.json, written
+    when the workflow starts: changing them reruns no finished cell. A grown grid plans its
+    new cells and, in a lane, the finished cell right after a new one: its order-only input is
+    a file still to be made, which ancient() does not cover (with an owned, ancient plan file
+    the same run planned only the plan: snakemake#4166)."""
+    from speedsplit.planning import config as C
+    from speedsplit.planning import plan as P
+
+    plan = json.loads((workdir / "results/plan.json").read_text())
+    assert set(plan["sessions"]) == {f"tiny/{s}/tp1/all" for s in ("hf-fp16", "vllm-fp16", "vllm-marlin")}
+    cfg = yaml.safe_load((workdir / "ci.yaml").read_text())
+    cfg.setdefault("benchmark", {})["idle_timeout_s"] = 33
+    (workdir / "timeout.yaml").write_text(yaml.safe_dump(cfg))
+    usual = ["--cores", "2", "--resources", "gpu=1"]
+    out = run_snakemake(["-n", "--configfile", "timeout.yaml", *usual], workdir, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert planned_outputs(out.stdout) == []
+    cfg["grid"]["runs"] = 3
+    (workdir / "grown.yaml").write_text(yaml.safe_dump(cfg))
+    out = run_snakemake(["-n", "--configfile", "grown.yaml", *usual], workdir, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    new = {
+        f"results/bench/tiny/{s}/tp1/{c}/run2.json"
+        for s in ("hf-fp16", "vllm-fp16", "vllm-marlin")
+        for c in ("u4-ci-wide-greedy", "u2-ci-narrow-greedy")
+    }
+    prev = P.predecessors(C.load(REPO / "config/config.yaml", workdir / "grown.yaml"))
+    after_new = {job.result for job, p in prev.items() if p is not None and p.result in new} - new
+    assert after_new == {
+        f"results/bench/tiny/{s}/tp1/u4-ci-wide-greedy/run0.json" for s in ("vllm-fp16", "vllm-marlin")
+    }
+    assert planned_outputs(out.stdout) == sorted(new | after_new)
+
+
+@pytest.mark.slow
+def test_report_answers_on_its_first_screen_in_a_browser(workdir, tmp_path):
+    """Opened offline in headless Chromium at 1400 x 900: the first screen holds the headline
+    sentence the tables hold, every figure's SVG rendered at a real size, and the page is not
+    blank. Also snakemake --report, for the plots and tables registered with it."""
+    import polars as pl
+
+    from speedsplit.output import report as R
+
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+    page = workdir / "results/report.html"
+    text = page.read_text()
+    assert "<script src=" not in text and text.count("<svg") >= 4
+    shot = tmp_path / "first-screen.png"
+    seen = R.render(page, shot)
+    sentences = pl.read_csv(workdir / "results/tables/answer.csv")["sentence"].to_list()
+    assert sentences and all(s.startswith("study (hf-fp16 → vllm-marlin) at ") for s in sentences)
+    first = sentences[0]
+    assert first in seen["dom"].replace("&gt;", ">") and "<h2>The answer</h2>" in seen["dom"]
+    assert 0 < seen["headline_bottom"] <= seen["viewport"][1]  # the answer is on the first screen
+    assert seen["dom"].index("The answer") < seen["dom"].index("<h2>Attribution</h2>")
+    assert seen["figures_in_page"] >= 4 and len(seen["figures"]) == seen["figures_in_page"]
+    assert all(w > 100 and h > 100 for w, h in seen["figures"].values()), seen["figures"]
+    assert "plot-waterfall" in seen["figures"]
+    from PIL import Image
+
+    img = Image.open(shot).convert("RGB")
+    assert img.size[0] >= 1400
+    small = img.resize((140, 90))
+    colours = {small.getpixel((x, y)) for x in range(140) for y in range(90)}
+    assert len(colours) > 50  # text and a plot, not a blank page
+    # Snakemake's own report holds the registered plots and tables
+    out = run_snakemake(["--configfile", "ci.yaml", "--report", str(tmp_path / "sm.html")], workdir, timeout=300)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    registered = (tmp_path / "sm.html").read_text()
+    assert all(name in registered for name in ("waterfall.svg", "throughput.svg", "answer.csv", "report.html"))
