@@ -18,7 +18,7 @@ try:
 except ss_config.ConfigError as exc:
     raise SystemExit(f"speedsplit: {exc}")
 
-PREV = ss_plan.predecessors(CFG)
+PREV = ss_plan.predecessors(CFG, lambda job: os.path.exists(job.result))
 JOBS = list(PREV)
 PLATFORM = ss_config.platform_of(CFG)
 PLAN = "results/plan.json"  # written when the workflow starts (rules/bench.smk)

@@ -112,8 +112,8 @@ class CellParams(_Record):
     temperature: float
     top_p: float
     seed: int
-    request_timeout_s: float
-    stall_timeout_s: float
+    request_timeout_s: float | None = Field(None, description="seconds one request may take (null: plan unreadable)")
+    stall_timeout_s: float | None = Field(None, description="seconds without a token before a request stalls")
     min_measured_s: float = Field(description="a shorter measured phase is flagged short_measurement")
 
 

@@ -112,6 +112,7 @@ def measure(
     """
     try:  # the plan is read here, where a failure is recorded like any other
         session, plan_error = (session() if callable(session) else session), None
+        stack, cell = session.with_startup(stack), session.with_limits(cell)
     except Exception as exc:
         session, plan_error = None, exc
     result = _new_result(stack, cell, run, session.key if session else "")

@@ -132,6 +132,7 @@ def profile_cell(
     workdir: str | Path = ".",
 ) -> dict:
     """Profile one cell's steady decode on a server of its own; always writes out_json."""
+    stack, cell = session.with_startup(stack), session.with_limits(cell)
     trace_dir = Path(trace_dir).resolve()
     trace_dir.mkdir(parents=True, exist_ok=True)
     for old in trace_files(trace_dir):
@@ -162,7 +163,7 @@ def profile_cell(
                 session,
                 launch,
                 owner or sessions.workflow_owner(),
-                ready_timeout_s=stack["startup_timeout_s"] + session.lease_timeout_s,
+                ready_timeout_s=session.startup_timeout_s + session.lease_timeout_s,
                 keep=False,  # a profiled server serves nothing else
             ) as held:
                 _profile_load(result, held.state, stack, cell, tokenizer_dir)

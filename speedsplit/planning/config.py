@@ -451,7 +451,8 @@ def cell_by_name(config: dict, name: str) -> Cell:
 
 
 def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
-    """Everything that defines one cell's measurement, as plain builtins (Snakemake params)."""
+    """Everything that defines one cell's measurement, as plain builtins (Snakemake params):
+    its job file. Timeouts change no measurement: they come from the plan (SessionPlan)."""
     w = config["workloads"][cell.workload]
     s = config["sampling"][cell.sampling]
     b = config["benchmark"]
@@ -470,8 +471,6 @@ def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
         "temperature": float(s["temperature"]),
         "top_p": float(s["top_p"]),
         "seed": s["seed"],
-        "request_timeout_s": float(b["request_timeout_s"]),
-        "stall_timeout_s": float(b["stall_timeout_s"]),
         "min_measured_s": float(b["min_measured_s"]),
         "telemetry_s": float(b["telemetry_s"]),
         # a capacity level: the levels under it, and after how many failing ones it is skipped
@@ -502,7 +501,6 @@ def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[st
         "dialect": entry["dialect"],
         "ready_path": entry["ready_path"],
         "request_model": entry["request_model"],
-        "startup_timeout_s": float(entry["startup_timeout_s"]),
         "expect_kernel": overlay.get("expect_kernel") or entry["expect_kernel"],
         "tensor_parallel": topo["tensor_parallel"],
         "instances": topo["instances"],

@@ -69,8 +69,15 @@ def lane_count(config: dict, topology: str) -> int:
     return max(1, config["gpus_available"] // cfgmod.topology_gpus(config, topology))
 
 
-def predecessors(config: dict) -> dict[BenchJob, BenchJob | None]:
-    """For each job, the job that runs before it in its lane (None for a lane's first)."""
+def predecessors(config: dict, finished: Callable[[BenchJob], bool] | None = None) -> dict[BenchJob, BenchJob | None]:
+    """For each job, the job that runs before it in its lane (None for a lane's first).
+
+    Given `finished` (whether a job's result exists), a finished job has no predecessor and
+    is no one's: the order only matters among jobs still to run, and a finished cell behind a
+    new one in its lane (a grown grid) must not be measured again because its order-only
+    input is made in this run (Snakemake reruns a job whose input another job updates, even
+    an ancient() one)."""
+    finished = finished or (lambda job: False)
     jobs = bench_jobs(config)
     sessions: dict[str, list[BenchJob]] = {}
     for job in jobs:
@@ -84,6 +91,9 @@ def predecessors(config: dict) -> dict[BenchJob, BenchJob | None]:
         index_in_topology[topo] = i + 1
         lane = (topo, i % lane_count(config, topo))
         for job in members:
+            if finished(job):
+                prev[job] = None
+                continue
             prev[job] = lane_tail.get(lane)
             lane_tail[lane] = job
     return prev
@@ -120,21 +130,41 @@ class SessionPlan:
     last_job: str  # the session's last job (its result path): it stops the servers
     idle_timeout_s: float  # servers with no cell for this long stop
     lease_timeout_s: float  # the longest wait for free cards and ports
+    startup_timeout_s: float  # the stack's: the longest a server takes to get ready
+    request_timeout_s: float  # the longest one request may take (benchmark.request_timeout_s)
+    stall_timeout_s: float  # the longest a streaming request may go without a token
     kv_tokens: int = 0  # the most tokens its cells keep in flight at once (users x (prompt + output)); 0: unknown
+
+    # Timeouts change no measurement, so no job file holds them (a changed one reruns no
+    # cell): a job's stack and cell get them here.
+    def with_startup(self, stack: dict) -> dict:
+        """The job's stack with its start-up timeout."""
+        return {**stack, "startup_timeout_s": self.startup_timeout_s}
+
+    def with_limits(self, cell: dict) -> dict:
+        """The job's cell with its request and stall timeouts."""
+        return {**cell, "request_timeout_s": self.request_timeout_s, "stall_timeout_s": self.stall_timeout_s}
 
     def is_last(self, job) -> bool:
         """Whether `job` (anything with model, stack, topology, cell and run) ends the session."""
         return BenchJob(job.model, job.stack, job.topology, job.cell, job.run).result == self.last_job
 
 
-def session_plans(config: dict) -> dict[str, SessionPlan]:
-    """Every session of the grid, keyed by session key (what results/plan.json holds)."""
+def session_plans(config: dict, finished: Callable[[BenchJob], bool] | None = None) -> dict[str, SessionPlan]:
+    """Every session of the grid, keyed by session key (what results/plan.json holds). Its
+    last job, which stops its servers, is its last one still to run (given `finished`)."""
+    finished = finished or (lambda job: False)
     members: dict[str, list[BenchJob]] = {}
     for job in bench_jobs(config):
         members.setdefault(session_key(config, job), []).append(job)
     in_flight = {c.name: _in_flight(config, c) for c in cfgmod.cells(config)}
     return {
-        key: _session_plan(config, key, jobs[-1].result, max(in_flight[j.cell] for j in jobs))
+        key: _session_plan(
+            config,
+            key,
+            ([j for j in jobs if not finished(j)] or jobs)[-1].result,
+            max(in_flight[j.cell] for j in jobs),
+        )
         for key, jobs in members.items()
     }
 
@@ -154,6 +184,9 @@ def _session_plan(config: dict, key: str, last_job: str, kv_tokens: int = 0) -> 
         last_job=last_job,
         idle_timeout_s=float(b["idle_timeout_s"]),
         lease_timeout_s=float(b["lease_timeout_s"]),
+        startup_timeout_s=float(config["stacks"][key.split("/")[1]]["startup_timeout_s"]),
+        request_timeout_s=float(b["request_timeout_s"]),
+        stall_timeout_s=float(b["stall_timeout_s"]),
         kv_tokens=kv_tokens,
     )
 
@@ -163,20 +196,20 @@ def profile_session(config: dict, model: str, stack: str, topology: str) -> dict
     return asdict(_session_plan(config, f"{model}/{stack}/{topology}/profile", last_job=""))
 
 
-def plan_json(config: dict) -> dict:
+def plan_json(config: dict, finished: Callable[[BenchJob], bool] | None = None) -> dict:
     """results/plan.json: every session, and the session of every job (by result path)."""
     return {
-        "sessions": {key: asdict(p) for key, p in session_plans(config).items()},
+        "sessions": {key: asdict(p) for key, p in session_plans(config, finished).items()},
         "jobs": {job.result: session_key(config, job) for job in bench_jobs(config)},
     }
 
 
-def write_plan(config: dict, path: str | Path) -> None:
+def write_plan(config: dict, path: str | Path, finished: Callable[[BenchJob], bool] | None = None) -> None:
     """Write results/plan.json if its content changed (a cluster job that re-reads the
     workflow never rewrites it)."""
     from speedsplit.core.results import write_json_atomic
 
-    data = plan_json(config)
+    data = plan_json(config, finished)
     path = Path(path)
     if not path.exists() or json.loads(path.read_text()) != data:
         write_json_atomic(path, data)

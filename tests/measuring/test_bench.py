@@ -47,7 +47,9 @@ def _skipped_level(tmp_path, tiny_model, **kw):
         write_result(
             tmp_path / f"u{users}-wide-greedy/run0.json", fake_result("vllm-fp16", users, 0, None, "server_died")
         )
-    plan = SessionPlan("t/vllm-fp16/tp1/run0", str(tmp_path / "s.log"), str(tmp_path / "c"), "other", 60.0, 60.0)
+    plan = SessionPlan(
+        "t/vllm-fp16/tp1/run0", str(tmp_path / "s.log"), str(tmp_path / "c"), "other", 60.0, 60.0, 60.0, 60.0, 60.0
+    )
     args = dict(
         stack=stack,
         cell=cell,

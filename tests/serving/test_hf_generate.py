@@ -112,6 +112,9 @@ def test_the_workflow_measures_it_as_any_stack(tiny_model, tmp_path):
         last_job=BenchJob("tiny", "hf-generate", "tp1", cell["cell"], 0).result,
         idle_timeout_s=120.0,
         lease_timeout_s=600.0,
+        startup_timeout_s=300.0,
+        request_timeout_s=600.0,
+        stall_timeout_s=120.0,
     )
     res = bench.measure(
         stack=stack,

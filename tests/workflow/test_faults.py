@@ -49,7 +49,17 @@ def cell(cfg, **kw):
     return params
 
 
-def session_plan(tmp_path, key, stack, cell_params, last_in_session=True, idle_timeout_s=120.0, lease_timeout_s=3600.0):
+def session_plan(
+    tmp_path,
+    key,
+    stack,
+    cell_params,
+    last_in_session=True,
+    idle_timeout_s=120.0,
+    lease_timeout_s=3600.0,
+    startup_timeout_s=900.0,
+    stall_timeout_s=120.0,
+):
     """The plan of a one-cell session (or, last_in_session=False, of a longer one)."""
     own = plan.BenchJob(stack["model"], stack["stack"], stack["topology"], cell_params["cell"], 0).result
     return plan.SessionPlan(
@@ -59,12 +69,17 @@ def session_plan(tmp_path, key, stack, cell_params, last_in_session=True, idle_t
         last_job=own if last_in_session else "results/bench/a/later/job.json",
         idle_timeout_s=idle_timeout_s,
         lease_timeout_s=lease_timeout_s,
+        startup_timeout_s=startup_timeout_s,
+        request_timeout_s=600.0,
+        stall_timeout_s=stall_timeout_s,
     )
 
 
 def run_cell(tmp_path, stack, cell_params, model_dir, tokenizer_dir, key, last_in_session=True, **kw):
     kw.setdefault("owner", procs.me())
-    timeouts = {k: kw.pop(k) for k in ("idle_timeout_s", "lease_timeout_s") if k in kw}
+    timeouts = {
+        k: kw.pop(k) for k in ("idle_timeout_s", "lease_timeout_s", "startup_timeout_s", "stall_timeout_s") if k in kw
+    }
     return bench.measure(
         stack=stack,
         cell=cell_params,
@@ -198,7 +213,6 @@ def test_server_that_never_gets_ready(cfg, tmp_path, tiny_model):
     """Start-up timeout: startup_failed in bounded time, and the server that was starting (with
     every process it had started) is gone."""
     stack = C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
-    stack["startup_timeout_s"] = 6.0
     key = "faults/slow/run0"
     seen: list = []
 
@@ -215,7 +229,7 @@ def test_server_that_never_gets_ready(cfg, tmp_path, tiny_model):
     t = threading.Thread(target=watch)
     t.start()
     t0 = time.monotonic()
-    res = run_cell(tmp_path, stack, cell(cfg), tiny_model, tiny_model, key)
+    res = run_cell(tmp_path, stack, cell(cfg), tiny_model, tiny_model, key, startup_timeout_s=6.0)
     t.join()
     assert res.status == "startup_failed" and "not ready within 6 s" in res.server.error
     assert time.monotonic() - t0 < 60
@@ -284,9 +298,7 @@ def test_hanging_server_is_server_hung(cfg, tmp_path, tiny_model):
     """transformers serve frozen (SIGSTOP) mid-run: requests stall, status server_hung, and
     speedsplit's cleanup ends the frozen server and everything below it."""
     stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
-    params = cell(
-        cfg, users=2, output_tokens=400, requests_per_user=6, warmup_requests=1, prompt_tokens=16, stall_timeout_s=3.0
-    )
+    params = cell(cfg, users=2, output_tokens=400, requests_per_user=6, warmup_requests=1, prompt_tokens=16)
     key = "faults/hang/run0"
     seen = {}
     measuring = threading.Event()
@@ -305,7 +317,7 @@ def test_hanging_server_is_server_hung(cfg, tmp_path, tiny_model):
     t = threading.Thread(target=freezer)
     t.start()
     t0 = time.monotonic()
-    res = run_cell(tmp_path, stack, params, tiny_model, tiny_model, key, progress=progress)
+    res = run_cell(tmp_path, stack, params, tiny_model, tiny_model, key, progress=progress, stall_timeout_s=3.0)
     t.join()
     assert res.status == "server_hung", res.summary
     assert res.summary.failures.get("stall")
@@ -389,7 +401,8 @@ def progress(msg):
         f.write(msg + "\\n")
 session = plan.SessionPlan(key={key!r}, log=str(t / "session.log"), cache_dir=str(t / "cache"),
                            last_job=plan.BenchJob("tiny", "hf-fp16", "tp1", cell["cell"], 0).result,
-                           idle_timeout_s=120.0, lease_timeout_s=3600.0)
+                           idle_timeout_s=120.0, lease_timeout_s=3600.0, startup_timeout_s=300.0,
+                           request_timeout_s=600.0, stall_timeout_s=120.0)
 bench.measure(stack=stack, cell=cell, run=0, session=session, model_dir={model!r},
               tokenizer_dir={model!r}, out_json=t / "r.json", out_requests=t / "r.requests.jsonl",
               owner=procs.me(), progress=progress,
