@@ -156,6 +156,22 @@ def _schema(args) -> int:
     return 0
 
 
+def _pack_args(p):
+    p.add_argument("--results", required=True, metavar="DIR", help="a results folder to make compact (evidence)")
+
+
+def _pack(args) -> int:
+    from pathlib import Path
+
+    from speedsplit.core.requestlog import pack
+
+    found = sorted(p for p in Path(args.results).rglob("run*.requests.jsonl*") if p.suffix in (".jsonl", ".gz"))
+    before = sum(p.stat().st_size for p in found)
+    after = sum(pack(p).stat().st_size for p in found)
+    print(f"{len(found)} request files: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB, every record read back equal")
+    return 0
+
+
 # name: (what it answers, its flags, its run). loadgen and peakmem take their own arguments.
 COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "estimate": ("How long will this grid take, before it runs? (per job and per lane)", _estimate_args, _estimate),
@@ -177,6 +193,11 @@ COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     ),
     "ceiling": ("Can the load generator drive more than the fastest cell measured?", _ceiling_args, _ceiling),
     "schema": ("What does a result file hold? (its JSON Schema)", _schema_args, _schema),
+    "pack": (
+        "How do results travel and get committed small? (request records as columnar parquet, lossless)",
+        _pack_args,
+        _pack,
+    ),
 }
 PASSTHROUGH = {
     "loadgen": (

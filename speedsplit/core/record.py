@@ -2,8 +2,8 @@
 
 Defined once, here. The bench job builds a `RunResult`, `write_result` writes it as JSON, and
 `read_result` reads it back, upgrading files of an older schema version. Each request of a
-run is one `RequestRecord` line of the run's `.requests.jsonl`. `docs/result-schema.json` is
-generated from these models (`python -m speedsplit.core.record > docs/result-schema.json`); a test
+run is one `RequestRecord` (speedsplit/core/requestlog.py). `docs/result-schema.json` is
+generated from these models (`speedsplit schema > docs/result-schema.json`); a test
 checks that the committed copy is current and that every committed result conforms to it.
 
 Version history:
@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 SCHEMA_VERSION = 2
 
@@ -358,37 +358,6 @@ class RunResult(_Record):
         return (self.server and self.server.error) or (self.error and self.error.message) or None
 
 
-class RequestRecord(_Record):
-    """One request as the client saw it (times in seconds from its phase's start, written to
-    the microsecond: finer digits are clock noise and would triple the records' size)."""
-
-    user: int
-    index: int = Field(description="the user's n-th request in its phase")
-    phase: Literal["warmup", "measured"]
-    url: str = Field(description="the instance that served it")
-    sent: float
-    first_token: float | None = None
-    end: float | None = None
-    gaps: list[float] = Field(default_factory=list, description="seconds between streamed chunks")
-    prompt_tokens: int | None = Field(default=None, description="as the server counted them")
-    output_tokens: int | None = None
-    chunks: int = 0
-    error: str | None = Field(default=None, description="http_<code>, stall, timeout, connection, ...")
-    detail: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    @field_serializer("sent", "first_token", "end")
-    def _to_the_microsecond(self, t: float | None) -> float | None:
-        return None if t is None else round(t, 6)
-
-    @field_serializer("gaps")
-    def _gaps_to_the_microsecond(self, gaps: list[float]) -> list[float]:
-        return [round(g, 6) for g in gaps]
-
-
 # --- reading -------------------------------------------------------------------------------
 
 
@@ -437,31 +406,6 @@ def read_result(path: str | Path) -> RunResult:
     return parse_result(data, f"result file {path}")
 
 
-def requests_path(result: str | Path) -> Path:
-    """A result's request records: run{N}.requests.jsonl beside it, or that file gzipped
-    (committed evidence keeps them compressed)."""
-    plain = Path(result).with_name(Path(result).stem + ".requests.jsonl")
-    packed = plain.with_name(plain.name + ".gz")
-    return packed if packed.exists() and not plain.exists() else plain
-
-
-def request_lines(path: str | Path) -> list[str]:
-    """The lines of a .requests.jsonl file (gzipped if its name ends in .gz), blank ones left out."""
-    path = Path(path)
-    if path.suffix == ".gz":
-        import gzip
-
-        text = gzip.decompress(path.read_bytes()).decode()
-    else:
-        text = path.read_text()
-    return [line for line in text.splitlines() if line.strip()]
-
-
-def read_requests(path: str | Path) -> list[RequestRecord]:
-    """The request records of a .requests.jsonl file (gzipped if its name ends in .gz)."""
-    return [RequestRecord.model_validate_json(line) for line in request_lines(path)]
-
-
 def to_json(res: RunResult) -> dict:
     """The record's JSON form (what is written)."""
     return res.model_dump(mode="json", warnings="error")  # a writer bug fails here
@@ -469,6 +413,8 @@ def to_json(res: RunResult) -> dict:
 
 def json_schema() -> dict:
     """The JSON Schema of a result file and of a request line (docs/result-schema.json)."""
+    from speedsplit.core.requestlog import RequestRecord
+
     run = RunResult.model_json_schema(mode="serialization")
     req = RequestRecord.model_json_schema(mode="serialization")
     return {

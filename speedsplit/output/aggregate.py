@@ -17,8 +17,8 @@ from speedsplit.analysis import frames as f
 from speedsplit.core import formats
 from speedsplit.core.record import read_result
 from speedsplit.core.results import atomic_dir
-from speedsplit.planning import config as cfgmod
 from speedsplit.output import plots, report
+from speedsplit.planning import config as cfgmod
 
 
 def bandwidth_gb_s(path: str | Path | None) -> float | None:

@@ -24,7 +24,8 @@ import time
 import uuid
 from pathlib import Path
 
-from speedsplit.core.record import ResultError, read_result, requests_path
+from speedsplit.core.record import ResultError, read_result
+from speedsplit.core.requestlog import requests_path
 
 
 def failed_results(results_dir: str | Path, flagged: bool = False) -> list[tuple[Path, str]]:

@@ -20,7 +20,8 @@ from typing import Callable
 
 import aiohttp
 
-from speedsplit.core.record import Distribution, InstanceLoad, RequestRecord, Summary
+from speedsplit.core.record import Distribution, InstanceLoad, Summary
+from speedsplit.core.requestlog import RequestRecord
 
 
 @dataclass

@@ -5,7 +5,8 @@ p99 TPOT at most 100 ms, and no failed request.
 
 from __future__ import annotations
 
-from speedsplit.core.record import RequestRecord, Slo, Summary
+from speedsplit.core.record import Slo, Summary
+from speedsplit.core.requestlog import RequestRecord
 
 
 def tpot(r: RequestRecord) -> float | None:

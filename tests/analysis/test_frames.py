@@ -6,10 +6,10 @@ import polars as pl
 import pytest
 from records import fake_result, write_result
 
+from speedsplit import cli
 from speedsplit.analysis import frames as T
 from speedsplit.core import formats
 from speedsplit.core.record import ResultError, read_result
-from speedsplit import cli
 from speedsplit.output import aggregate, plots, report
 
 

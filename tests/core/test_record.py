@@ -12,12 +12,10 @@ from speedsplit.core.record import (
     ResultError,
     json_schema,
     parse_result,
-    read_requests,
     read_result,
-    request_lines,
-    requests_path,
     to_json,
 )
+from speedsplit.core.requestlog import read_requests, requests_path
 
 SCHEMA = REPO / "docs" / "result-schema.json"
 
@@ -75,6 +73,5 @@ def test_every_committed_result_conforms(path):
     requests = requests_path(path)  # (the first pass of 2026-11-29 lost its request records)
     if requests.exists():
         validator = _validator("RequestRecord")
-        for line in request_lines(requests):
-            validator.validate(json.loads(line))
-        read_requests(requests)
+        for record in read_requests(requests):
+            validator.validate(record.model_dump(mode="json"))

@@ -5,8 +5,8 @@ import pytest
 from conftest import REPO
 from records import fake_result, write_result
 
-from speedsplit.models.checkpoint import shape_config
 from speedsplit import cli
+from speedsplit.models.checkpoint import shape_config
 from speedsplit.planning import config as C
 from speedsplit.planning import estimate as E
 from speedsplit.planning import plan, roofline

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from speedsplit.core.record import RequestRecord
+from speedsplit.core.requestlog import RequestRecord
 from speedsplit.probes import loadgen
 from speedsplit.probes.ceiling import make_app, serve_in_thread
 

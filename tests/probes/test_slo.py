@@ -2,7 +2,8 @@
 
 import pytest
 
-from speedsplit.core.record import Distribution, RequestRecord, Summary
+from speedsplit.core.record import Distribution, Summary
+from speedsplit.core.requestlog import RequestRecord
 from speedsplit.probes import slo
 
 

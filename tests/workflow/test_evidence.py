@@ -7,7 +7,8 @@ import pytest
 import yaml
 from conftest import REPO
 
-from speedsplit.core.record import read_result, requests_path
+from speedsplit.core.record import read_result
+from speedsplit.core.requestlog import requests_path
 from speedsplit.output.aggregate import TABLES, write_tables
 from speedsplit.planning import config as C
 

@@ -1,0 +1,124 @@
+"""A run's request records: one `RequestRecord` per request the load generator sent.
+
+The bench job writes them as JSON lines (`run{N}.requests.jsonl`, appended request by
+request); committed evidence keeps them columnar (`run{N}.requests.parquet`: zstd, floats
+byte-split, about half the size of the gzipped lines) or, from before that, gzipped lines.
+`read_requests` reads all three; `pack` turns lines into columns and checks that every
+record reads back equal (nothing rounded, nothing lost).
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_serializer
+
+from speedsplit.core.record import _Record
+
+# The forms a run's request records take beside its result, newest first.
+SUFFIXES = (".requests.parquet", ".requests.jsonl.gz", ".requests.jsonl")
+
+
+class RequestRecord(_Record):
+    """One request as the client saw it (times in seconds from its phase's start, written to
+    the microsecond: finer digits are clock noise and would triple the records' size)."""
+
+    user: int
+    index: int = Field(description="the user's n-th request in its phase")
+    phase: Literal["warmup", "measured"]
+    url: str = Field(description="the instance that served it")
+    sent: float
+    first_token: float | None = None
+    end: float | None = None
+    gaps: list[float] = Field(default_factory=list, description="seconds between streamed chunks")
+    prompt_tokens: int | None = Field(default=None, description="as the server counted them")
+    output_tokens: int | None = None
+    chunks: int = 0
+    error: str | None = Field(default=None, description="http_<code>, stall, timeout, connection, ...")
+    detail: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @field_serializer("sent", "first_token", "end")
+    def _to_the_microsecond(self, t: float | None) -> float | None:
+        return None if t is None else round(t, 6)
+
+    @field_serializer("gaps")
+    def _gaps_to_the_microsecond(self, gaps: list[float]) -> list[float]:
+        return [round(g, 6) for g in gaps]
+
+
+def requests_path(result: str | Path) -> Path:
+    """A result's request records: run{N}.requests.jsonl beside it (as the bench job writes
+    them), else the packed forms committed evidence keeps (parquet, or gzipped lines)."""
+    stem = Path(result).with_suffix("")
+    found = [stem.with_name(stem.name + s) for s in reversed(SUFFIXES)]
+    return next((p for p in found if p.exists()), found[0])
+
+
+def read_requests(path: str | Path) -> list[RequestRecord]:
+    """The request records of a .requests.jsonl, .requests.jsonl.gz or .requests.parquet file."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        import polars as pl
+
+        return [RequestRecord.model_validate(row) for row in pl.read_parquet(path).iter_rows(named=True)]
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    return [RequestRecord.model_validate_json(line) for line in text.splitlines() if line.strip()]
+
+
+def _columns(records: list[RequestRecord]):
+    import pyarrow as pa
+
+    fields = {
+        "user": pa.int32(),
+        "index": pa.int32(),
+        "phase": pa.string(),
+        "url": pa.string(),
+        "sent": pa.float64(),
+        "first_token": pa.float64(),
+        "end": pa.float64(),
+        "gaps": pa.list_(pa.float64()),
+        "prompt_tokens": pa.int32(),
+        "output_tokens": pa.int32(),
+        "chunks": pa.int32(),
+        "error": pa.string(),
+        "detail": pa.string(),
+    }
+    assert set(fields) == set(RequestRecord.model_fields), "a RequestRecord field has no column"
+    rows = [r.__dict__ for r in records]  # the values as read: exact, not the writer's microseconds
+    return pa.table({k: pa.array([row[k] for row in rows], type=t) for k, t in fields.items()})
+
+
+def pack(path: str | Path) -> Path:
+    """Rewrite a run's .requests.jsonl[.gz] as .requests.parquet beside it, check that it
+    reads back equal record by record, and remove the lines; returns the new file."""
+    import pyarrow.parquet as pq
+
+    from speedsplit.core.results import write_bytes_atomic
+
+    path = Path(path)
+    records = read_requests(path)
+    out = path.with_name(path.name.split(".requests.")[0] + ".requests.parquet")
+    tmp = out.with_name(out.stem + ".packing.parquet")
+    # Floats byte-split (their exponents compress; dictionary encoding would hide them from it)
+    strings = ["phase", "url", "error", "detail"]
+    pq.write_table(
+        _columns(records),
+        tmp,
+        compression="zstd",
+        compression_level=19,
+        use_dictionary=strings,
+        use_byte_stream_split=True,
+    )
+    if read_requests(tmp) != records:
+        tmp.unlink()
+        raise ValueError(f"{path}: the columnar copy does not read back equal; left as it was")
+    write_bytes_atomic(out, tmp.read_bytes())
+    tmp.unlink()
+    path.unlink()
+    return out
