@@ -23,7 +23,7 @@ rule tables:
         **{f"{name}_csv": report_table(name) for name in table_names()},
         attribution_md="results/tables/attribution.md",
     params:
-        analysis=ss_config.analysis_spec(CFG),
+        analysis=ss_analyses.analysis_spec(CFG),
     log:
         "results/logs/tables.log",
     conda:

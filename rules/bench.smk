@@ -35,7 +35,7 @@ onstart:
             raise SystemExit(f"speedsplit: {exc}")
     ss_plan.write_plan(CFG, PLAN, lambda job: os.path.exists(job.result))
     if PLATFORM == "cpu" and ss_config.has_int4_stack(CFG):
-        from speedsplit.serving.vllm_cpu_int4 import cpu_int4_route
+        from speedsplit.serving.vllm_cpu import cpu_int4_route
 
         print(f"speedsplit: {cpu_int4_route()[1]}", file=sys.stderr)
 

@@ -11,7 +11,7 @@ from speedsplit.planning import config as ss_config
 from speedsplit.planning import estimate as ss_estimate
 from speedsplit.planning import plan as ss_plan
 from speedsplit.output import summary as ss_summary
-from speedsplit.analysis import TABLES
+from speedsplit.output import analyses as ss_analyses
 
 try:
     CFG = ss_config.validate(config)
@@ -81,13 +81,7 @@ def report_table(name):
 
 
 def table_names():
-    return (
-        list(TABLES)
-        + (["link"] if CFG["link_control"]["enabled"] else [])
-        + (["coordination"] if CFG["coordination"]["enabled"] else [])
-        + (["factorial"] if CFG["factorial"]["enabled"] else [])
-        + (["capacity"] if CFG["capacity"]["enabled"] else [])
-    )
+    return ss_analyses.table_names(CFG)
 
 
 def _job(wc):

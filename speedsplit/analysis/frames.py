@@ -195,7 +195,7 @@ def check_one_machine(runs: pl.DataFrame) -> None:
     if len(machines) > 1:
         raise MixedHardware(
             f"results measured on {len(machines)} kinds of hardware ({'; '.join(machines)}) would pool into "
-            "one median: aggregate each apart (python -m speedsplit.output.aggregate --results 'GLOB' per machine)"
+            "one median: aggregate each apart (speedsplit aggregate --results DIR per machine)"
         )
 
 

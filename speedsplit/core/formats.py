@@ -5,6 +5,7 @@ read), CSV for people and other tools (lists joined), markdown, and the text of 
 
 from __future__ import annotations
 
+import html
 import io
 from pathlib import Path
 
@@ -69,3 +70,14 @@ def write_frames(frames: dict[str, pl.DataFrame], out_dir: str | Path, markdown:
 def read_frame(path: str | Path) -> pl.DataFrame:
     """A frame written by write_frames, with its types."""
     return pl.read_parquet(path)
+
+
+def html_table(df: pl.DataFrame, bad_col: str | None = None, max_rows: int = 500) -> str:
+    """A frame as an HTML table (rows whose bad_col is set marked bad), at most max_rows."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
+    rows = []
+    for row in df.head(max_rows).iter_rows(named=True):
+        cls = ' class="bad"' if bad_col and row.get(bad_col) else ""
+        rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(value_text(v))}</td>" for v in row.values()) + "</tr>")
+    more = f'<p class="note">{df.height - max_rows} more rows in the table files.</p>' if df.height > max_rows else ""
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>{more}"

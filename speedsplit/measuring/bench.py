@@ -26,7 +26,6 @@ from speedsplit.core.record import (
     ModelSource,
     Provenance,
     QuantConfig,
-    RequestRecord,
     ResultError,
     RunResult,
     ServerFacts,
@@ -36,6 +35,7 @@ from speedsplit.core.record import (
     read_result,
     to_json,
 )
+from speedsplit.core.requestlog import RequestRecord
 from speedsplit.core.results import provenance, redact, write_json_atomic, write_lines_atomic
 from speedsplit.models.checkpoint import ModelError, model_identity, model_info, read_model_config
 from speedsplit.planning.config import ConfigError

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import polars as pl
 
-from speedsplit.analysis import OPTIONAL_TABLES, TABLES, answer, capacity, factorial, topology
+from speedsplit.analysis import answer
 from speedsplit.analysis import frames as f
 from speedsplit.core import formats
 from speedsplit.core.record import read_result
 from speedsplit.core.results import atomic_dir
-from speedsplit.output import plots, report
+from speedsplit.output import analyses, plots, report
 from speedsplit.planning import config as cfgmod
 
 
@@ -35,14 +35,13 @@ def build_frames(
     tolerate_flags: list[str] | tuple[str, ...] = (),
     link_json: str | Path | None = None,
     profile_paths: list[str | Path] = (),
-    factorial_spec: dict | None = None,
     steps: dict[str, list[str]] | None = None,
     headline: list[dict] = (),
-    capacity_spec: dict | None = None,
+    specs: dict | None = None,
 ) -> dict[str, pl.DataFrame]:
-    """Every analysis frame from result files (and the link control's, if given); refuses
-    (ResultError) a corrupt or truncated result. The keyword arguments after the files'
-    are config.analysis_spec's."""
+    """Every analysis frame from result files: the core ones, then each optional analysis's
+    (speedsplit/output/analyses; `specs` by analysis name). Refuses (ResultError) a corrupt
+    or truncated result. The keyword arguments after the files' are analyses.analysis_spec's."""
     runs = f.runs_frame([read_result(p) for p in result_paths])
     f.check_one_machine(runs)
     cells = f.with_mbu(f.cells_frame(runs), bandwidth_gb_s(bandwidth_json))
@@ -55,25 +54,18 @@ def build_frames(
         "answer": answer.sentences(attribution, chains),
         "crossover": f.crossover_frame(attribution),
         "stability": f.stability_frame(attribution),
-        "topologies": topology.topology_frame(cells),
-        "scaling": topology.scaling_frame(runs, tolerate_flags),
-        "packing": topology.packing_frame(runs),
     }
-    if link_json:
-        frames["link"] = topology.link_frame(json.loads(Path(link_json).read_text()))
-    if profile_paths:
-        frames["coordination"] = topology.coordination_frame([json.loads(Path(p).read_text()) for p in profile_paths])
-    if factorial_spec:
-        frames["factorial"] = factorial.factorial_frame(runs, factorial_spec, tolerate_flags)
-    if capacity_spec:
-        frames["capacity"] = capacity.capacity_frame(runs, capacity_spec)
-    # The chains in output tokens per joule, where NVML's energy counter was read (else no rows).
-    if runs["tokens_per_joule"].drop_nulls().len():
-        energy = f.attribution_frame(runs, chains, tolerate_flags, metric="tokens_per_joule")
-    else:
-        energy = by_throughput.clear()  # same columns, no bootstrap over chains with nothing to divide
-    frames["energy"] = answer.with_steps(energy, steps or {})
-    return frames
+    basis = analyses.Basis(
+        runs=runs,
+        cells=cells,
+        by_throughput=by_throughput,
+        chains=chains,
+        tolerate_flags=tuple(tolerate_flags),
+        steps=steps or {},
+        link_json=Path(link_json) if link_json else None,
+        profile_paths=tuple(Path(p) for p in profile_paths),
+    )
+    return frames | analyses.build(basis, specs or {})
 
 
 def write_tables(result_paths: list[str | Path], out_dir: str | Path, **kwargs) -> None:
@@ -83,30 +75,20 @@ def write_tables(result_paths: list[str | Path], out_dir: str | Path, **kwargs) 
 
 
 def read_tables(tables_dir: str | Path) -> dict[str, pl.DataFrame]:
-    """Every table of TABLES, and the optional ones (link) where they were written."""
-    tables = {name: formats.read_frame(Path(tables_dir) / f"{name}.parquet") for name in TABLES}
-    for name in OPTIONAL_TABLES:
-        if (Path(tables_dir) / f"{name}.parquet").exists():
-            tables[name] = formats.read_frame(Path(tables_dir) / f"{name}.parquet")
-    return tables
+    """Every table written under tables_dir, by name."""
+    return {p.stem: formats.read_frame(p) for p in sorted(Path(tables_dir).glob("*.parquet"))}
+
+
+def charts(frames: dict[str, pl.DataFrame], chains: list[str], kernel_reference: str | None = None) -> dict:
+    """Every chart: the core ones, then each optional analysis's."""
+    return plots.core_charts(frames, chains, kernel_reference) | analyses.charts(frames)
 
 
 def write_plots(
     tables_dir: str | Path, chains: list[str], out_dir: str | Path, kernel_reference: str | None = None
 ) -> None:
-    frames = read_tables(tables_dir)
     with atomic_dir(out_dir) as tmp:
-        charts = plots.all_charts(
-            frames["cells"],
-            frames["attribution"],
-            chains,
-            frames["topologies"],
-            frames["scaling"],
-            frames.get("link"),
-            kernel_reference,
-            frames.get("capacity"),
-        )
-        for name, chart in charts.items():
+        for name, chart in charts(read_tables(tables_dir), chains, kernel_reference).items():
             plots.save(chart, tmp / name)
 
 
@@ -127,13 +109,14 @@ def write_report(
     plots_dir: str | Path,
     link_json: str | Path | None = None,
 ) -> None:
+    frames = read_tables(tables_dir)
     report.build(
         out,
         config=config,
         provenance=read_result(result_paths[0]).provenance if result_paths else None,
+        frames=frames,
         svgs={p.stem: p for p in sorted(Path(plots_dir).glob("*.svg"))},
-        link_matrix=_link_matrix(link_json),
-        **read_tables(tables_dir),
+        sections=analyses.sections(frames, {"link_matrix": _link_matrix(link_json)}),
     )
 
 
@@ -157,7 +140,7 @@ def aggregate_folders(config: dict, folders: list[str | Path], out: str | Path) 
             bandwidth_json=first("hardware/bandwidth.json"),
             link_json=link,
             profile_paths=sorted({str(p) for d in folders for p in d.glob("profile/**/*.json")}),
-            **cfgmod.analysis_spec(config),
+            **analyses.analysis_spec(config),
         )
     except f.MixedHardware as exc:
         raise SystemExit(f"speedsplit: {exc}") from None

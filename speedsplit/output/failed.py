@@ -1,9 +1,9 @@
 """Re-measure exactly the cells whose runs failed.
 
-    python -m speedsplit.output.failed                 # list failed runs (status other than ok)
-    python -m speedsplit.output.failed --flagged       # ... and runs carrying an honesty flag
-    python -m speedsplit.output.failed --rerun         # move them aside, then run snakemake as usual
-    python -m speedsplit.output.failed --rerun -- --cores all --resources gpu=4 --configfile my.yaml
+    speedsplit failed                 # list failed runs (status other than ok)
+    speedsplit failed --flagged       # ... and runs carrying an honesty flag
+    speedsplit failed --rerun         # move them aside, then run snakemake as usual
+    speedsplit failed --rerun -- --cores all --resources gpu=4 --configfile my.yaml
 
 `--rerun` moves each listed result and its request records under results/failed/<time>/
 (kept: a failure is evidence too) and, when Snakemake arguments follow `--`, runs Snakemake

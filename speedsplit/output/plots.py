@@ -17,14 +17,14 @@ from speedsplit.core.formats import flat
 ERRORBARS = "error bars: 95% bootstrap interval over runs"
 
 
-def _title(text: str, cells: pl.DataFrame, intervals: bool = True) -> alt.TitleParams:
+def title(text: str, cells: pl.DataFrame, intervals: bool = True) -> alt.TitleParams:
     models = ", ".join(sorted(set(cells["model"].to_list()))) if "model" in cells.columns else ""
     hardware = "; ".join(sorted(set(cells["hardware"].to_list()))) if "hardware" in cells.columns else ""
     subtitle = [f"model: {models} | hardware: {hardware}"] + ([ERRORBARS] if intervals else [])
     return alt.TitleParams(text, subtitle=subtitle, anchor="start")
 
 
-def _ratios_vs_users(df, y_title: str, tooltip: list, **channels) -> alt.LayerChart:
+def ratios_vs_users(df, y_title: str, tooltip: list, **channels) -> alt.LayerChart:
     """Ratios (value, lo, hi) against users on log axes: a line with its interval bars."""
     base = alt.Chart(df).encode(x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"), **channels)
     line = base.mark_line(point=True).encode(
@@ -33,21 +33,21 @@ def _ratios_vs_users(df, y_title: str, tooltip: list, **channels) -> alt.LayerCh
     return line + base.mark_errorbar().encode(y=alt.Y("lo:Q", title=y_title), y2="hi:Q")
 
 
-_RATIO_TIPS = [alt.Tooltip(f"{c}:Q", format=".3f") for c in ("value", "lo", "hi")]
+RATIO_TIPS = [alt.Tooltip(f"{c}:Q", format=".3f") for c in ("value", "lo", "hi")]
 
 
 def factors_chart(attribution: pl.DataFrame, cells: pl.DataFrame, chain: str) -> alt.Chart:
     df = attribution.filter((pl.col("chain") == chain) & pl.col("value").is_not_null()).to_pandas()
-    layers = _ratios_vs_users(
+    layers = ratios_vs_users(
         df,
         "speedup factor (log)",
-        ["model", "cell", "factor", *_RATIO_TIPS],
+        ["model", "cell", "factor", *RATIO_TIPS],
         color=alt.Color("factor:N", title="factor"),
     )
     return (
         layers.properties(width=260, height=220)
         .facet(column=alt.Column("workload:N"), row=alt.Row("model:N"))
-        .properties(title=_title(f"Speedup factors along chain '{chain}' vs concurrent users", cells))
+        .properties(title=title(f"Speedup factors along chain '{chain}' vs concurrent users", cells))
     )
 
 
@@ -104,7 +104,7 @@ def waterfall_chart(waterfall: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
             scale=alt.Scale(domain=["speeds up", "slows down", "total"], range=["#4c78a8", "#e45756", "#555555"]),
             title=None,
         ),
-        tooltip=["chain", "model", "cell", "factor", *_RATIO_TIPS],
+        tooltip=["chain", "model", "cell", "factor", *RATIO_TIPS],
     )
     text = base.mark_text(dy=-7, fontSize=12).encode(y=alt.Y("top:Q"), text="label:N")
     one = base.mark_rule(strokeDash=[3, 3], color="#999").encode(y=alt.datum(1))
@@ -148,7 +148,7 @@ def kernels_chart(cells: pl.DataFrame, reference: str) -> alt.Chart:
         ),
         ["stack", "linear_kernel", "kernel_ok", "cell", alt.Tooltip("output_tok_s:Q", format=".1f")],
         (300, 240),
-    ).properties(title=_title(f"INT4 kernels vs users, against {reference} (dashed)", cells))
+    ).properties(title=title(f"INT4 kernels vs users, against {reference} (dashed)", cells))
 
 
 def kernel_sweep_ran(cells: pl.DataFrame, reference: str) -> bool:
@@ -183,7 +183,7 @@ def throughput_chart(cells: pl.DataFrame) -> alt.Chart:
         dict(color=alt.Color("stack:N"), strokeDash=alt.StrokeDash("topology:N")),
         ["stack", "topology", "cell", alt.Tooltip("output_tok_s:Q", format=".1f"), "linear_kernel"],
         (260, 220),
-    ).properties(title=_title("Throughput per stack vs concurrent users", cells))
+    ).properties(title=title("Throughput per stack vs concurrent users", cells))
 
 
 def latency_chart(cells: pl.DataFrame) -> alt.Chart:
@@ -216,66 +216,7 @@ def latency_chart(cells: pl.DataFrame) -> alt.Chart:
         )
         .properties(width=220, height=180)
         .facet(column=alt.Column("metric:N"), row=alt.Row("model:N"))
-        .properties(title=_title("Latency percentiles vs concurrent users", cells))
-    )
-
-
-def capacity_chart(cells: pl.DataFrame, capacity: pl.DataFrame) -> alt.Chart:
-    """The capacity sweep per stack: throughput, goodput and failed requests vs users, each
-    measured level marked pass or fail, a dashed rule at the first failing level (the cliff).
-    Skipped levels were not measured: they are in the capacity table, not on the chart."""
-    verdicts = capacity.select(
-        "model", "stack", "topology", "workload", "sampling", "passing_users", "failing_users", "first_failing_users"
-    )
-    levels = (
-        cells.join(verdicts, on=["model", "stack", "topology", "workload", "sampling"], how="inner")
-        .filter(
-            pl.col("passing_users").list.contains(pl.col("users"))
-            | pl.col("failing_users").list.contains(pl.col("users"))
-        )
-        .with_columns(
-            pl.when(pl.col("passing_users").list.contains(pl.col("users")))
-            .then(pl.lit("pass"))
-            .otherwise(pl.lit("fail"))
-            .alias("verdict"),
-            pl.col("failed_requests").cast(pl.Float64),
-            pl.format("{} ({})", "stack", "topology").alias("series"),
-        )
-    )
-    panels = {"output_tok_s": "output tokens/s", "goodput_rps": "goodput (requests/s)", "failed_requests": "failed"}
-    long = levels.unpivot(
-        index=["model", "series", "users", "verdict", "first_failing_users"],
-        on=list(panels),
-        variable_name="metric",
-        value_name="value",
-    ).with_columns(pl.col("metric").replace(panels))
-    base = alt.Chart().encode(
-        x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"), color=alt.Color("series:N")
-    )
-    lines = base.mark_line().encode(y=alt.Y("value:Q", title=None))
-    points = base.mark_point(filled=True, size=70).encode(
-        y="value:Q",
-        shape=alt.Shape("verdict:N", scale=alt.Scale(domain=["pass", "fail"], range=["circle", "cross"])),
-        tooltip=["series", "users", "verdict", alt.Tooltip("value:Q", format=".2f")],
-    )
-    cliff = base.mark_rule(strokeDash=[4, 3]).encode(x="first_failing_users:Q")
-    caps = sorted(set(capacity["card_memory_gib"].drop_nulls().to_list()))
-    return (
-        alt.layer(lines, points, cliff, data=long.filter(pl.col("value").is_not_null()).to_pandas())
-        .properties(width=260, height=170)
-        .facet(
-            row=alt.Row("metric:N", title=None, sort=list(panels.values())), column=alt.Column("model:N", title=None)
-        )
-        .resolve_scale(y="independent")
-        .properties(
-            title=alt.TitleParams(
-                "Capacity: each ladder level against the objectives (dashed: the first failing level)",
-                subtitle=[f"hardware: {'; '.join(sorted(set(cells['hardware'].to_list())))}"]
-                + ([f"memory cap: {', '.join(f'{g:g}' for g in caps)} GiB per card"] if caps else [])
-                + ["levels past the cliff that were skipped are listed in tables/capacity, not drawn"],
-                anchor="start",
-            )
-        )
+        .properties(title=title("Latency percentiles vs concurrent users", cells))
     )
 
 
@@ -303,100 +244,10 @@ def server_chart(cells: pl.DataFrame) -> alt.Chart:
         .facet(column=alt.Column("metric:N", title=None, sort=list(panels.values())), row=alt.Row("model:N"))
         .resolve_scale(y="independent")
         .properties(
-            title=_title(
+            title=title(
                 "What the servers were doing (their /metrics, over each measured phase)", cells, intervals=False
             )
         )
-    )
-
-
-def energy_chart(cells: pl.DataFrame) -> alt.Chart:
-    """Energy per output token per stack and cell, with its interval (cells whose GPUs' energy
-    counter was read)."""
-    df = cells.filter(pl.col("energy_per_token_j").is_not_null()).to_pandas()
-    base = alt.Chart().encode(x=alt.X("stack:N", title=None, sort=None), color=alt.Color("stack:N", legend=None))
-    bars = base.mark_bar().encode(
-        y=alt.Y("energy_per_token_j:Q", title="joules per output token"),
-        tooltip=["stack", "cell", alt.Tooltip("energy_per_token_j:Q", format=".4f")],
-    )
-    err = base.mark_errorbar(color="black").encode(
-        y=alt.Y("energy_per_token_j_lo:Q", title="joules per output token"), y2="energy_per_token_j_hi:Q"
-    )
-    return (
-        alt.layer(bars, err, data=df)
-        .properties(width=alt.Step(40), height=200)
-        .facet(column=alt.Column("cell:N", title=None, header=alt.Header(labelAngle=-10)), row=alt.Row("model:N"))
-        .resolve_scale(x="independent")
-        .properties(title=_title("Energy per output token (NVML energy counter, the session's cards)", cells))
-    )
-
-
-def topology_chart(topologies: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
-    """Throughput per GPU against each user's rate: one point per topology and cell. Up is
-    cheaper per card, right is faster per user."""
-    df = topologies.filter(pl.col("output_tok_s").is_not_null()).to_pandas()
-    return (
-        alt.Chart(df)
-        .mark_point(filled=True, size=80)
-        .encode(
-            x=alt.X("tok_s_per_user:Q", scale=alt.Scale(type="log"), title="output tokens/s per user (log)"),
-            y=alt.Y("tok_s_per_gpu:Q", scale=alt.Scale(type="log"), title="output tokens/s per GPU (log)"),
-            color=alt.Color("topology:N"),
-            shape=alt.Shape("stack:N"),
-            tooltip=[
-                "stack",
-                "topology",
-                "cell",
-                "gpus",
-                alt.Tooltip("output_tok_s:Q", format=".1f"),
-                alt.Tooltip("tok_s_per_gpu:Q", format=".1f"),
-                alt.Tooltip("tok_s_per_user:Q", format=".2f"),
-            ],
-        )
-        .properties(width=360, height=260)
-        .facet(column=alt.Column("model:N"))
-        .properties(title=_title("Per GPU vs per user, every topology and cell", cells))
-    )
-
-
-def scaling_chart(scaling: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
-    """Each topology comparison vs users, with intervals; 1 = no gain."""
-    df = scaling.filter(pl.col("value").is_not_null()).to_pandas()
-    tips = ["stack", "cell", "comparison", *_RATIO_TIPS, alt.Tooltip("efficiency:Q", format=".2f"), "winner"]
-    layers = _ratios_vs_users(
-        df, "throughput ratio (log)", tips, color=alt.Color("comparison:N"), strokeDash=alt.StrokeDash("workload:N")
-    )
-    return (
-        layers.properties(width=300, height=220)
-        .facet(column=alt.Column("stack:N"), row=alt.Row("model:N"))
-        .properties(title=_title("Topology factors vs concurrent users", cells))
-    )
-
-
-def link_chart(link: pl.DataFrame) -> alt.Chart:
-    """All-reduce latency and bus bandwidth vs payload, per pair and mode."""
-    df = link.with_columns((pl.col("bytes") / 2**20).alias("mib")).to_pandas()
-    base = alt.Chart(df).encode(
-        x=alt.X("mib:Q", scale=alt.Scale(type="log"), title="payload (MiB, log)"),
-        color=alt.Color("mode:N"),
-        detail="pair:N",
-        tooltip=[
-            "pair",
-            "mode",
-            "bytes",
-            alt.Tooltip("latency_us:Q", format=".1f"),
-            alt.Tooltip("busbw_gb_s:Q", format=".2f"),
-        ],
-    )
-    latency = base.mark_line(point=True).encode(
-        y=alt.Y("latency_us:Q", scale=alt.Scale(type="log"), title="latency per all-reduce (µs, log)")
-    )
-    busbw = base.mark_line(point=True).encode(
-        y=alt.Y("busbw_gb_s:Q", scale=alt.Scale(type="log"), title="bus bandwidth (GB/s, log)")
-    )
-    backend = ", ".join(sorted(set(link["backend"].to_list())))
-    return alt.hconcat(latency.properties(width=300, height=220), busbw.properties(width=300, height=220)).properties(
-        title=alt.TitleParams(f"Interconnect control: all-reduce between two ranks ({backend})", anchor="start")
     )
 
 
@@ -421,39 +272,22 @@ def save(chart: alt.Chart, stem: str | Path) -> dict[str, Path]:
     return out
 
 
-def all_charts(
-    cells: pl.DataFrame,
-    attribution: pl.DataFrame,
-    chains: list[str],
-    topologies: pl.DataFrame | None = None,
-    scaling: pl.DataFrame | None = None,
-    link: pl.DataFrame | None = None,
-    kernel_reference: str | None = None,
-    capacity: pl.DataFrame | None = None,
+def core_charts(
+    frames: dict[str, pl.DataFrame], chains: list[str], kernel_reference: str | None = None
 ) -> dict[str, alt.Chart]:
-    """Every chart from the typed frames (the topology charts where more than one topology ran,
-    the kernel chart where a kernel sweep ran, the capacity, server and energy charts where
-    there is something to show)."""
-    waterfall = answer.waterfall_frame(attribution)
-    cells, attribution = flat(cells), flat(attribution)  # tooltips show lists as text
+    """The charts every run has (the optional analyses add theirs: speedsplit/output/analyses):
+    the waterfall, throughput and latency, the kernel chart where a kernel sweep ran, the
+    server chart where servers reported, each chain's factors and shares where measured."""
+    waterfall = answer.waterfall_frame(frames["attribution"])
+    cells, attribution = flat(frames["cells"]), flat(frames["attribution"])  # tooltips show lists as text
     charts = {}
     if waterfall.height:
         charts["waterfall"] = waterfall_chart(waterfall, cells)
     charts |= {"throughput": throughput_chart(cells), "latency": latency_chart(cells)}
     if kernel_reference and kernel_sweep_ran(cells, kernel_reference):
         charts["kernels"] = kernels_chart(cells, kernel_reference)
-    if capacity is not None and capacity.height:
-        charts["capacity"] = capacity_chart(cells, capacity)
     if cells.filter(pl.col("kv_cache_peak").is_not_null()).height:
         charts["server"] = server_chart(cells)
-    if cells.filter(pl.col("energy_per_token_j").is_not_null()).height:
-        charts["energy"] = energy_chart(cells)
-    if topologies is not None and topologies["topology"].n_unique() > 1:
-        charts["topologies"] = topology_chart(topologies, cells)
-    if scaling is not None and scaling.filter(pl.col("value").is_not_null()).height:
-        charts["scaling"] = scaling_chart(flat(scaling), cells)
-    if link is not None and link.height:
-        charts["link"] = link_chart(link)
     for chain in chains:
         # a chart only where it has something to draw: no factor measured, or every total
         # within 5% of 1 (shares undefined), would leave an empty frame

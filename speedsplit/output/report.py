@@ -15,7 +15,7 @@ import polars as pl
 
 from speedsplit.analysis.answer import qualifiers
 from speedsplit.analysis.capacity import card_memory_peak
-from speedsplit.core.formats import for_people, value_text
+from speedsplit.core.formats import for_people, html_table
 from speedsplit.core.record import Provenance
 from speedsplit.core.results import redact, write_bytes_atomic
 
@@ -31,16 +31,6 @@ th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
 figure{margin:1.5rem 0}figcaption{font-size:13px;color:#555}
 code,pre{background:#f6f6f6;padding:2px 4px}pre{padding:8px;overflow:auto;font-size:12px}
 """
-
-
-def html_table(df: pl.DataFrame, bad_col: str | None = None, max_rows: int = 500) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
-    rows = []
-    for row in df.head(max_rows).iter_rows(named=True):
-        cls = ' class="bad"' if bad_col and row.get(bad_col) else ""
-        rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(value_text(v))}</td>" for v in row.values()) + "</tr>")
-    more = f'<p class="note">{df.height - max_rows} more rows in the table files.</p>' if df.height > max_rows else ""
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>{more}"
 
 
 # Inline (no file is loaded), last in the body: each figure records the size its SVG is laid
@@ -62,40 +52,6 @@ def _figure(name: str, svg: str | Path) -> str:
     return (
         f"<figure id='plot-{html.escape(name)}'>{Path(svg).read_text()}<figcaption>{html.escape(name)} "
         f"(also as <a href='plots/{html.escape(name)}.html'>interactive HTML</a> and PNG)</figcaption></figure>"
-    )
-
-
-def energy_section(cells: pl.DataFrame, energy: pl.DataFrame) -> str:
-    """Energy per output token per stack and cell, and the chains' factors in tokens per
-    joule, where the GPUs' energy counter was read; else why not."""
-    if not energy.height:
-        why = sorted({a for xs in cells["telemetry_absent"].to_list() for a in xs if "NVML" in a or "GPU" in a})
-        return f"<h2>Energy</h2><p class='note'>No energy readings: {html.escape('; '.join(why) or 'not sampled')}.</p>"
-    per_cell = cells.select(
-        "model",
-        "stack",
-        "topology",
-        "cell",
-        "energy_per_token_j",
-        "energy_per_token_j_lo",
-        "energy_per_token_j_hi",
-        "power_mean_w",
-        "sm_util_mean_pct",
-    )
-    factors = energy.select(
-        [
-            c
-            for c in ("chain", "model", "topology", "cell", "step", "factor", "value", "lo", "hi", "note")
-            if c in energy.columns
-        ]
-    )
-    return (
-        "<h2>Energy</h2><p class='note'>From NVML's total-energy counter over each measured phase (all the "
-        "session's cards): joules per output token, median over runs with 95% bootstrap intervals. Factors: "
-        "ratios of output tokens per joule between neighbouring stacks of a chain, multiplying to the total "
-        "like the throughput factors; 1 - 1/factor is the energy per token a step saves.</p>"
-        + html_table(per_cell)
-        + html_table(factors)
     )
 
 
@@ -177,30 +133,19 @@ def build(
     *,
     config: dict,
     provenance: Provenance | None,
-    cells: pl.DataFrame,
-    runs: pl.DataFrame,
-    attribution: pl.DataFrame,
-    answer: pl.DataFrame,
-    energy: pl.DataFrame,
-    crossover: pl.DataFrame,
-    stability: pl.DataFrame,
-    topologies: pl.DataFrame,
-    scaling: pl.DataFrame,
-    packing: pl.DataFrame,
+    frames: dict[str, pl.DataFrame],
     svgs: dict[str, str | Path],
-    link: pl.DataFrame | None = None,
-    link_matrix: str | None = None,
-    coordination: pl.DataFrame | None = None,
-    factorial: pl.DataFrame | None = None,
-    capacity: pl.DataFrame | None = None,
+    sections: list[str] = (),
 ) -> None:
-    """Write the report atomically."""
+    """Write the report atomically: the answer first, the attribution, then each optional
+    analysis's section (as given), the plots, the cells, the failures and the setup."""
+    runs, cells, attribution = frames["runs"], frames["cells"], frames["attribution"]
     waterfalls = {name: svg for name, svg in svgs.items() if name == "waterfall"}
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>speedsplit report</title>"
         f"<style>{CSS}</style></head><body>",
         "<h1>speedsplit: where did the serving speedup come from?</h1>",
-        answer_section(answer, waterfalls, qualifiers(runs, attribution)),
+        answer_section(frames["answer"], waterfalls, qualifiers(runs, attribution)),
         memory_cap_note(runs),
         "<p class='note'>Throughput = output tokens / wall time of the measured phase. Factors are "
         "ratios of median throughput between neighbouring stacks of a chain; they multiply to the "
@@ -238,70 +183,14 @@ def build(
         if fact.height
         else "<p>No chain has measurements of all its stacks.</p>",
     ]
-    parts.append(energy_section(cells, energy))
+    crossover, stability = frames["crossover"], frames["stability"]
     parts += [
         "<h3>Runtime-share crossover</h3>",
         html_table(for_people("crossover", crossover)) if crossover.height else "<p>—</p>",
         "<h3>Cross-model stability</h3>",
         html_table(stability) if stability.height else "<p>—</p>",
     ]
-    if topologies["topology"].n_unique() > 1:
-        parts += [
-            "<h2>Topologies</h2>",
-            "<p class='note'>Throughput per GPU and per user of every topology (tp<i>k</i>: one "
-            "instance over <i>k</i> cards; <i>m</i>x1: <i>m</i> single-card instances, user <i>u</i> "
-            "served by instance <i>u</i> mod <i>m</i>). Factors: ratios of median throughput with 95% "
-            "bootstrap intervals; efficiency = factor / ideal; a tie when the interval holds 1.</p>",
-            html_table(scaling.drop("numerator", "denominator")) if scaling.height else "<p>—</p>",
-            html_table(topologies.drop([c for c in topologies.columns if c.endswith(("_lo", "_hi"))])),
-        ]
-    if packing.height:
-        parts += [
-            "<h2>Packing: how busy the cards were</h2>",
-            "<p class='note'>Over the wall time from the first benchmark job's start to the last one's "
-            "end: the share of it each card spent measuring (load running) and starting servers (lease "
-            "wait and start-up of each session). Device <i>all</i> pools the cards.</p>",
-            html_table(packing),
-        ]
-    if coordination is not None:
-        parts += [
-            "<h2>Where tensor parallelism loses time</h2>",
-            "<p class='note'>From profiler traces of steady decode (results/profile/): per decode step, "
-            "tp<i>k</i> against tp1. Shortfall = step time - ideal (tp1 step / <i>k</i>); each excess_ "
-            "column is that part at tp<i>k</i> minus its ideal share, and they add up to the shortfall. "
-            "coordination_share = (communication + idle gaps) / shortfall. The profiler itself slows "
-            "the steps it records; the split, not the absolute step time, is the point.</p>",
-            html_table(coordination) if coordination.height else "<p>No tp<i>k</i> was profiled beside tp1.</p>",
-        ]
-    if factorial is not None:
-        parts += [
-            "<h2>The operational number's confounds</h2>",
-            "<p class='note'>The runtime factor (fast stack over the HF reference) at two batch "
-            "ceilings of the reference x two sampling modes, at one cell (config <i>factorial</i>). "
-            "Effects are on the log scale (shown as factors); the decomposition rows multiply exactly: "
-            "operational = matched x batch ceiling x sampling.</p>",
-            html_table(factorial),
-        ]
-    if capacity is not None:
-        parts += [
-            "<h2>Capacity</h2>",
-            "<p class='note'>The capacity sweep (config <i>capacity</i>): a level passes when no request "
-            "failed and the latency objectives (<i>slo</i>) held in every run; sustainable users = the "
-            "largest passing level; levels past <i>stop_after</i> failing ones were skipped, not measured. "
-            "vs_reference: sustainable users over the reference stack's.</p>",
-            html_table(capacity) if capacity.height else "<p>No stack measured the ladder.</p>",
-        ]
-    if link is not None:
-        parts += [
-            "<h2>Interconnect control</h2>",
-            "<p class='note'>All-reduce between two ranks, no server: latency per call and bus "
-            "bandwidth per payload, peer-to-peer on (p2p) and off (no_p2p, through host memory). "
-            "Rows marked decode_sized are one decode step's activation (users x hidden x 2 bytes). "
-            "Every payload is in tables/link.csv.</p>",
-            html_table(link.filter(pl.col("decode_sized"))),
-            f"<details><summary>GPU topology (nvidia-smi topo -m)</summary><pre>{html.escape(link_matrix or '—')}</pre>"
-            "</details>",
-        ]
+    parts += sections
     parts.append("<h2>Plots</h2>")
     parts += [_figure(name, svg) for name, svg in svgs.items() if name not in waterfalls]
     parts += [

@@ -3,7 +3,7 @@ with its cause, and where the report is, so nobody has to open a log to learn th
 failed. A run whose chains could not all be decomposed is a failed run (exit code 1) unless
 `benchmark.fail_on_undecomposed` is false.
 
-    python -m speedsplit.output.summary [--results results]
+    speedsplit summary [--results results]
 """
 
 from __future__ import annotations
@@ -57,9 +57,7 @@ def lines(results: str | Path = "results") -> tuple[list[str], bool]:
         for stack, runs in sorted(by_stack.items()):
             causes = sorted({r.split(": ", 1)[1] for r in runs})
             out.append(f"    {stack}: {len(runs)} run(s); " + " | ".join(c[:400] for c in causes[:3]))
-        out.append(
-            "  list them: python -m speedsplit.output.failed; re-measure: python -m speedsplit.output.failed --rerun -- ..."
-        )
+        out.append("  list them: speedsplit failed; re-measure: speedsplit failed --rerun -- ...")
     report = results / "report.html"
     if report.exists():
         out.append(f"  report: {report.resolve()}")

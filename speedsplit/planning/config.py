@@ -307,19 +307,6 @@ def factorial_spec(config: dict) -> dict | None:
     return {**fa, "workload": fa["workload"] or cells(config)[0].workload}
 
 
-def analysis_spec(config: dict) -> dict:
-    """What the tables are built with (aggregate.build_frames' keyword arguments), as plain
-    builtins (Snakemake params)."""
-    return {
-        "chains": config["chains"],
-        "tolerate_flags": list(config["analysis"]["tolerate_flags"]),
-        "factorial_spec": factorial_spec(config),
-        "steps": chain_steps(config),
-        "headline": headline(config),
-        "capacity_spec": capacity_spec(config),
-    }
-
-
 def headline(config: dict) -> list[dict]:
     """The cells the report's first screen answers for: report.headline; with a capacity
     sweep and none given, each workload and sampling's grid cell with the most users (the

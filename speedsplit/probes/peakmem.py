@@ -1,7 +1,7 @@
 """The peak memory of a command and everything it starts, for the memory budgets of the demo
 and the tests (`make demo` and `make test` stay under 12 GiB on a 24 GiB machine).
 
-    python -m speedsplit.probes.peakmem -- make demo
+    speedsplit peakmem -- make demo
 
 Every 0.5 s it sums the resident memory of every process started since the command (the
 command's tree, and the session daemons and servers that leave it for init: a tree walk would
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         argv = argv[argv.index("--") + 1 :]
     if not argv:
-        raise SystemExit("usage: python -m speedsplit.probes.peakmem -- COMMAND ARGS...")
+        raise SystemExit("usage: speedsplit peakmem -- COMMAND ARGS...")
     rc, rss, host, seconds = measure(argv)
     print(
         f"peakmem: {' '.join(argv)}: exit {rc}, {seconds / 60:.1f} min, peak summed RSS {rss:.2f} GiB, "

@@ -72,7 +72,8 @@ def test_the_table_gives_sustainable_users_the_first_failure_and_the_ratio(tmp_p
             paths.append(write_result(tmp_path / f"{stack}-{users}.json", level(stack, users, met, status, why)))
     spec = {"workload": "wide", "sampling": "greedy", "users": [16, 32, 64, 96], "reference": "vllm-fp16"}
     cap = {
-        r["stack"]: r for r in aggregate.build_frames(paths, {}, capacity_spec=spec)["capacity"].iter_rows(named=True)
+        r["stack"]: r
+        for r in aggregate.build_frames(paths, {}, specs={"capacity": spec})["capacity"].iter_rows(named=True)
     }
     fp16, marlin = cap["vllm-fp16"], cap["vllm-marlin"]
     assert fp16["sustainable_users"] == 32 and fp16["first_failing_users"] == 64
@@ -95,7 +96,7 @@ def test_a_level_whose_run_measured_another_kernel_or_platform_fails(tmp_path):
         "the 2 levels below failed (u32-wide-greedy: flagged kernel_mismatch | u64-wide-greedy: flagged platform_mismatch)"
     )
     spec = {"workload": "wide", "sampling": "greedy", "users": [16, 32, 64, 96], "reference": "vllm-marlin"}
-    (row,) = aggregate.build_frames(paths, {}, capacity_spec=spec)["capacity"].iter_rows(named=True)
+    (row,) = aggregate.build_frames(paths, {}, specs={"capacity": spec})["capacity"].iter_rows(named=True)
     assert row["passing_users"] == [16, 96] and row["failing_users"] == [32, 64]
     assert row["first_failing_why"] == "flagged kernel_mismatch"
 

@@ -65,7 +65,7 @@ def test_a_missing_group_leaves_the_factorial_undefined_with_the_reason(paths):
 
 
 def test_the_tables_carry_it_when_the_config_asks(paths, tmp_path):
-    frames = aggregate.build_frames(paths, {}, factorial_spec=SPEC)
+    frames = aggregate.build_frames(paths, {}, specs={"factorial": SPEC})
     assert rows(frames["factorial"])["operational"]["value"] == pytest.approx(20.0)
     assert "factorial" not in aggregate.build_frames(paths, {})
 
@@ -75,7 +75,7 @@ def test_the_report_shows_it(paths, tmp_path):
 
     from speedsplit.planning import config as C
 
-    aggregate.write_tables(paths, tmp_path / "tables", chains={}, factorial_spec=SPEC)
+    aggregate.write_tables(paths, tmp_path / "tables", chains={}, specs={"factorial": SPEC})
     (tmp_path / "plots").mkdir()
     aggregate.write_report(
         tmp_path / "report.html",

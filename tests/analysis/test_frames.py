@@ -143,7 +143,7 @@ def test_tables_round_trip_typed_and_read_as_people_read_them(result_files, tmp_
 def test_plots_and_report_render_offline(result_files, tmp_path):
     frames = aggregate.build_frames(result_files, {"study": ["hf-fp16", "vllm-fp16", "vllm-marlin"]})
     svgs = {}
-    for name, chart in plots.all_charts(frames["cells"], frames["attribution"], ["study"]).items():
+    for name, chart in aggregate.charts(frames, ["study"]).items():
         out = plots.save(chart, tmp_path / "plots" / name)
         assert out["png"].stat().st_size > 1000
         assert "<svg" in out["svg"].read_text()[:500]
@@ -152,14 +152,14 @@ def test_plots_and_report_render_offline(result_files, tmp_path):
     assert set(svgs) == {"throughput", "latency", "factors-study", "shares-study"}
     # every total within 5% of 1: no shares to draw, so no (empty) shares chart in the report
     flat_totals = frames["attribution"].with_columns(pl.lit(None, dtype=pl.Float64).alias("log_share"))
-    assert "shares-study" not in plots.all_charts(frames["cells"], flat_totals, ["study"])
+    assert "shares-study" not in aggregate.charts({**frames, "attribution": flat_totals}, ["study"])
     html = tmp_path / "report.html"
     report.build(
         html,
         config={"models": {"tiny": {}}},
         provenance=read_result(result_files[0]).provenance,
+        frames=frames,
         svgs=svgs,
-        **frames,
     )
     text = html.read_text()
     assert text.count("<svg") >= 4 and "startup_failed" in text and "Test CPU" in text

@@ -64,7 +64,7 @@ def test_a_topology_without_a_clean_run_leaves_its_factor_undefined(tmp_path):
 
 
 def test_topology_charts_render(frames, tmp_path):
-    charts = plots.all_charts(frames["cells"], frames["attribution"], [], frames["topologies"], frames["scaling"])
+    charts = aggregate.charts(frames, [])
     for name in ("topologies", "scaling"):
         out = plots.save(charts[name], tmp_path / name)
         assert "<svg" in out["svg"].read_text()[:500]

@@ -9,7 +9,8 @@ from conftest import REPO
 
 from speedsplit.core.record import read_result
 from speedsplit.core.requestlog import requests_path
-from speedsplit.output.aggregate import TABLES, write_tables
+from speedsplit.output import analyses
+from speedsplit.output.aggregate import write_tables
 from speedsplit.planning import config as C
 
 EVIDENCE = sorted(p for p in (REPO / "docs/evidence").iterdir() if p.is_dir())
@@ -60,10 +61,9 @@ def test_tables_rebuild_from_the_committed_raw_results(folder, tmp_path):
         bandwidth_json=folder / how["bandwidth"],
         link_json=link,
         profile_paths=profiles,
-        **C.analysis_spec(cfg),
+        **analyses.analysis_spec(cfg),
     )
-    names = list(TABLES) + (["link"] if link else []) + (["coordination"] if profiles else [])
-    names += ["factorial"] if cfg["factorial"]["enabled"] else []
+    names = analyses.table_names(cfg)
     for name in names:
         rebuilt, committed = (tmp_path / f"{name}.csv").read_text(), (folder / "tables" / f"{name}.csv").read_text()
         assert rebuilt == committed, f"{folder.name}: tables/{name}.csv differs from its rebuild"

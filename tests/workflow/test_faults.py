@@ -20,7 +20,7 @@ from speedsplit.measuring import bench
 from speedsplit.planning import config as C
 from speedsplit.planning import plan
 from speedsplit.serving import lease, session, stacks
-from speedsplit.serving.vllm_cpu_int4 import cpu_int4_route
+from speedsplit.serving.vllm_cpu import cpu_int4_route
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import yaml
 from conftest import PLANTED_TOKEN, REPO, planned_outputs, run_snakemake, snakemake_bin
 
 from speedsplit.core.record import read_result
-from speedsplit.serving.vllm_cpu_int4 import cpu_int4_route
+from speedsplit.serving.vllm_cpu import cpu_int4_route
 
 
 def test_snakemake_lint_is_clean():

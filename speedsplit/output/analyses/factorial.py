@@ -1,0 +1,47 @@
+"""The operational number's confounds: the runtime factor at two batch ceilings of the HF
+reference x two sampling modes, decomposed so the rows multiply exactly (config `factorial`)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from speedsplit.core.formats import html_table
+from speedsplit.output.analyses import Analysis, Basis
+
+
+def build(b: Basis) -> dict[str, pl.DataFrame]:
+    from speedsplit.analysis import factorial
+
+    return {"factorial": factorial.factorial_frame(b.runs, b.spec, b.tolerate_flags)} if b.spec else {}
+
+
+def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
+    if "factorial" not in frames:
+        return ""
+    return "\n".join(
+        [
+            "<h2>The operational number's confounds</h2>",
+            "<p class='note'>The runtime factor (fast stack over the HF reference) at two batch "
+            "ceilings of the reference x two sampling modes, at one cell (config <i>factorial</i>). "
+            "Effects are on the log scale (shown as factors); the decomposition rows multiply exactly: "
+            "operational = matched x batch ceiling x sampling.</p>",
+            html_table(frames["factorial"]),
+        ]
+    )
+
+
+def _spec(config: dict):
+    from speedsplit.planning.config import factorial_spec
+
+    return factorial_spec(config)
+
+
+ANALYSIS = Analysis(
+    "factorial",
+    order=40,
+    tables=("factorial",),
+    enabled=lambda config: config["factorial"]["enabled"],
+    build=build,
+    spec=_spec,
+    section=section,
+)
