@@ -119,7 +119,7 @@ def measure(
     records: list[RequestRecord] = []
     # A file-size limit (RLIMIT_FSIZE) must surface as an error we can record, not kill us mid-write.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    with sessions.stop_on_signals():
+    with procs.stop_on_signals():
         try:
             if plan_error is not None:
                 raise plan_error
@@ -152,7 +152,7 @@ def measure(
                     owner or sessions.workflow_owner(),
                     progress,
                 )
-        except sessions.Stop:
+        except procs.Stop:
             raise
         except Exception as exc:  # anything unforeseen: recorded, and the lane goes on
             _record_error(result, exc, workdir)

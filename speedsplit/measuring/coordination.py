@@ -157,7 +157,7 @@ def profile_cell(
         "model": model_identity(model_dir),
         "cache_dir": str(Path(session.cache_dir).resolve()),
     }
-    with sessions.stop_on_signals():
+    with procs.stop_on_signals():
         try:
             with sessions.hold_ready(
                 session,
@@ -172,7 +172,7 @@ def profile_cell(
             _breakdown(result, files, iterations)
         except sessions.NotReady as no:
             result.update(status=no.status, error=redact(no.error, workdir))
-        except sessions.Stop:
+        except procs.Stop:
             raise
         except Exception as exc:  # recorded, never lost
             result.update(status="error", error=f"{type(exc).__name__}: {redact(str(exc), workdir)}")

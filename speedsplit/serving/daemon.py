@@ -1,0 +1,224 @@
+"""A session's daemon: spawned by the first cell job of a session (speedsplit/serving/session.py),
+it leases the cards, starts the servers, checks each with one request (preflight), publishes
+the session's state and holds the servers until the session's last cell, its idle timeout or
+a stop.
+
+    python -m speedsplit.serving.daemon RESULTS/.../{session}.launch.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from speedsplit.core import procs
+from speedsplit.core.procs import Stop, signals_held, stop_on_signals
+from speedsplit.core.results import redact
+from speedsplit.models.checkpoint import ModelError, check_model
+from speedsplit.probes import loadgen, telemetry
+from speedsplit.serving import lease as leases
+from speedsplit.serving import stacks
+from speedsplit.serving.session import (
+    DIED,
+    READY,
+    STARTING,
+    STARTUP_FAILED,
+    STOPPED,
+    STOPPING,
+    Session,
+    _read_private_json,
+    daemon_of,
+    evict_idle,
+    transition,
+)
+
+
+
+def _daemon(launch_path: Path) -> int:
+    meta = _read_private_json(launch_path)
+    launch, key, generation = meta["launch"], meta["key"], meta["generation"]
+    sess = Session(key, meta["workdir"])
+    stack = launch["stack"]
+    with sess.locked(sess.spawn_lock):  # the spawning job has finished writing its own state
+        st = sess.state()
+    if st.get("generation") != generation or daemon_of(st) != procs.me():
+        print(f"[session {key}] superseded before it started", flush=True)
+        return 0
+    servers: list[stacks.Server] = []
+    held = None
+    with stop_on_signals():
+        try:
+            check_model(launch["model_dir"], stack["variant"])
+            platform_devices = None if stack["platform"] == "cuda" else ["cpu"]
+            need = stack["tensor_parallel"] * stack["instances"] if platform_devices is None else 1
+            t_lease = time.monotonic()
+            held = leases.acquire_gpus(
+                need,
+                timeout_s=meta["lease_timeout_s"],
+                devices=platform_devices,
+                on_wait=lambda: evict_idle(except_key=key),
+            )
+            t_start = time.monotonic()
+            log_path = Path(meta["log_path"])
+            pinned: list[int] = []
+            for i in range(stack["instances"]):
+                devs = held.devices[i * stack["tensor_parallel"] : (i + 1) * stack["tensor_parallel"]]
+                devs = devs if platform_devices is None else []
+                cpus = leases.cpu_share(devs) if stack.get("cpu_isolation") else []
+                pinned += cpus
+                env_stack = dict(stack, env={**stack["env"], "VLLM_PORT": str(held.port())})
+                total = card_total_gib(devs) if stack.get("card_memory_gib") and devs else None
+                servers.append(
+                    stacks.launch(
+                        env_stack,
+                        Path(launch["model_dir"]),
+                        stack["model"],
+                        held.port(),
+                        devs,
+                        Path(str(log_path).removesuffix(".log") + f".server{i}.log"),
+                        Path(launch["cache_dir"]) / f"instance{i}",
+                        keep_fds=held.fds(),
+                        cpus=cpus,
+                        card_total_gib=total,
+                        host_cache=stacks.host_cache_gib(stack, launch["model_dir"], launch.get("kv_tokens", 0)),
+                    )
+                )
+                if transition(sess, generation, STARTING, servers=[s.proc_id.as_record() for s in servers]) is None:
+                    raise Stop("the session was stopped while it started")
+            for srv in servers:
+                stacks.wait_ready(srv, stack["ready_path"], stack["startup_timeout_s"])
+            for srv in servers:  # a server that cannot serve fails its start, not every cell's timeout
+                preflight(srv, stack)
+            st = transition(
+                sess,
+                generation,
+                READY,
+                urls=[s.url for s in servers],
+                model_id=servers[0].model_id,
+                startup_s=time.monotonic() - t_start,
+                lease_wait_s=t_start - t_lease,
+                devices=held.devices,
+                cpus=leases.cpu_ranges(pinned) or None,
+                facts=stacks.engine_facts("\n".join(s.launch_output() for s in servers)),
+                argv=redact(" ".join(servers[0].argv), sess.workdir),
+                server_logs=[str(s.log_path) for s in servers],
+                log_offsets=[s.log_offset for s in servers],
+                memory_cap=servers[0].memory_cap,
+                host_memory=servers[0].host_memory,
+                wide_listeners=sorted({w for s in servers for w in s.wide_listeners}),
+                cells_measured=0,
+            )
+            if st is None:
+                raise Stop("the session was stopped while it started")
+            print(f"[session {key}] ready in {st['startup_s']:.1f} s at {st['urls']}", flush=True)
+            _hold(sess, generation, servers, meta)
+            dead = next((s for s in servers if not s.alive()), None)
+            if dead is not None:
+                transition(
+                    sess,
+                    generation,
+                    DIED,
+                    exit_code=dead.proc.returncode,
+                    log_tail=redact(dead.launch_output_tail(), sess.workdir),
+                )
+                print(f"[session {key}] a server {stacks.exit_cause(dead.proc.returncode)}", flush=True)
+        except Stop as why:
+            print(f"[session {key}] stopping ({why})", flush=True)
+        except Exception as exc:  # whatever kept the servers from starting is the cells' answer
+            expected = isinstance(exc, (stacks.StartupFailed, leases.LeaseError, ModelError, ValueError, OSError))
+            transition(
+                sess,
+                generation,
+                STARTUP_FAILED,
+                error=redact(str(exc) if expected else f"{type(exc).__name__}: {exc}", sess.workdir),
+                log_tail=redact(getattr(exc, "log_tail", ""), sess.workdir),
+            )
+            print(f"[session {key}] startup failed: {exc}", flush=True)
+        finally:
+            with signals_held():
+                transition(sess, generation, STOPPING)
+                for srv in servers:
+                    stacks.stop(srv)
+                if held is not None:  # the cards are free only once their servers are gone
+                    held.release()
+                transition(sess, generation, STOPPED)
+    return 0
+
+
+PREFLIGHT_TOKENS = 2
+
+
+def preflight(server: stacks.Server, stack: dict) -> float:
+    """One short request through the load generator on a server that says it is ready;
+    returns its seconds, or raises StartupFailed with the answer and the failure the server's
+    log names (e.g. an INT4 kernel this CPU's build lacks answers HTTP 500)."""
+    spec = loadgen.LoadSpec(
+        urls=[server.url],
+        model=server.model_id,
+        prompts=["Say hello."],
+        users=1,
+        prompt_tokens=0,
+        output_tokens=PREFLIGHT_TOKENS,
+        requests_per_user=1,
+        warmup_requests=0,
+        dialect=stack["dialect"],
+        request_timeout_s=stack["startup_timeout_s"],
+        stall_timeout_s=min(120.0, stack["startup_timeout_s"]),
+    )
+    t0 = time.monotonic()
+    _, records = loadgen.run(spec)
+    failed = next((r for r in records if not r.ok), None)
+    if failed is not None:
+        time.sleep(1.0)  # the server's own account of the failure reaches its log
+        cause = stacks.log_cause(server.launch_output())
+        answer = f"{failed.error}{': ' + failed.detail if failed.detail else ''}"
+        alive = "" if server.alive() else f"; the server then {stacks.exit_cause(server.proc.returncode)}"
+        raise stacks.StartupFailed(
+            f"ready, but its first request failed ({answer}){alive}" + (f"; its log: {cause}" if cause else ""),
+            server.launch_output_tail(),
+        )
+    print(f"[session] {server.url} served a first request in {time.monotonic() - t0:.1f} s", flush=True)
+    return time.monotonic() - t0
+
+
+def card_total_gib(devices: list[str]) -> float:
+    """The memory a cap is taken from; a card NVML cannot read fails the start, naming why."""
+    try:
+        return telemetry.card_memory_gib(devices)
+    except Exception as exc:
+        raise ValueError(f"card_memory_gib: cannot read the memory of cards {devices} ({exc})") from None
+
+
+def _hold(sess: Session, generation: str, servers: list[stacks.Server], meta: dict) -> None:
+    """Return when a server dies, the owner is gone, the session sat idle too long or someone
+    moved it to stopping."""
+    owner = procs.Proc.from_record(meta["owner"])
+    idle_since = time.monotonic()
+    while all(s.alive() for s in servers):
+        st = sess.state()
+        if st.get("generation") != generation or st.get("state") != READY:
+            return
+        if owner is None or not owner.alive():
+            print(f"[session {meta['key']}] workflow process {meta['owner']} is gone", flush=True)
+            transition(sess, generation, STOPPING)
+            return
+        with sess.locked(sess.cell_lock, blocking=False) as idle:
+            if not idle:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > meta["idle_timeout_s"]:
+                print(f"[session {meta['key']}] idle for {meta['idle_timeout_s']:.0f} s", flush=True)
+                transition(sess, generation, STOPPING)  # under the cell lock: no cell is attaching
+                return
+        time.sleep(1.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Run one server session (spawned by a cell job).")
+    p.add_argument("launch", type=Path, help="the session's .launch.json")
+    return _daemon(p.parse_args(argv).launch)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
