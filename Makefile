@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.speedsplit-installed
 CORES ?= all
 
-.PHONY: setup demo test lint ceiling clean
+.PHONY: setup demo test test-fast lint ceiling clean
 
 $(STAMP): requirements/cpu.txt requirements/cpu.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,8 +23,13 @@ demo: setup
 	$(BIN)/snakemake --cores $(CORES) --resources gpu=1
 	@echo "report: $(CURDIR)/results/report.html"
 
+# Everything (what CI runs): real servers, the whole workflow, Slurm, the browser.
 test: setup
 	$(BIN)/python -m pytest -q
+
+# No real server, no Snakemake run: the library on its own, under 90 s on 2 cores.
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow and not snakemake"
 
 lint: setup
 	$(BIN)/ruff check .

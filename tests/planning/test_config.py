@@ -105,6 +105,7 @@ def test_auto_platform_is_refused_for_a_cluster_run():
     C.check_cluster_platform({**cfg, "platform": "cuda"})
 
 
+@pytest.mark.snakemake
 def test_misspelled_key_fails_fast_in_snakemake(tmp_path):
     bad = base()
     bad["grid"]["userz"] = [1]

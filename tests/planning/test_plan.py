@@ -124,3 +124,32 @@ def test_a_cell_with_a_stack_list_is_measured_by_those_stacks_only(cfg):
     cfg["grid"]["cells"][1]["stacks"] = ["vllm-fp17"]
     with pytest.raises(C.ConfigError, match=r"grid.cells\[1\].stacks\[0\]: unknown stack 'vllm-fp17'"):
         C.validate(cfg)
+
+
+@pytest.mark.parametrize(
+    "files, bench",
+    [
+        (["tests/config/grid.yaml"], 2 * 4 * 2 * 7),  # 2 models x 4 cells x 2 runs x (3 tp1 + 2 tp2 + 2 2x1)
+        (["config/h200-smoke.yaml", "config/h200x4-topologies.yaml"], 2 * 3 * 2 * 2),
+        (["config/h200-smoke.yaml", "config/h200x4-70b.yaml"], 2 * 2 * 2 * 2),
+        (["config/h200-smoke.yaml", "config/h200-factorial.yaml"], 3 * 2 * 2),
+        (["config/h200-smoke.yaml", "config/h200-capacity.yaml"], 3 * 10),  # 9 levels, the 64-user one 2 runs
+        (
+            [
+                "config/h200-smoke.yaml",
+                "config/h200-capacity.yaml",
+                "config/h200-capacity-steady.yaml",
+                "docs/evidence/h200x2-2026-11-30-capacity-steady/two-cards.yaml",
+            ],
+            2 * 9,
+        ),
+    ],
+    ids=["grid", "x4-topologies", "x4-70b", "factorial", "capacity", "capacity-steady"],
+)
+def test_each_shipped_config_plans_its_bench_jobs(files, bench):
+    """What the dry runs (tests/workflow/test_dry_runs.py) count, counted without Snakemake."""
+    cfg = C.load(*[REPO / f for f in files])
+    jobs = P.bench_jobs(cfg)
+    assert len(jobs) == len(set(jobs)) == bench
+    prev = P.predecessors(cfg)
+    assert set(prev) == set(jobs) and all(p is None or p in prev for p in prev.values())

@@ -1,0 +1,92 @@
+"""Snakemake itself on the shipped configs: lint, and dry runs that build each config's whole
+DAG (no GPU, no network, nothing made). How many jobs a config plans is also checked in
+process, without Snakemake (tests/planning/test_plan.py); these check that Snakemake agrees."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import REPO, planned_outputs, run_snakemake, snakemake_bin
+
+pytestmark = pytest.mark.snakemake
+
+
+def test_snakemake_lint_is_clean():
+    out = subprocess.run([snakemake_bin(), "--lint"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Congratulations, your workflow is in a good condition!" in out.stdout + out.stderr
+
+
+def dry_run_counts(configfile: Path | list[Path], cwd: Path, gpus: int) -> dict[str, int]:
+    files = [str(f) for f in (configfile if isinstance(configfile, list) else [configfile])]
+    out = run_snakemake(
+        ["-n", "--configfile", *files, "--cores", "all", "--resources", f"gpu={gpus}", "--quiet", "rules"],
+        cwd,
+        timeout=300,
+        env={"HF_HUB_OFFLINE": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    counts = {}
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            counts[parts[0]] = int(parts[1])
+    assert not (cwd / "resources").exists()  # nothing downloaded, nothing made
+    return counts
+
+
+def test_a_hub_grid_dry_run_builds_the_full_dag_without_gpu_or_network(tmp_path):
+    counts = dry_run_counts(REPO / "tests/config/grid.yaml", tmp_path, gpus=2)
+    # 2 models; 4 cells x 2 runs x (3 stacks on tp1 + 2 on tp2 + 2 on 2x1) per model
+    assert counts["model"] == 2 and counts["quantize"] == 2
+    assert counts["bench"] == 2 * 4 * 2 * 7
+    assert counts["tables"] == counts["plots"] == counts["report"] == 1
+
+
+@pytest.mark.parametrize(
+    "overlay, bench",
+    [
+        ("h200x4-topologies.yaml", 2 * 3 * 2 * 2),  # 2 stacks x (tp1, tp4, 4x1) x 2 cells x 2 runs
+        ("h200x4-70b.yaml", 2 * 2 * 2 * 2),  # 2 stacks x (tp4, 2x2) x 2 cells x 2 runs
+    ],
+)
+def test_the_four_card_configs_dry_run(tmp_path, overlay, bench):
+    counts = dry_run_counts([REPO / "config/h200-smoke.yaml", REPO / "config" / overlay], tmp_path, gpus=4)
+    assert counts["bench"] == bench
+
+
+def test_the_factorial_config_dry_runs_with_its_table(tmp_path):
+    files = [str(REPO / "config/h200-smoke.yaml"), str(REPO / "config/h200-factorial.yaml")]
+    out = run_snakemake(["-n", "--configfile", *files, "--cores", "all", "--resources", "gpu=1"], tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "results/tables/factorial.parquet" in out.stdout
+    # 3 stacks x 2 cells (greedy, ancestral) x 2 runs
+    assert len(planned_outputs(out.stdout)) == 12
+
+
+def test_the_capacity_configs_dry_run(tmp_path):
+    base = [REPO / "config/h200-smoke.yaml", REPO / "config/h200-capacity.yaml"]
+    # 3 stacks x 9 levels, the 64-user level a grid cell of 2 runs
+    assert dry_run_counts(base, tmp_path, gpus=1)["bench"] == 3 * 10
+    steady = [
+        REPO / "config/h200-capacity-steady.yaml",
+        REPO / "docs/evidence/h200x2-2026-11-30-capacity-steady/two-cards.yaml",
+    ]
+    assert dry_run_counts(base + steady, tmp_path, gpus=2)["bench"] == 2 * 9
+
+
+def test_the_shipped_study_config_dry_runs(tmp_path):
+    counts = dry_run_counts(REPO / "config/study.yaml", tmp_path, gpus=4)
+    assert counts["bench"] > 0 and counts["report"] == 1
+
+
+def test_a_cluster_run_plans_the_profiles_platform_not_the_submitting_hosts(tmp_path):
+    """No GPU here, yet through profiles/slurm a GPU config plans cuda cells: tp2 asks Slurm
+    for two cards (a dry run; tests/test_slurm.py sees a real run refuse `platform: auto`)."""
+    gpu_configs = ["--configfile", str(REPO / "config/h200-smoke.yaml"), str(REPO / "config/h200-topologies.yaml")]
+    out = run_snakemake(["-n", "--profile", str(REPO / "profiles/slurm"), *gpu_configs], tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    bench = [b for b in out.stdout.split("\n\n") if "rule bench:" in b]
+    tp2 = [b for b in bench if "topology=tp2" in b]
+    assert tp2 and all("gpu=2" in b and "runtime=" in b for b in tp2)
+    assert all("gpu=1" in b for b in bench if "topology=tp1" in b)
