@@ -16,16 +16,16 @@ from jsonschema import Draft202012Validator, validators
 
 from speedsplit.core.results import looks_secret, redact_secrets
 from speedsplit.planning.grid import (  # noqa: F401 (re-exported: callers read the config through this module)
+    Cell,
+    ConfigError,
     bench_models,
     bench_stacks,
     capacity_spec,
-    Cell,
     cell_by_name,
     cell_params,
     cells,
     chain_steps,
     check_cluster_platform,
-    ConfigError,
     coordination_cell,
     factorial_spec,
     grid_cells,

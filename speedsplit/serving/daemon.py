@@ -19,7 +19,7 @@ from speedsplit.core.results import redact
 from speedsplit.models.checkpoint import ModelError, check_model
 from speedsplit.probes import loadgen, telemetry
 from speedsplit.serving import lease as leases
-from speedsplit.serving import stacks
+from speedsplit.serving import serverlog, stacks
 from speedsplit.serving.session import (
     DIED,
     READY,
@@ -33,7 +33,6 @@ from speedsplit.serving.session import (
     evict_idle,
     transition,
 )
-
 
 
 def _daemon(launch_path: Path) -> int:
@@ -101,7 +100,7 @@ def _daemon(launch_path: Path) -> int:
                 lease_wait_s=t_start - t_lease,
                 devices=held.devices,
                 cpus=leases.cpu_ranges(pinned) or None,
-                facts=stacks.engine_facts("\n".join(s.launch_output() for s in servers)),
+                facts=serverlog.engine_facts("\n".join(s.launch_output() for s in servers)),
                 argv=redact(" ".join(servers[0].argv), sess.workdir),
                 server_logs=[str(s.log_path) for s in servers],
                 log_offsets=[s.log_offset for s in servers],
@@ -123,7 +122,7 @@ def _daemon(launch_path: Path) -> int:
                     exit_code=dead.proc.returncode,
                     log_tail=redact(dead.launch_output_tail(), sess.workdir),
                 )
-                print(f"[session {key}] a server {stacks.exit_cause(dead.proc.returncode)}", flush=True)
+                print(f"[session {key}] a server {serverlog.exit_cause(dead.proc.returncode)}", flush=True)
         except Stop as why:
             print(f"[session {key}] stopping ({why})", flush=True)
         except Exception as exc:  # whatever kept the servers from starting is the cells' answer
@@ -172,9 +171,9 @@ def preflight(server: stacks.Server, stack: dict) -> float:
     failed = next((r for r in records if not r.ok), None)
     if failed is not None:
         time.sleep(1.0)  # the server's own account of the failure reaches its log
-        cause = stacks.log_cause(server.launch_output())
+        cause = serverlog.log_cause(server.launch_output())
         answer = f"{failed.error}{': ' + failed.detail if failed.detail else ''}"
-        alive = "" if server.alive() else f"; the server then {stacks.exit_cause(server.proc.returncode)}"
+        alive = "" if server.alive() else f"; the server then {serverlog.exit_cause(server.proc.returncode)}"
         raise stacks.StartupFailed(
             f"ready, but its first request failed ({answer}){alive}" + (f"; its log: {cause}" if cause else ""),
             server.launch_output_tail(),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 from speedsplit.core import procs
 from speedsplit.core.results import redact
 from speedsplit.models.checkpoint import ModelError, is_dummy, read_model_config
+from speedsplit.serving.serverlog import exit_cause, launch_output, log_cause
 
 HOST = "127.0.0.1"  # servers never listen beyond loopback
 # CUDA numbers cards fastest first unless told otherwise; NVML and nvidia-smi number them by
@@ -69,16 +69,6 @@ class Server:
 
     def launch_output_tail(self, lines: int = 40) -> str:
         return "\n".join(self.launch_output().splitlines()[-lines:])
-
-
-def launch_output(log_path: str | Path, offset: int) -> str:
-    """A server log from `offset` (where one launch's output starts); empty if unreadable."""
-    try:
-        with open(log_path, "rb") as f:
-            f.seek(offset)
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def _child_setup(cpus: tuple[int, ...]) -> None:
@@ -343,102 +333,3 @@ def stop_group(leader: procs.Proc, grace_s: float = 20.0) -> None:
             if not any(p.alive() for p in members.values()):
                 return
             time.sleep(0.2)
-
-
-# --- why a server failed ------------------------------------------------------------------
-
-# A log line that names a failure: an exception with its message, a fatal CUDA or memory
-# error, the kernel's "Killed". vLLM prefixes its lines with the process and level.
-_CAUSE = re.compile(
-    r"(?:\b[A-Z]\w*(?:Error|Exception)\b:?.*|CUDA error:.*|\bout of memory\b.*|^Killed$|Segmentation fault.*)", re.I
-)
-_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?(?:(?:ERROR|CRITICAL|WARNING|INFO)\s+[\d-]+ [\d:.]+ \[[^\]]*\]\s*)?")
-
-
-_QUIET_LEVEL = re.compile(r"(?:^|[\s\]\)-])(?:DEBUG|INFO|WARNING|WARN)(?=[\s:\-]|$)")
-
-
-def log_cause(text: str, lines: int = 3) -> str:
-    """The last distinct lines of a server log that name a failure (an exception and its
-    message first of all), prefixes stripped; empty when the log names none."""
-    found: list[str] = []
-    for raw in text.splitlines():
-        if _QUIET_LEVEL.search(raw[:80]):
-            continue  # a warning that mentions an error is not the failure
-        line = _PREFIX.sub("", raw.strip()).strip()
-        if not line or line.startswith(("File ", "Traceback", "raise ", "^")):
-            continue
-        m = _CAUSE.search(line)
-        if m:
-            cause = line[:300]
-            if cause in found:
-                found.remove(cause)
-            found.append(cause)
-    return " | ".join(found[-lines:])
-
-
-def exit_cause(returncode: int | None) -> str:
-    """A server's end in words: its exit code, or the signal that killed it."""
-    if returncode is None:
-        return "still running"
-    if returncode < 0:
-        sig = -returncode
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = f"signal {sig}"
-        why = " (sent by the kernel's out-of-memory killer, or kill -9)" if sig == signal.SIGKILL else ""
-        return f"killed by {name} (signal {sig}){why}"
-    return f"exited with code {returncode}"
-
-
-# --- what the engine says it ran -------------------------------------------------------------
-
-_FACTS = {
-    "linear_kernel": [r"Using (\w+LinearKernel) for", r"Using (\w*[Mm]arlin\w*) kernel", r"(\w+LinearKernel)"],
-    "attention_backend": [
-        r"Using (?:AttentionBackendEnum\.)?(\w+) (?:attention )?backend",
-        r"attn_implementation[=: ]+['\"]?(\w+)",
-    ],
-    "weight_memory_gib": [r"Model loading took ([\d.]+) ?GiB", r"model weights take ([\d.]+) ?GiB"],
-    "kv_cache_tokens": [r"KV cache size: ([\d,]+) tokens"],
-    "kv_cache_gib": [
-        r"Available KV cache memory: ([\d.]+) ?GiB",  # vLLM
-        r"Memory available for cache allocation: (\d+) ?(MB)",  # transformers' continuous batching
-    ],
-    # vLLM counts its CUDA graphs outside --gpu-memory-utilization and says what would fit
-    "kv_cache_fit_gib": [r"--kv-cache-memory=\d+` \(([\d.]+) GiB\) to fit into requested memory"],
-    "max_concurrency": [r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x"],
-    "quantization": [r"quantization=(\w+)"],
-    "dtype": [r"dtype=(torch\.\w+|\w+)"],
-}
-_NUMBERS = {
-    "weight_memory_gib": float,
-    "kv_cache_gib": float,
-    "kv_cache_fit_gib": float,
-    "max_concurrency": float,
-    "kv_cache_tokens": int,
-}
-
-
-def engine_facts(log_text: str) -> dict:
-    """Facts the engine reported about itself (first match of each), None where silent."""
-    facts: dict = {}
-    for key, patterns in _FACTS.items():
-        facts[key] = None
-        for pat in patterns:
-            m = re.search(pat, log_text)
-            if m:
-                value = m.group(1).replace(",", "")
-                facts[key] = _NUMBERS[key](value) if key in _NUMBERS else value
-                if m.re.groups > 1 and m.group(2) == "MB":
-                    facts[key] = round(facts[key] / 1024, 3)
-                break
-    return facts
-
-
-def kernel_matches(expect: str, kernel: str | None) -> bool | None:
-    """None when nothing is expected; else whether the reported kernel matches the regex."""
-    if not expect:
-        return None
-    return bool(re.search(expect, kernel or ""))

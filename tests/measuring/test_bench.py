@@ -1,4 +1,4 @@
-from speedsplit.measuring import bench
+from speedsplit.measuring import bench, checks
 
 
 def test_prompts_differ_between_cells_and_runs_and_match_across_stacks(tiny_model):
@@ -20,12 +20,12 @@ def test_honesty_flags():
     result = fake_result("vllm-marlin", 8, 0, 100.0)
     result.summary.failed, result.summary.wrong_output_length, result.summary.wall_s = 1, 2, 0.5
     result.engine = EngineFacts(linear_kernel="MacheteLinearKernel")
-    flags = bench.honesty_flags(result, {"expect_kernel": "Marlin"}, {"min_measured_s": 1.0})
+    flags = checks.honesty_flags(result, {"expect_kernel": "Marlin"}, {"min_measured_s": 1.0})
     assert flags == ["request_failures", "output_length_mismatch", "short_measurement", "kernel_mismatch"]
     assert result.kernel_ok is False
     ok = fake_result("vllm-marlin", 8, 0, 100.0)
     ok.engine = EngineFacts(linear_kernel="MarlinLinearKernel")
-    assert bench.honesty_flags(ok, {"expect_kernel": "Marlin"}, {"min_measured_s": 1.0}) == []
+    assert checks.honesty_flags(ok, {"expect_kernel": "Marlin"}, {"min_measured_s": 1.0}) == []
     assert ok.kernel_ok is True
 
 

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from speedsplit.core import procs
-from speedsplit.serving import stacks
+from speedsplit.serving import serverlog, stacks
 
 VLLM_GPU_LOG = """
 (EngineCore pid=1) INFO [core.py:133] Initializing a V1 LLM engine (v0.26.0) with config: model='m', dtype=torch.float16, quantization=gptq_marlin, enforce_eager=False
@@ -20,7 +20,7 @@ VLLM_GPU_LOG = """
 
 
 def test_engine_facts_from_a_vllm_log():
-    f = stacks.engine_facts(VLLM_GPU_LOG)
+    f = serverlog.engine_facts(VLLM_GPU_LOG)
     assert f["linear_kernel"] == "MarlinLinearKernel"
     assert f["attention_backend"] == "FLASH_ATTN"
     assert f["weight_memory_gib"] == pytest.approx(5.31)
@@ -28,16 +28,16 @@ def test_engine_facts_from_a_vllm_log():
     assert f["kv_cache_fit_gib"] == pytest.approx(6.43)  # what fits the memory share, CUDA graphs counted
     assert f["max_concurrency"] == pytest.approx(505.31)
     assert f["quantization"] == "gptq_marlin" and f["dtype"] == "torch.float16"
-    assert stacks.kernel_matches("Marlin", f["linear_kernel"]) is True
-    assert stacks.kernel_matches("Machete", f["linear_kernel"]) is False
-    assert stacks.kernel_matches("", f["linear_kernel"]) is None
-    assert stacks.kernel_matches("Marlin", None) is False
-    assert stacks.engine_facts("nothing here")["linear_kernel"] is None
+    assert serverlog.kernel_matches("Marlin", f["linear_kernel"]) is True
+    assert serverlog.kernel_matches("Machete", f["linear_kernel"]) is False
+    assert serverlog.kernel_matches("", f["linear_kernel"]) is None
+    assert serverlog.kernel_matches("Marlin", None) is False
+    assert serverlog.engine_facts("nothing here")["linear_kernel"] is None
 
 
 def test_the_kv_cache_of_transformers_continuous_batching_is_read_in_gib():
     line = "2026-11-30 - ContinuousBatchingLogger - INFO - Memory available for cache allocation: 6144 MB"
-    assert stacks.engine_facts(line)["kv_cache_gib"] == 6.0
+    assert serverlog.engine_facts(line)["kv_cache_gib"] == 6.0
 
 
 def _capped(**over):
@@ -131,7 +131,7 @@ def test_engine_facts_come_from_this_launch_only(tmp_path, tiny_model):
         "Using MarlinLinearKernel for GPTQMarlinLinearMethod",
         "Using MacheteLinearKernel for GPTQMarlinLinearMethod",
     ]
-    assert stacks.engine_facts(srv.launch_output())["linear_kernel"] == "MacheteLinearKernel"
+    assert serverlog.engine_facts(srv.launch_output())["linear_kernel"] == "MacheteLinearKernel"
 
 
 def test_a_server_that_exits_is_a_startup_failure_with_its_log(tmp_path, tiny_model):
@@ -245,8 +245,10 @@ def test_a_killed_server_says_which_signal_and_what_its_log_names(tmp_path, tiny
         stacks.wait_ready(srv, "/health", 30)
     assert "killed by SIGKILL (signal 9)" in str(err.value) and "out-of-memory" in str(err.value)
     assert "AttributeError: '_C' object has no attribute 'op'" in str(err.value)
-    assert stacks.exit_cause(3) == "exited with code 3" and stacks.exit_cause(-15) == "killed by SIGTERM (signal 15)"
-    assert stacks.log_cause("INFO all good\nWARNING slow\n") == ""
+    assert (
+        serverlog.exit_cause(3) == "exited with code 3" and serverlog.exit_cause(-15) == "killed by SIGTERM (signal 15)"
+    )
+    assert serverlog.log_cause("INFO all good\nWARNING slow\n") == ""
 
 
 def test_a_cpu_server_sizes_its_cache_from_its_grid_not_the_host(tiny_model):

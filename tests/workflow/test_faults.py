@@ -16,7 +16,7 @@ from conftest import REPO, planned_outputs, run_snakemake
 
 from speedsplit.core import procs
 from speedsplit.core.record import read_result
-from speedsplit.measuring import bench
+from speedsplit.measuring import bench, checks
 from speedsplit.planning import config as C
 from speedsplit.planning import plan
 from speedsplit.serving import lease, session, stacks
@@ -544,7 +544,7 @@ def test_eviction_racing_a_cell_that_attaches(cfg, tmp_path, tiny_model):
     with session.attached(sess, gen) as held:
         assert held is not None
         assert session.evict_idle() == 0
-        assert bench.health(st["urls"][0]) == 200
+        assert checks.health(st["urls"][0]) == 200
     # found ready, evicted before it was held: refused
     assert session.evict_idle() == 1
     with session.attached(sess, gen) as held:

@@ -6,9 +6,8 @@ from __future__ import annotations
 import altair as alt
 import polars as pl
 
-from speedsplit.core.formats import html_table
+from speedsplit.core.formats import flat, html_table
 from speedsplit.output.analyses import Analysis, Basis
-from speedsplit.core.formats import flat
 from speedsplit.output.plots import RATIO_TIPS, ratios_vs_users, title
 
 

@@ -1,0 +1,117 @@
+"""After a cell's load: did its servers hold up, and can its numbers be taken at face value?
+The run's status with its cause in words (the failing answer, the server's exit, the failure
+its log names), the engine facts logged late, and the honesty flags."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+from speedsplit.core import procs
+from speedsplit.core.record import EngineFacts, ErrorInfo, RunResult
+from speedsplit.core.requestlog import RequestRecord
+from speedsplit.serving import serverlog
+from speedsplit.serving import session as sessions
+
+
+def health(url: str, path: str = "/health") -> int | None:
+    """The HTTP status a server's health path answers, None when it answers nothing."""
+    try:
+        with urllib.request.urlopen(url + path, timeout=5) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except Exception:  # no answer at all
+        return None
+
+
+def late_facts(result: RunResult, state: dict) -> None:
+    """Engine facts logged after the server was ready fill the gaps of those read at ready
+    (transformers' continuous batching sizes its KV cache at its first request)."""
+    known = result.engine.model_dump()
+    if None not in known.values():
+        return
+    logs = zip(state.get("server_logs") or [], state.get("log_offsets") or [])
+    late = serverlog.engine_facts("\n".join(serverlog.launch_output(path, offset) for path, offset in logs))
+    result.engine = EngineFacts(**{k: known[k] if known[k] is not None else late.get(k) for k in known})
+
+
+def check_servers(
+    result: RunResult, records: list[RequestRecord], sess, generation: str, state: dict, stack: dict
+) -> None:
+    """Set the run's status from the load's outcome and what its servers do now; every status
+    but ok comes with its cause in result.error (the failing answer, the server's exit, the
+    failure its log names)."""
+    answers = [health(u, stack["ready_path"]) for u in state["urls"]]
+    s = result.summary
+    if all(a == 200 for a in answers) and s.completed:
+        result.status = "ok"
+        return
+    servers = [procs.Proc.from_record(r) for r in state.get("servers") or []]
+    running = all(p is not None and p.alive() for p in servers)
+    cause = server_log_cause(state)
+    server_side = {k: n for k, n in s.failures.items() if k.startswith("http_5") or k == "server_error"}
+    now = sess.state()
+    # the daemon records a server's death (DIED) before it ends; one that vanished without a
+    # word was killed from outside, and its servers went with it
+    lost = not sessions.daemon_alive(now) and now.get("generation") == generation and now.get("state") == sessions.READY
+    if server_side:
+        first = next((f"{r.error}: {r.detail}" for r in records if r.error in server_side and r.detail), "no detail")
+        after = "" if running or lost else f"; then the server {_exit_of(sess, generation, result)}"
+        result.status = "server_error"
+        kind, message = "ServerError", f"{_counts(server_side)} ({first}){after}"
+    elif lost:
+        result.status = "server_died"
+        daemon = (state.get("daemon") or {}).get("pid")
+        kind = "SessionLost"
+        message = f"the session's daemon (pid {daemon}) ended mid-cell, killed from outside; its servers went with it"
+    elif not running:
+        result.status = "server_died"
+        kind, message = "ServerExit", f"the server {_exit_of(sess, generation, result)} during the run"
+    elif all(a == 200 for a in answers):
+        result.status = "failed"
+        kind, message = "RequestsFailed", f"no request completed: {_counts(s.failures) or 'none sent'}"
+    else:
+        result.status = "server_hung"
+        said = [a for a in answers if a is not None]
+        kind = "ServerHung"
+        message = f"its health check answered HTTP {said[0]}" if said else "it no longer answers its health check"
+        message += f" after {_counts(s.failures) or 'the load'}"
+    result.error = ErrorInfo(type=kind, message=message + (f"; its log: {cause}" if cause else ""))
+
+
+def _counts(failures: dict[str, int]) -> str:
+    return ", ".join(f"{n} x {k}" for k, n in sorted(failures.items()))
+
+
+def _exit_of(sess, generation: str, result: RunResult) -> str:
+    """How the session's dead server ended (the daemon, its parent, records it), also kept in
+    result.server."""
+    died = sessions.wait_final(sess, generation, 10.0)
+    result.server.log_tail = died.get("log_tail", "")
+    result.server.exit_code = died.get("exit_code")
+    return serverlog.exit_cause(result.server.exit_code) if result.server.exit_code is not None else "ended"
+
+
+def server_log_cause(state: dict) -> str:
+    """The failure the session's server logs name since its launch (empty if none)."""
+    logs = zip(state.get("server_logs") or [], state.get("log_offsets") or [])
+    return serverlog.log_cause("\n".join(serverlog.launch_output(path, offset) for path, offset in logs))
+
+
+def honesty_flags(result: RunResult, stack: dict, cell: dict) -> list[str]:
+    """Reasons not to take a run's numbers at face value; also sets result.kernel_ok."""
+    s, flags = result.summary, []
+    if s.failed:
+        flags.append("request_failures")
+    if s.wrong_output_length:
+        flags.append("output_length_mismatch")
+    if s.wrong_prompt_length:
+        flags.append("prompt_length_mismatch")
+    if s.wall_s < cell["min_measured_s"]:
+        flags.append("short_measurement")
+    ok = serverlog.kernel_matches(stack["expect_kernel"], result.engine.linear_kernel)
+    result.kernel_ok = ok
+    if ok is False:
+        flags.append("kernel_mismatch")
+    return flags
