@@ -29,7 +29,7 @@ import numpy as np
 import polars as pl
 
 from speedsplit.analysis import attribution as attr
-from speedsplit.analysis.frames import clean_runs
+from speedsplit.analysis.chains import clean_runs
 
 FACTORIAL_SCHEMA = {
     "users": pl.Int64,

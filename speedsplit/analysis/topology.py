@@ -16,7 +16,7 @@ from collections.abc import Collection
 import polars as pl
 
 from speedsplit.analysis import attribution as attr
-from speedsplit.analysis.frames import clean_runs
+from speedsplit.analysis.chains import clean_runs
 from speedsplit.core.intervals import length, union
 
 KEYS = ["model", "stack", "cell", "users", "workload", "sampling", "prompt_tokens", "output_tokens"]

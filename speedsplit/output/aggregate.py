@@ -13,6 +13,7 @@ from pathlib import Path
 import polars as pl
 
 from speedsplit.analysis import answer
+from speedsplit.analysis import chains as ch
 from speedsplit.analysis import frames as f
 from speedsplit.core import formats
 from speedsplit.core.record import read_result
@@ -45,15 +46,15 @@ def build_frames(
     runs = f.runs_frame([read_result(p) for p in result_paths])
     f.check_one_machine(runs)
     cells = f.with_mbu(f.cells_frame(runs), bandwidth_gb_s(bandwidth_json))
-    by_throughput = f.attribution_frame(runs, chains, tolerate_flags)
+    by_throughput = ch.attribution_frame(runs, chains, tolerate_flags)
     attribution = answer.with_headline(answer.with_steps(by_throughput, steps or {}), list(headline))
     frames = {
         "runs": runs,
         "cells": cells,
         "attribution": attribution,
         "answer": answer.sentences(attribution, chains),
-        "crossover": f.crossover_frame(attribution),
-        "stability": f.stability_frame(attribution),
+        "crossover": ch.crossover_frame(attribution),
+        "stability": ch.stability_frame(attribution),
     }
     basis = analyses.Basis(
         runs=runs,

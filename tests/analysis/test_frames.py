@@ -7,6 +7,7 @@ import pytest
 from records import fake_result, write_result
 
 from speedsplit import cli
+from speedsplit.analysis import chains
 from speedsplit.analysis import frames as T
 from speedsplit.core import formats
 from speedsplit.core.record import ResultError, read_result
@@ -43,7 +44,7 @@ def test_cells_and_attribution_tables(result_files, tmp_path):
     row = cells.filter((pl.col("stack") == "vllm-fp16") & (pl.col("users") == 8)).row(0, named=True)
     assert row["output_tok_s"] == pytest.approx(190.0)
     assert row["output_tok_s_lo"] <= 190.0 <= row["output_tok_s_hi"] and row["runs_ok"] == 3
-    att = T.attribution_frame(runs, {"study": ["hf-fp16", "vllm-fp16", "vllm-marlin"]})
+    att = chains.attribution_frame(runs, {"study": ["hf-fp16", "vllm-fp16", "vllm-marlin"]})
     u8 = att.filter(pl.col("users") == 8)
     factors = u8.filter(pl.col("position") > 0)["value"].to_list()
     total = u8.filter(pl.col("factor") == "total")["value"].item()
@@ -52,9 +53,9 @@ def test_cells_and_attribution_tables(result_files, tmp_path):
     failed = att.filter(pl.col("users") == 128)
     assert failed["value"].null_count() == failed.height
     assert "vllm-marlin: no clean run (run0: startup_failed)" in failed["note"][0]
-    cross = T.crossover_frame(att)
+    cross = chains.crossover_frame(att)
     assert cross["crossover_users"].to_list() == [None] and cross["users_max"].to_list() == [128]
-    stab = T.stability_frame(att)
+    stab = chains.stability_frame(att)
     assert stab.filter(pl.col("factor") == "vllm-fp16/hf-fp16")["spread_pct"].to_list() == [0.0, 0.0, None]
 
 
@@ -77,7 +78,7 @@ def test_flagged_runs_are_left_out_of_the_factors_and_counted(tmp_path):
     write_result(p, fake_result("hf-fp16", 8, 2, None, status="server_died"))
     runs = runs_of(paths + [p])
     chain = {"study": ["hf-fp16", "vllm-fp16", "vllm-marlin"]}
-    att = T.attribution_frame(runs, chain)
+    att = chains.attribution_frame(runs, chain)
     rt = att.filter(pl.col("factor") == "vllm-fp16/hf-fp16").row(0, named=True)
     assert rt["value"] == pytest.approx(200.0 / 101.0)  # the 1000 tok/s run is not in it
     assert rt["runs_used"] == 3 and rt["runs_excluded"] == 2
@@ -85,11 +86,11 @@ def test_flagged_runs_are_left_out_of_the_factors_and_counted(tmp_path):
     total = att.filter(pl.col("factor") == "total").row(0, named=True)
     assert total["runs_used"] == 4 and total["runs_excluded"] == 3
     # tolerated flags count again
-    tolerant = T.attribution_frame(runs, chain, tolerate_flags=["kernel_mismatch", "short_measurement"])
+    tolerant = chains.attribution_frame(runs, chain, tolerate_flags=["kernel_mismatch", "short_measurement"])
     assert tolerant.filter(pl.col("factor") == "vllm-fp16/hf-fp16")["value"].item() == pytest.approx(600.0 / 101.0)
     # a stack with no clean run: its factors are undefined with the reason; the others stand
     only_bad = [q for q in paths if "vllm-marlin-0" not in q.name]
-    att = T.attribution_frame(runs_of(only_bad), chain)
+    att = chains.attribution_frame(runs_of(only_bad), chain)
     kq = att.filter(pl.col("factor") == "vllm-marlin/vllm-fp16").row(0, named=True)
     assert kq["value"] is None and "vllm-marlin: no clean run (run1: short_measurement)" in kq["note"]
     assert att.filter(pl.col("factor") == "vllm-fp16/hf-fp16")["value"].item() == pytest.approx(200.0 / 101.0)

@@ -8,6 +8,7 @@ import html
 import altair as alt
 import polars as pl
 
+from speedsplit.analysis import chains
 from speedsplit.core.formats import flat, html_table
 from speedsplit.output.analyses import Analysis, Basis
 from speedsplit.output.plots import title
@@ -16,10 +17,9 @@ from speedsplit.output.plots import title
 def build(b: Basis) -> dict[str, pl.DataFrame]:
     """The chains in output tokens per joule, where NVML's energy counter was read (else no rows)."""
     from speedsplit.analysis import answer
-    from speedsplit.analysis import frames as f
 
     if b.runs["tokens_per_joule"].drop_nulls().len():
-        energy = f.attribution_frame(b.runs, b.chains, b.tolerate_flags, metric="tokens_per_joule")
+        energy = chains.attribution_frame(b.runs, b.chains, b.tolerate_flags, metric="tokens_per_joule")
     else:
         energy = b.by_throughput.clear()  # same columns, no bootstrap over chains with nothing to divide
     return {"energy": answer.with_steps(energy, b.steps)}
