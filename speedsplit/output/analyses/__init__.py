@@ -46,6 +46,11 @@ class Analysis:
     section: Callable[[dict[str, pl.DataFrame], dict], str] = lambda frames, context: ""
 
 
+def html_section(title: str, note: str, *body: str) -> str:
+    """A report section: its heading, what it shows and how to read it, then its tables."""
+    return "\n".join([f"<h2>{title}</h2>", f"<p class='note'>{note}</p>", *body])
+
+
 def _discover() -> tuple[Analysis, ...]:
     found = []
     for mod in pkgutil.iter_modules(__path__):

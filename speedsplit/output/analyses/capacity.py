@@ -7,7 +7,8 @@ import altair as alt
 import polars as pl
 
 from speedsplit.core.formats import flat, html_table
-from speedsplit.output.analyses import Analysis, Basis
+from speedsplit.output.analyses import Analysis, Basis, html_section
+from speedsplit.planning.grid import capacity_spec
 
 
 def build(b: Basis) -> dict[str, pl.DataFrame]:
@@ -88,22 +89,14 @@ def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
     if "capacity" not in frames:
         return ""
     capacity = frames["capacity"]
-    return "\n".join(
-        [
-            "<h2>Capacity</h2>",
-            "<p class='note'>The capacity sweep (config <i>capacity</i>): a level passes when no request "
-            "failed and the latency objectives (<i>slo</i>) held in every run; sustainable users = the "
-            "largest passing level; levels past <i>stop_after</i> failing ones were skipped, not measured. "
-            "vs_reference: sustainable users over the reference stack's.</p>",
-            html_table(capacity) if capacity.height else "<p>No stack measured the ladder.</p>",
-        ]
+    return html_section(
+        "Capacity",
+        "The capacity sweep (config <i>capacity</i>): a level passes when no request "
+        "failed and the latency objectives (<i>slo</i>) held in every run; sustainable users = the "
+        "largest passing level; levels past <i>stop_after</i> failing ones were skipped, not measured. "
+        "vs_reference: sustainable users over the reference stack's.",
+        html_table(capacity) if capacity.height else "<p>No stack measured the ladder.</p>",
     )
-
-
-def _spec(config: dict):
-    from speedsplit.planning.config import capacity_spec
-
-    return capacity_spec(config)
 
 
 ANALYSIS = Analysis(
@@ -112,7 +105,7 @@ ANALYSIS = Analysis(
     tables=("capacity",),
     enabled=lambda config: config["capacity"]["enabled"],
     build=build,
-    spec=_spec,
+    spec=capacity_spec,
     charts=charts,
     section=section,
 )

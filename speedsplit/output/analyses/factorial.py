@@ -6,7 +6,8 @@ from __future__ import annotations
 import polars as pl
 
 from speedsplit.core.formats import html_table
-from speedsplit.output.analyses import Analysis, Basis
+from speedsplit.output.analyses import Analysis, Basis, html_section
+from speedsplit.planning.grid import factorial_spec
 
 
 def build(b: Basis) -> dict[str, pl.DataFrame]:
@@ -18,22 +19,14 @@ def build(b: Basis) -> dict[str, pl.DataFrame]:
 def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
     if "factorial" not in frames:
         return ""
-    return "\n".join(
-        [
-            "<h2>The operational number's confounds</h2>",
-            "<p class='note'>The runtime factor (fast stack over the HF reference) at two batch "
-            "ceilings of the reference x two sampling modes, at one cell (config <i>factorial</i>). "
-            "Effects are on the log scale (shown as factors); the decomposition rows multiply exactly: "
-            "operational = matched x batch ceiling x sampling.</p>",
-            html_table(frames["factorial"]),
-        ]
+    return html_section(
+        "The operational number's confounds",
+        "The runtime factor (fast stack over the HF reference) at two batch "
+        "ceilings of the reference x two sampling modes, at one cell (config <i>factorial</i>). "
+        "Effects are on the log scale (shown as factors); the decomposition rows multiply exactly: "
+        "operational = matched x batch ceiling x sampling.",
+        html_table(frames["factorial"]),
     )
-
-
-def _spec(config: dict):
-    from speedsplit.planning.config import factorial_spec
-
-    return factorial_spec(config)
 
 
 ANALYSIS = Analysis(
@@ -42,6 +35,6 @@ ANALYSIS = Analysis(
     tables=("factorial",),
     enabled=lambda config: config["factorial"]["enabled"],
     build=build,
-    spec=_spec,
+    spec=factorial_spec,
     section=section,
 )

@@ -9,7 +9,7 @@ import altair as alt
 import polars as pl
 
 from speedsplit.core.formats import html_table
-from speedsplit.output.analyses import Analysis, Basis
+from speedsplit.output.analyses import Analysis, Basis, html_section
 
 
 def build(b: Basis) -> dict[str, pl.DataFrame]:
@@ -55,17 +55,15 @@ def charts(frames: dict[str, pl.DataFrame]) -> dict:
 def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
     if "link" not in frames:
         return ""
-    return "\n".join(
-        [
-            "<h2>Interconnect control</h2>",
-            "<p class='note'>All-reduce between two ranks, no server: latency per call and bus "
-            "bandwidth per payload, peer-to-peer on (p2p) and off (no_p2p, through host memory). "
-            "Rows marked decode_sized are one decode step's activation (users x hidden x 2 bytes). "
-            "Every payload is in tables/link.csv.</p>",
-            html_table(frames["link"].filter(pl.col("decode_sized"))),
-            "<details><summary>GPU topology (nvidia-smi topo -m)</summary>"
-            f"<pre>{html.escape(context.get('link_matrix') or '—')}</pre></details>",
-        ]
+    return html_section(
+        "Interconnect control",
+        "All-reduce between two ranks, no server: latency per call and bus "
+        "bandwidth per payload, peer-to-peer on (p2p) and off (no_p2p, through host memory). "
+        "Rows marked decode_sized are one decode step's activation (users x hidden x 2 bytes). "
+        "Every payload is in tables/link.csv.",
+        html_table(frames["link"].filter(pl.col("decode_sized"))),
+        "<details><summary>GPU topology (nvidia-smi topo -m)</summary>"
+        f"<pre>{html.escape(context.get('link_matrix') or '—')}</pre></details>",
     )
 
 
