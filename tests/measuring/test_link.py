@@ -17,6 +17,7 @@ def test_payloads_run_from_a_decode_step_to_the_largest():
     assert sizes == sorted(set(doubling) | set(decode) | {256 * MIB})
 
 
+@pytest.mark.slow
 def test_two_ranks_all_reduce_over_gloo_on_a_cpu():
     out = link.run("cpu", 1, link.decode_payloads([2], [128]), max_mib=1)
     assert out["backend"] == "gloo" and out["topology_matrix"] is None and out["topology_matrix_absent"]
@@ -28,6 +29,7 @@ def test_two_ranks_all_reduce_over_gloo_on_a_cpu():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
 def test_a_stopped_or_killed_link_job_takes_its_ranks_with_it(sig, tmp_path):
     """The control's parent stopped (SIGTERM) or killed outright (SIGKILL) mid-measurement:

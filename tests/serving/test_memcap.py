@@ -4,6 +4,7 @@ module or script run under it with its own arguments."""
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 
 from speedsplit.serving import memcap
@@ -27,6 +28,7 @@ def _run(*args):
     )
 
 
+@pytest.mark.slow
 def test_a_module_and_a_script_run_under_it_with_their_arguments(tmp_path):
     data = tmp_path / "d.json"
     data.write_text('{"b": 1, "a": 2}')

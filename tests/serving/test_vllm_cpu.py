@@ -93,6 +93,7 @@ print(before, granted())
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not AMX, reason="this CPU has no AMX")
 def test_the_plugin_asks_for_amx_tiles_before_vllms_cpu_kernels_use_them():
     """Without them vLLM's CPU attention dies of SIGILL at its first request (exit code -4)."""
