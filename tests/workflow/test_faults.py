@@ -535,7 +535,12 @@ def test_eviction_racing_a_cell_that_attaches(cfg, tmp_path, tiny_model):
     is never evicted."""
     stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
     key = "faults/race/run0"
-    launch = {"stack": stack, "model_dir": str(tiny_model), "cache_dir": str(tmp_path / "cache")}
+    # what a bench job launches: the stack with its start-up timeout (from the plan)
+    launch = {
+        "stack": {**stack, "startup_timeout_s": 300.0},
+        "model_dir": str(tiny_model),
+        "cache_dir": str(tmp_path / "cache"),
+    }
     sess, _, gen = session.open_session(key, launch, tmp_path / "s.log", procs.me(), 120, 60)
     st = session.wait_ready(sess, gen, 120)
     assert st["state"] == "ready"
@@ -579,7 +584,12 @@ def test_sigterm_during_the_daemons_cleanup(cfg, tmp_path, tiny_model):
     free only once the servers are gone."""
     stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
     key = "faults/cleanup/run0"
-    launch = {"stack": stack, "model_dir": str(tiny_model), "cache_dir": str(tmp_path / "cache")}
+    # what a bench job launches: the stack with its start-up timeout (from the plan)
+    launch = {
+        "stack": {**stack, "startup_timeout_s": 300.0},
+        "model_dir": str(tiny_model),
+        "cache_dir": str(tmp_path / "cache"),
+    }
     sess, _, gen = session.open_session(key, launch, tmp_path / "s.log", procs.me(), 120, 60)
     st = session.wait_ready(sess, gen, 120)
     tree = server_processes(st)

@@ -1,0 +1,145 @@
+"""Open-loop traffic: when each request of a measured phase is due and how long it is, fixed
+before the run from a seed, so every stack of a chain meets the same requests at the same
+times.
+
+Arrivals follow a pattern at a rate (requests per second):
+- `poisson`: exponential gaps, mean 1 / rate (what `vllm bench serve --request-rate` and
+  MLPerf's server scenario send);
+- `gamma`: gamma gaps of the same mean with shape `burstiness` (1 is Poisson, below 1
+  burstier, above 1 steadier: `vllm bench serve --burstiness`);
+- `constant`: one request every 1 / rate seconds.
+The phase holds `requests` requests, or as many as arrive within `duration_s`.
+
+Lengths are per request: `fixed` (the workload's prompt_tokens and output_tokens),
+`lognormal` (by mean and spread, the standard deviation of the log; rounded, at least 1) or
+an empirical list read from a file (one `prompt_tokens output_tokens` pair per line, drawn
+with replacement). Every length is still enforced and verified per request.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+PATTERNS = ("poisson", "gamma", "constant")
+
+
+class TrafficError(ValueError):
+    """A traffic setting is wrong; the message is one line naming it."""
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One request of an open-loop phase."""
+
+    due_s: float  # seconds after the phase's start
+    prompt_tokens: int
+    output_tokens: int
+
+
+def gaps(pattern: str, rate: float, n: int, rng: random.Random, burstiness: float = 1.0) -> list[float]:
+    """n inter-arrival gaps (seconds) of the pattern at `rate` requests per second."""
+    if not rate > 0:
+        raise TrafficError(f"arrival rate must be above 0 requests/s, not {rate}")
+    if pattern == "constant":
+        return [1.0 / rate] * n
+    if pattern == "poisson":
+        return [rng.expovariate(rate) for _ in range(n)]
+    if pattern == "gamma":
+        if not burstiness > 0:
+            raise TrafficError(f"burstiness must be above 0, not {burstiness}")
+        return [rng.gammavariate(burstiness, 1.0 / (rate * burstiness)) for _ in range(n)]
+    raise TrafficError(f"unknown arrival pattern {pattern!r} (known: {', '.join(PATTERNS)})")
+
+
+def due_times(
+    pattern: str,
+    rate: float,
+    rng: random.Random,
+    requests: int | None = None,
+    duration_s: float | None = None,
+    burstiness: float = 1.0,
+) -> list[float]:
+    """When each request is due: the first at 0 s, then the pattern's gaps; `requests` of them,
+    or every one due before `duration_s`."""
+    if (requests is None) == (duration_s is None):
+        raise TrafficError("an open-loop phase needs either a request count or a duration, not both")
+    if requests is not None:
+        out, t = [], 0.0
+        for g in [0.0] + gaps(pattern, rate, max(requests - 1, 0), rng, burstiness):
+            t += g
+            out.append(t)
+        return out[:requests]
+    out, t = [], 0.0
+    while t < duration_s:
+        out.append(t)
+        t += gaps(pattern, rate, 1, rng, burstiness)[0]
+    return out
+
+
+def read_length_pairs(path: str | Path) -> list[tuple[int, int]]:
+    """An empirical length mix: one `prompt_tokens output_tokens` pair per line (# comments)."""
+    path = Path(path)
+    if not path.is_file():
+        raise TrafficError(f"length file not found: {path}")
+    pairs = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.replace(",", " ").split()
+        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise TrafficError(f"{path} line {n}: expected two positive token counts, got {line!r}")
+        pairs.append((int(parts[0]), int(parts[1])))
+    if not pairs:
+        raise TrafficError(f"{path}: no length pairs")
+    return pairs
+
+
+def _lognormal(mean: float, spread: float, rng: random.Random) -> int:
+    """A length of mean `mean` whose log has standard deviation `spread`, at least 1."""
+    mu = math.log(mean) - spread**2 / 2
+    return max(1, round(rng.lognormvariate(mu, spread)))
+
+
+def lengths(mix: dict, prompt_tokens: int, output_tokens: int, n: int, rng: random.Random) -> list[tuple[int, int]]:
+    """n (prompt, output) lengths of the mix (`{"kind": "fixed"}`, `{"kind": "lognormal",
+    "prompt_spread": s, "output_spread": s}` around the workload's lengths as means, or
+    `{"kind": "file", "path": p}`)."""
+    kind = mix.get("kind", "fixed")
+    if kind == "fixed":
+        return [(prompt_tokens, output_tokens)] * n
+    if kind == "lognormal":
+        return [
+            (_lognormal(prompt_tokens, mix["prompt_spread"], rng), _lognormal(output_tokens, mix["output_spread"], rng))
+            for _ in range(n)
+        ]
+    if kind == "file":
+        pairs = read_length_pairs(mix["path"])
+        return [rng.choice(pairs) for _ in range(n)]
+    raise TrafficError(f"unknown length mix {kind!r} (known: fixed, lognormal, file)")
+
+
+def schedule(
+    arrival: dict, mix: dict, prompt_tokens: int, output_tokens: int, seed: int, max_model_len: int
+) -> list[Arrival]:
+    """The measured phase of an open-loop cell: every request's due time and lengths, from the
+    seed alone. A request longer than the model's context is an error naming it."""
+    rng = random.Random(seed)
+    due = due_times(
+        arrival["pattern"],
+        float(arrival["rate_rps"]),
+        rng,
+        arrival.get("requests"),
+        arrival.get("duration_s"),
+        float(arrival.get("burstiness", 1.0)),
+    )
+    sizes = lengths(mix, prompt_tokens, output_tokens, len(due), random.Random(seed + 1))
+    for i, (p, o) in enumerate(sizes):
+        if p + o > max_model_len:
+            raise TrafficError(
+                f"request {i} of the length mix needs {p} + {o} tokens, beyond the model's context ({max_model_len})"
+            )
+    return [Arrival(t, p, o) for t, (p, o) in zip(due, sizes)]

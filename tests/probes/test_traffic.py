@@ -1,0 +1,83 @@
+"""Open-loop schedules: the arrival patterns have the statistics they claim, the schedule is a
+function of the seed alone, and bad settings fail in one line naming them."""
+
+import math
+import random
+import statistics
+
+import pytest
+
+from speedsplit.probes import traffic as T
+
+N = 20_000
+
+
+def test_poisson_gaps_are_exponential_at_the_rate():
+    g = T.gaps("poisson", 5.0, N, random.Random(1))
+    assert statistics.fmean(g) == pytest.approx(0.2, rel=0.03)
+    assert statistics.stdev(g) / statistics.fmean(g) == pytest.approx(1.0, rel=0.05)
+    # Kolmogorov-Smirnov against the exponential: within the 99% bound
+    s = sorted(g)
+    d = max(max(abs((i + 1) / N - (1 - math.exp(-5 * x))), abs(i / N - (1 - math.exp(-5 * x)))) for i, x in enumerate(s))
+    assert d < 1.63 / math.sqrt(N)
+
+
+@pytest.mark.parametrize("burstiness", [0.25, 1.0, 4.0])
+def test_gamma_gaps_keep_the_rate_and_spread_as_their_burstiness_says(burstiness):
+    g = T.gaps("gamma", 2.0, N, random.Random(2), burstiness)
+    assert statistics.fmean(g) == pytest.approx(0.5, rel=0.04)
+    # coefficient of variation of a gamma of shape k: 1 / sqrt(k)
+    assert statistics.stdev(g) / statistics.fmean(g) == pytest.approx(1 / math.sqrt(burstiness), rel=0.06)
+
+
+def test_constant_arrivals_and_a_duration_or_a_count():
+    assert T.due_times("constant", 4.0, random.Random(0), requests=5) == [0.0, 0.25, 0.5, 0.75, 1.0]
+    due = T.due_times("poisson", 10.0, random.Random(0), duration_s=30.0)
+    assert due[0] == 0.0 and due[-1] < 30.0 and len(due) == pytest.approx(300, rel=0.15)
+    assert due == sorted(due)
+
+
+def test_the_schedule_is_the_seeds_alone_and_lognormal_lengths_keep_their_mean():
+    arrival = {"pattern": "poisson", "rate_rps": 3.0, "requests": 4000}
+    mix = {"kind": "lognormal", "prompt_spread": 0.5, "output_spread": 0.8}
+    a = T.schedule(arrival, mix, 256, 128, seed=7, max_model_len=100_000)
+    assert a == T.schedule(arrival, mix, 256, 128, seed=7, max_model_len=100_000)
+    assert a != T.schedule(arrival, mix, 256, 128, seed=8, max_model_len=100_000)
+    assert statistics.fmean(x.prompt_tokens for x in a) == pytest.approx(256, rel=0.05)
+    assert statistics.fmean(x.output_tokens for x in a) == pytest.approx(128, rel=0.08)
+    assert statistics.stdev(math.log(x.prompt_tokens) for x in a) == pytest.approx(0.5, rel=0.08)
+    assert min(x.prompt_tokens for x in a) >= 1
+
+
+def test_an_empirical_mix_draws_its_pairs(tmp_path):
+    f = tmp_path / "mix.txt"
+    f.write_text("# prompt output\n100 10\n2000, 50\n")
+    a = T.schedule({"pattern": "constant", "rate_rps": 1, "requests": 200}, {"kind": "file", "path": f}, 1, 1, 0, 4096)
+    assert {(x.prompt_tokens, x.output_tokens) for x in a} == {(100, 10), (2000, 50)}
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: T.gaps("poisson", 0, 3, random.Random(0)), "rate must be above 0"),
+        (lambda: T.gaps("gamma", 1, 3, random.Random(0), burstiness=0), "burstiness must be above 0"),
+        (lambda: T.gaps("weibull", 1, 3, random.Random(0)), "unknown arrival pattern 'weibull'"),
+        (lambda: T.due_times("poisson", 1, random.Random(0)), "either a request count or a duration"),
+        (lambda: T.read_length_pairs("/nonexistent/mix.txt"), "length file not found: /nonexistent/mix.txt"),
+        (
+            lambda: T.schedule({"pattern": "constant", "rate_rps": 1, "requests": 2}, {}, 900, 200, 0, 1024),
+            r"request 0 of the length mix needs 900 \+ 200 tokens, beyond the model's context \(1024\)",
+        ),
+    ],
+)
+def test_bad_settings_fail_in_one_line_naming_them(call, message):
+    with pytest.raises(T.TrafficError, match=message) as err:
+        call()
+    assert "\n" not in str(err.value)
+
+
+def test_a_malformed_length_file_names_its_line(tmp_path):
+    f = tmp_path / "mix.txt"
+    f.write_text("100 10\n100 x\n")
+    with pytest.raises(T.TrafficError, match="mix.txt line 2: expected two positive token counts"):
+        T.read_length_pairs(f)
