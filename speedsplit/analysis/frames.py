@@ -44,6 +44,9 @@ RUNS_SCHEMA = {
     "flags": pl.List(pl.Utf8),
     "output_tok_s": pl.Float64,
     "request_s": pl.Float64,
+    "rate_rps": pl.Float64,  # open loop: the cell's arrival rate (null: closed loop)
+    "offered_rps": pl.Float64,  # open loop: the rate the run's schedule asked for
+    "lag_s_p99": pl.Float64,  # open loop: p99 of how late the client sent what was due
     "completed": pl.Int64,
     "failed": pl.Int64,
     "failures": pl.Utf8,  # JSON object: failed requests by cause
@@ -118,6 +121,9 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
             "flags": list(res.flags),
             "output_tok_s": s.output_tok_s if ok and s else None,
             "request_s": s.request_s if ok and s else None,
+            "rate_rps": p.arrival["rate_rps"] if p.arrival else None,
+            "offered_rps": s.offered_rps if s else None,
+            "lag_s_p99": s.lag_s.p99 if s and s.lag_s else None,
             "completed": s.completed if s else 0,
             "failed": s.failed if s else 0,
             "failures": json.dumps(s.failures if s else {}, sort_keys=True),

@@ -30,6 +30,7 @@ Flag = Literal[
     "short_measurement",
     "kernel_mismatch",
     "platform_mismatch",
+    "client_lag",
 ]
 
 
@@ -85,6 +86,12 @@ class Summary(_Record):
     per_instance: list[InstanceLoad] = Field(
         default_factory=list, description="requests and tokens each instance served, so imbalance shows"
     )
+    offered_rps: float | None = Field(
+        None, description="open loop: the rate the schedule asked for (null: closed loop)"
+    )
+    lag_s: Distribution | None = Field(
+        None, description="open loop: how late each request was sent after it was due (the client's lag)"
+    )
 
 
 class CellParams(_Record):
@@ -115,6 +122,11 @@ class CellParams(_Record):
     request_timeout_s: float | None = Field(None, description="seconds one request may take (null: plan unreadable)")
     stall_timeout_s: float | None = Field(None, description="seconds without a token before a request stalls")
     min_measured_s: float = Field(description="a shorter measured phase is flagged short_measurement")
+    arrival: dict | None = Field(
+        None, description="open loop: pattern, rate_rps, burstiness, requests or duration_s (null: closed loop)"
+    )
+    lengths: dict | None = Field(None, description="open loop: the length mix (null: every request the cell's lengths)")
+    max_client_lag_s: float | None = Field(None, description="open loop: a larger p99 send lag is flagged client_lag")
 
 
 class StackDef(_Record):

@@ -38,12 +38,15 @@ class RequestRecord(_Record):
     chunks: int = 0
     error: str | None = Field(default=None, description="http_<code>, stall, timeout, connection, ...")
     detail: str | None = None
+    due: float | None = Field(default=None, description="open loop: when it was due (sent is when it went out)")
+    asked_prompt_tokens: int | None = Field(default=None, description="open loop: its own prompt length")
+    asked_output_tokens: int | None = Field(default=None, description="open loop: its own output length")
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
-    @field_serializer("sent", "first_token", "end")
+    @field_serializer("sent", "first_token", "end", "due")
     def _to_the_microsecond(self, t: float | None) -> float | None:
         return None if t is None else round(t, 6)
 
@@ -88,6 +91,9 @@ def _columns(records: list[RequestRecord]):
         "chunks": pa.int32(),
         "error": pa.string(),
         "detail": pa.string(),
+        "due": pa.float64(),
+        "asked_prompt_tokens": pa.int32(),
+        "asked_output_tokens": pa.int32(),
     }
     assert set(fields) == set(RequestRecord.model_fields), "a RequestRecord field has no column"
     rows = [r.__dict__ for r in records]  # the values as read: exact, not the writer's microseconds

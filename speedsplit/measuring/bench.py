@@ -39,7 +39,7 @@ from speedsplit.measuring import checks
 from speedsplit.models.checkpoint import ModelError, model_identity, model_info, read_model_config
 from speedsplit.planning.config import ConfigError
 from speedsplit.planning.plan import SessionPlan
-from speedsplit.probes import loadgen, slo, telemetry
+from speedsplit.probes import loadgen, slo, telemetry, traffic
 from speedsplit.serving import lease as leases
 from speedsplit.serving import session as sessions
 
@@ -63,11 +63,16 @@ def _now() -> str:
 
 def build_prompts(tokenizer_dir: str | Path, n: int, prompt_tokens: int, seed: int) -> list[str]:
     """n distinct prompts of exactly prompt_tokens tokens, the same for every stack."""
+    return prompts_of(tokenizer_dir, [prompt_tokens] * n, seed)
+
+
+def prompts_of(tokenizer_dir: str | Path, lengths: list[int], seed: int) -> list[str]:
+    """Distinct prompts of exactly these lengths in tokens, the same for every stack."""
     from speedsplit.models.checkpoint import exact_prompt, load_tokenizer
 
     tok = load_tokenizer(tokenizer_dir)
     rng = random.Random(seed)
-    return [exact_prompt(tok, prompt_tokens, rng) for _ in range(n)]
+    return [exact_prompt(tok, n, rng) for n in lengths]
 
 
 def prompt_seed(cell: dict, run: int) -> int:
@@ -283,14 +288,24 @@ def cell_load(
     cell's own request counts unless others are given; prompts are the run's own."""
     per_user = cell["requests_per_user"] if requests_per_user is None else requests_per_user
     warmup = cell["warmup_requests"] if warmup_requests is None else warmup_requests
-    prompts = build_prompts(
-        tokenizer_dir, cell["users"] * (per_user + warmup), cell["prompt_tokens"], prompt_seed(cell, run)
-    )
+    schedule = None
+    if cell.get("arrival"):  # open loop: the schedule, then one warm-up user; prompts of their own lengths
+        arrival, mix = cell["arrival"], cell.get("lengths") or {}
+        seed = prompt_seed(cell, run)
+        schedule = traffic.schedule(
+            arrival, mix, cell["prompt_tokens"], cell["output_tokens"], seed, stack["max_model_len"]
+        )
+        lengths = [cell["prompt_tokens"]] * warmup + [a.prompt_tokens for a in schedule]
+        prompts = prompts_of(tokenizer_dir, lengths, seed)
+    else:
+        prompts = build_prompts(
+            tokenizer_dir, cell["users"] * (per_user + warmup), cell["prompt_tokens"], prompt_seed(cell, run)
+        )
     return loadgen.LoadSpec(
         urls=state["urls"],
         model=state["model_id"],
         prompts=prompts,
-        users=cell["users"],
+        users=cell["users"] or 1,
         prompt_tokens=cell["prompt_tokens"],
         output_tokens=cell["output_tokens"],
         requests_per_user=per_user,
@@ -302,6 +317,7 @@ def cell_load(
         request_timeout_s=cell["request_timeout_s"],
         stall_timeout_s=cell["stall_timeout_s"],
         ramp_s=cell.get("ramp_s", 0.0),  # config.cell_params names a ramp only when there is one
+        schedule=schedule,
     )
 
 

@@ -110,6 +110,9 @@ def honesty_flags(result: RunResult, stack: dict, cell: dict) -> list[str]:
         flags.append("prompt_length_mismatch")
     if s.wall_s < cell["min_measured_s"]:
         flags.append("short_measurement")
+    lag = s.lag_s.p99 if s.lag_s else None
+    if lag is not None and cell.get("max_client_lag_s") is not None and lag > cell["max_client_lag_s"]:
+        flags.append("client_lag")  # the server was not offered the schedule's rate
     ok = serverlog.kernel_matches(stack["expect_kernel"], result.engine.linear_kernel)
     result.kernel_ok = ok
     if ok is False:

@@ -207,6 +207,7 @@ def _check_references(config: dict) -> None:
                     f"{w['prompt_tokens'] + w['output_tokens']} exceeds models.{model}.max_model_len "
                     f"({entry['max_model_len']})"
                 )
+    _check_traffic(config)
     _check_coordination(config)
     _check_factorial(config)
     _check_report(config)
@@ -270,3 +271,29 @@ def _check_capacity(config: dict) -> None:
         raise ConfigError(f"config error at capacity.sampling: unknown sampling {cap['sampling']!r}")
     if cap["reference"] is not None and cap["reference"] not in config["stacks"]:
         raise ConfigError(f"config error at capacity.reference: unknown stack {cap['reference']!r}")
+
+
+def _check_traffic(config: dict) -> None:
+    """Each open-loop workload's schedule can be built for every model it is measured on: a
+    length file that exists and parses, lengths within each model's context."""
+    from speedsplit.probes import traffic
+
+    for name in {c.workload for c in cells(config) if c.rate is not None}:
+        w = config["workloads"][name]
+        mix = w.get("lengths") or {}
+        if mix.get("kind") == "file" and not mix.get("path"):
+            raise ConfigError(f"config error at workloads.{name}.lengths.path: a length file is needed for kind file")
+        for model in bench_models(config):
+            for rate in w["arrival"]["rates"]:
+                arrival = {**w["arrival"], "rate_rps": rate}
+                try:
+                    traffic.schedule(
+                        arrival,
+                        mix,
+                        w["prompt_tokens"],
+                        w["output_tokens"],
+                        0,
+                        config["models"][model]["max_model_len"],
+                    )
+                except traffic.TrafficError as exc:
+                    raise ConfigError(f"config error at workloads.{name}: {exc} (models.{model})") from None

@@ -136,17 +136,21 @@ def bench_stacks(config: dict, topology: str | None = None) -> list[str]:
 
 @dataclass(frozen=True)
 class Cell:
-    """One benchmark cell: concurrency x workload x sampling."""
+    """One benchmark cell: concurrency (closed loop) or a request rate (open loop) x workload x
+    sampling."""
 
-    users: int
+    users: int  # closed loop; 0 for an open-loop cell
     workload: str
     sampling: str
     stacks: tuple[str, ...] = ()  # only these stacks measure it (empty: every one)
     runs: int | None = None  # fewer runs than grid.runs (capacity levels)
     below: tuple[str, ...] = ()  # capacity levels under it, ascending (empty: not a level)
+    rate: float | None = None  # open loop: requests per second
 
     @property
     def name(self) -> str:
+        if self.rate is not None:
+            return f"r{self.rate:g}-{self.workload}-{self.sampling}"
         return f"u{self.users}-{self.workload}-{self.sampling}"
 
     def measured_by(self, stack: str) -> bool:
@@ -156,9 +160,21 @@ class Cell:
 def grid_cells(config: dict) -> list[Cell]:
     """The grid's cells (its list, else its product), without the capacity sweep's levels."""
     g = config["grid"]
+
+    def of(users: list[int], workload: str, sampling: str, stacks: tuple[str, ...] = ()) -> list[Cell]:
+        arrival = config["workloads"][workload].get("arrival")
+        if arrival:  # open loop: a cell per rate, whatever the users
+            return [Cell(0, workload, sampling, stacks, rate=float(r)) for r in arrival["rates"]]
+        return [Cell(u, workload, sampling, stacks) for u in users]
+
     if g["cells"]:
-        return [Cell(c["users"], c["workload"], c["sampling"], tuple(c.get("stacks", ()))) for c in g["cells"]]
-    return [Cell(u, w, s) for w in g["workloads"] for s in g["sampling"] for u in g["users"]]
+        out = [
+            cell
+            for c in g["cells"]
+            for cell in of([c["users"]], c["workload"], c["sampling"], tuple(c.get("stacks", ())))
+        ]
+        return list(dict.fromkeys(out))
+    return [cell for w in g["workloads"] for s in g["sampling"] for cell in of(g["users"], w, s)]
 
 
 def cells(config: dict) -> list[Cell]:
@@ -220,6 +236,8 @@ def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
         "seed": s["seed"],
         "min_measured_s": float(b["min_measured_s"]),
         "telemetry_s": float(b["telemetry_s"]),
+        # open loop: the arrivals and the length mix (closed-loop cells hold none of these)
+        **(_open_loop(config, cell) if cell.rate is not None else {}),
         # a capacity level: the levels under it, and after how many failing ones it is skipped
         "capacity_below": list(cell.below),
         "capacity_stop_after": int(config["capacity"]["stop_after"]),
@@ -256,4 +274,17 @@ def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[st
         "card_memory_gib": entry["card_memory_gib"] or config["card_memory_gib"],
         "memory_cap_args": list(entry["memory_cap_args"]),
         "host_cache_cap": plat == "cpu" and entry["on_cpu"]["host_cache_cap"],
+    }
+
+
+def _open_loop(config: dict, cell: Cell) -> dict[str, Any]:
+    """An open-loop cell's arrivals (its rate), length mix and the client lag it tolerates."""
+    w = config["workloads"][cell.workload]
+    a = w["arrival"]
+    span = {"requests": a["requests"]} if "requests" in a else {"duration_s": float(a["duration_s"])}
+    arrival = {"pattern": a["pattern"], "rate_rps": float(cell.rate), "burstiness": float(a["burstiness"]), **span}
+    return {
+        "arrival": arrival,
+        "lengths": dict(w["lengths"]) if w.get("lengths") else None,
+        "max_client_lag_s": float(config["benchmark"]["max_client_lag_s"]),
     }

@@ -1,9 +1,11 @@
-"""Closed-loop streaming load generator for OpenAI-compatible /v1/completions servers.
+"""Streaming load generator for OpenAI-compatible /v1/completions servers.
 
-N users each send their next request when the previous one completes. A warm-up phase runs
-first and is excluded; the measured phase starts for all users at once, or with the users
-joining evenly over a ramp. It knows URLs and a request dialect, never which stack is behind
-them.
+Closed loop: N users each send their next request when the previous one completes; the
+measured phase starts for all users at once, or with the users joining evenly over a ramp.
+Open loop (a schedule, speedsplit/probes/traffic.py): each request is sent when it is due,
+whatever is still in flight, with its own prompt and output length; each records when it was
+due beside when it was sent. A warm-up phase runs first (closed loop) and is excluded. It
+knows URLs and a request dialect, never which stack is behind them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import aiohttp
 
 from speedsplit.core.record import Distribution, InstanceLoad, Summary
 from speedsplit.core.requestlog import RequestRecord
+from speedsplit.probes.traffic import Arrival
 
 
 @dataclass
@@ -43,6 +46,7 @@ class LoadSpec:
     request_timeout_s: float = 600.0
     stall_timeout_s: float = 120.0
     ramp_s: float = 0.0  # measured phase: user u starts at u * ramp_s / users
+    schedule: list[Arrival] | None = None  # measured phase open loop: these requests, when due
 
 
 def request_index(spec: LoadSpec, phase: str, user: int, i: int) -> int:
@@ -53,12 +57,15 @@ def request_index(spec: LoadSpec, phase: str, user: int, i: int) -> int:
     its sampling seed (seed + index)."""
     if phase == "warmup":
         return user * spec.warmup_requests + i
+    if spec.schedule is not None:
+        return spec.users * spec.warmup_requests + i
     return spec.users * spec.warmup_requests + user * spec.requests_per_user + i
 
 
-def request_body(spec: LoadSpec, prompt: str, seed: int) -> dict:
-    """The JSON body that forces exactly output_tokens tokens in the given dialect."""
-    n = spec.output_tokens
+def request_body(spec: LoadSpec, prompt: str, seed: int, output_tokens: int | None = None) -> dict:
+    """The JSON body that forces exactly output_tokens (the cell's, or this request's) tokens
+    in the given dialect."""
+    n = spec.output_tokens if output_tokens is None else output_tokens
     body = {
         "model": spec.model,
         "prompt": prompt,
@@ -135,7 +142,7 @@ async def _phase(
 ) -> tuple[float, float]:
     timeout = aiohttp.ClientTimeout(total=None, sock_read=spec.stall_timeout_s, sock_connect=30)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    total = spec.users * per_user
+    total = len(spec.schedule) if phase == "measured" and spec.schedule is not None else spec.users * per_user
     done = 0
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         t0 = time.perf_counter()
@@ -153,6 +160,29 @@ async def _phase(
                 await _one_request(http, spec, rec, body, t0)
                 done += 1
 
+        async def open_loop() -> None:
+            """Each scheduled request sent when due, however many are in flight."""
+            nonlocal done
+            sent = []
+
+            async def one(i: int, a: Arrival) -> None:
+                nonlocal done
+                url = spec.urls[i % len(spec.urls)]
+                rec = RequestRecord(user=0, index=i, phase=phase, url=url, sent=time.perf_counter() - t0, due=a.due_s)
+                rec.asked_prompt_tokens, rec.asked_output_tokens = a.prompt_tokens, a.output_tokens
+                records.append(rec)
+                k = request_index(spec, phase, 0, i)
+                body = request_body(spec, spec.prompts[k % len(spec.prompts)], spec.seed + k, a.output_tokens)
+                await _one_request(http, spec, rec, body, t0)
+                done += 1
+
+            for i, a in enumerate(spec.schedule):
+                delay = a.due_s - (time.perf_counter() - t0)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                sent.append(asyncio.create_task(one(i, a)))
+            await asyncio.gather(*sent)
+
         async def report() -> None:
             while True:
                 await asyncio.sleep(2.0)
@@ -166,7 +196,10 @@ async def _phase(
 
         reporter = asyncio.create_task(report()) if progress else None
         try:
-            await asyncio.gather(*(user(u) for u in range(spec.users)))
+            if phase == "measured" and spec.schedule is not None:
+                await open_loop()
+            else:
+                await asyncio.gather(*(user(u) for u in range(spec.users)))
         finally:
             if reporter:
                 reporter.cancel()
@@ -217,8 +250,13 @@ def summarize(
     for r in records:
         if r.error:
             failures[r.error] = failures.get(r.error, 0) + 1
-    wrong_len = sum(1 for r in ok if r.output_tokens != spec.output_tokens)
-    wrong_prompt = sum(1 for r in ok if r.prompt_tokens is not None and r.prompt_tokens != spec.prompt_tokens)
+    wrong_len = sum(1 for r in ok if r.output_tokens != (r.asked_output_tokens or spec.output_tokens))
+    wrong_prompt = sum(
+        1
+        for r in ok
+        if r.prompt_tokens is not None and r.prompt_tokens != (r.asked_prompt_tokens or spec.prompt_tokens)
+    )
+    due = [r.due for r in records if r.due is not None]
     tpot = [
         (r.end - r.first_token) / (r.output_tokens - 1)
         for r in ok
@@ -251,6 +289,9 @@ def summarize(
         warmup_s=warmup_s,
         warmup_failed=warmup_failed,
         per_instance=per_instance,
+        # open loop: the rate asked for, and how late the client sent what was due
+        offered_rps=(len(due) - 1) / max(due) if len(due) > 1 and max(due) > 0 else None,
+        lag_s=_dist([r.sent - r.due for r in records if r.due is not None]) if due else None,
     )
 
 

@@ -11,7 +11,8 @@ Arrivals follow a pattern at a rate (requests per second):
 The phase holds `requests` requests, or as many as arrive within `duration_s`.
 
 Lengths are per request: `fixed` (the workload's prompt_tokens and output_tokens),
-`lognormal` (by mean and spread, the standard deviation of the log; rounded, at least 1) or
+`lognormal` (by mean and spread, the standard deviation of the log; rounded, at least 1,
+capped to fit the model's context) or
 an empirical list read from a file (one `prompt_tokens output_tokens` pair per line, drawn
 with replacement). Every length is still enforced and verified per request.
 """
@@ -126,7 +127,8 @@ def schedule(
     arrival: dict, mix: dict, prompt_tokens: int, output_tokens: int, seed: int, max_model_len: int
 ) -> list[Arrival]:
     """The measured phase of an open-loop cell: every request's due time and lengths, from the
-    seed alone. A request longer than the model's context is an error naming it."""
+    seed alone. A lognormal draw is capped to fit the model's context; a fixed or listed
+    length beyond it is an error naming it."""
     rng = random.Random(seed)
     due = due_times(
         arrival["pattern"],
@@ -137,6 +139,8 @@ def schedule(
         float(arrival.get("burstiness", 1.0)),
     )
     sizes = lengths(mix, prompt_tokens, output_tokens, len(due), random.Random(seed + 1))
+    if mix.get("kind") == "lognormal":  # a draw in the tail is capped to fit the context
+        sizes = [(min(p, max_model_len - min(o, max_model_len - 1)), min(o, max_model_len - 1)) for p, o in sizes]
     for i, (p, o) in enumerate(sizes):
         if p + o > max_model_len:
             raise TrafficError(

@@ -1,4 +1,8 @@
+import pytest
+from conftest import REPO
+
 from speedsplit.measuring import bench, checks
+from speedsplit.planning import config as C
 
 
 def test_prompts_differ_between_cells_and_runs_and_match_across_stacks(tiny_model):
@@ -97,3 +101,61 @@ def test_a_cell_with_keys_no_cell_has_is_an_error_result(tmp_path, tiny_model):
     cell = {**C.cell_params(cfg, C.cells(cfg)[0]), "rate_rps": 3.0}
     res, path = _skipped_level(tmp_path, tiny_model, cell=cell)
     assert res.status == "error" and "rate_rps" in res.error.message and read_result(path).status == "error"
+
+
+@pytest.mark.slow
+def test_an_open_loop_cell_on_a_real_server(tiny_model, tmp_path):
+    """Poisson arrivals with a lognormal length mix on the stock generate() server: every
+    request sent when due with its own lengths, verified, and the run's rate recorded."""
+    from speedsplit.core import procs
+    from speedsplit.core.requestlog import read_requests
+    from speedsplit.planning.plan import BenchJob, SessionPlan
+    from speedsplit.probes import traffic
+
+    cfg = C.load(REPO / "config/config.yaml")
+    mix = {
+        "prompt_tokens": 24,
+        "output_tokens": 6,
+        "warmup_requests": 1,
+        "arrival": {"pattern": "poisson", "rates": [4], "requests": 12},
+        "lengths": {"kind": "lognormal", "prompt_spread": 0.5, "output_spread": 0.5},
+    }
+    cfg = C.validate(C.merge(cfg, {"workloads": {"mix": mix}, "grid": {"workloads": ["mix"]}}))
+    stack = C.stack_params(cfg, "tiny", "hf-generate", "tp1")
+    cell = C.cell_params(cfg, C.cell_by_name(cfg, "r4-mix-greedy"))
+    cell.update(min_measured_s=0.0)
+    plan = SessionPlan(
+        "t/hf-generate/tp1/run0",
+        str(tmp_path / "s.log"),
+        str(tmp_path / "c"),
+        BenchJob("tiny", "hf-generate", "tp1", cell["cell"], 0).result,
+        60.0,
+        600.0,
+        300.0,
+        600.0,
+        120.0,
+    )
+    res = bench.measure(
+        stack=stack,
+        cell=cell,
+        run=0,
+        session=plan,
+        model_dir=tiny_model,
+        tokenizer_dir=tiny_model,
+        out_json=tmp_path / "r.json",
+        out_requests=tmp_path / "r.requests.jsonl",
+        owner=procs.me(),
+    )
+    assert res.status == "ok", res.error
+    s = res.summary
+    assert s.completed == 12 and s.wrong_output_length == 0 and s.wrong_prompt_length == 0
+    expected = traffic.schedule(cell["arrival"], cell["lengths"], 24, 6, bench.prompt_seed(cell, 0), 1024)
+    measured = sorted(
+        (r for r in read_requests(tmp_path / "r.requests.jsonl") if r.phase == "measured"), key=lambda r: r.index
+    )
+    assert [(r.due, r.prompt_tokens, r.output_tokens) for r in measured] == [
+        (round(a.due_s, 6), a.prompt_tokens, a.output_tokens) for a in expected
+    ]
+    assert len({r.prompt_tokens for r in measured}) > 3  # a mix, not one length
+    assert s.offered_rps is not None and s.lag_s.p99 is not None
+    assert ("client_lag" in res.flags) == (s.lag_s.p99 > 0.1)

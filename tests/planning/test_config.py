@@ -164,3 +164,60 @@ def test_a_job_file_holds_no_secret_the_environment_has(tmp_path, monkeypatch):
     write_job_file(tmp_path / "job.json", stack, {"cell": "c"})
     text = (tmp_path / "job.json").read_text()
     assert "hf_Planted" not in text and "b1b2b3" not in text and "<HF_TOKEN>" in text
+
+
+def open_loop_config(**arrival):
+    cfg = C.load(REPO / "config/config.yaml")
+    raw = {
+        "workloads": {
+            "mix": {
+                "prompt_tokens": 64,
+                "output_tokens": 16,
+                "warmup_requests": 2,
+                "arrival": {"pattern": "gamma", "rates": [0.5, 2], "burstiness": 0.5, "requests": 10, **arrival},
+                "lengths": {"kind": "lognormal", "prompt_spread": 0.4, "output_spread": 0.3},
+            }
+        },
+        "grid": {"workloads": ["wide", "mix"], "users": [2], "sampling": ["greedy"]},
+    }
+    return C.validate(C.merge(cfg, raw))
+
+
+def test_an_open_loop_workload_is_a_cell_per_rate_whose_job_file_holds_its_arrivals():
+    cfg = open_loop_config()
+    names = [c.name for c in C.cells(cfg)]
+    assert names == ["u2-wide-greedy", "r0.5-mix-greedy", "r2-mix-greedy"]
+    p = C.cell_params(cfg, C.cell_by_name(cfg, "r2-mix-greedy"))
+    assert p["users"] == 0 and p["arrival"] == {
+        "pattern": "gamma",
+        "rate_rps": 2.0,
+        "burstiness": 0.5,
+        "requests": 10,
+    }
+    assert p["lengths"]["kind"] == "lognormal" and p["max_client_lag_s"] == 0.1
+    assert "arrival" not in C.cell_params(cfg, C.cell_by_name(cfg, "u2-wide-greedy"))  # closed loop as it was
+
+
+@pytest.mark.parametrize(
+    "arrival, lengths, message",
+    [
+        ({"rates": [0]}, None, r"workloads.mix.arrival.rates\[0\]"),
+        ({"requests": 10, "duration_s": 5}, None, r"workloads.mix.arrival"),
+        ({}, {"kind": "file", "path": "/nonexistent/mix.txt"}, "length file not found: /nonexistent/mix.txt"),
+        ({}, {"kind": "fixed"}, None),
+    ],
+)
+def test_bad_open_loop_settings_fail_in_one_line(arrival, lengths, message):
+    cfg = C.load(REPO / "config/config.yaml")
+    mix = {"prompt_tokens": 64, "output_tokens": 16, "arrival": {"rates": [1], "requests": 3, **arrival}}
+    if "duration_s" in arrival:
+        mix["arrival"]["requests"] = 10
+    if lengths:
+        mix["lengths"] = lengths
+    raw = C.merge(cfg, {"workloads": {"mix": mix}, "grid": {"workloads": ["mix"]}})
+    if message is None:
+        C.validate(raw)
+        return
+    with pytest.raises(C.ConfigError, match=message) as err:
+        C.validate(raw)
+    assert "\n" not in str(err.value)

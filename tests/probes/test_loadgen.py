@@ -140,3 +140,26 @@ def test_a_ramp_spreads_the_users_first_requests_and_leaves_the_warm_up_a_burst(
     for t, due in zip(first, [0.0, 0.2, 0.4, 0.6]):  # user u at u x 0.8 / 4 s (a sleep may overrun)
         assert due <= t < due + 0.15
     assert max(r.sent for r in records if r.phase == "warmup") < 0.1
+
+
+def test_open_loop_sends_each_request_when_due_with_its_own_lengths(server_url):
+    """A schedule: requests go out at their due times whatever is in flight (every one here
+    takes longer than the gap to the next), each with its own prompt and output length, all
+    verified; the client's lag and the offered rate are in the summary."""
+    from speedsplit.probes.traffic import Arrival
+
+    sched = [Arrival(i * 0.01, 3 + i % 4, 20 + i % 7) for i in range(40)]  # 100 requests/s
+    prompts = ["w1"] + [" ".join(["w"] * a.prompt_tokens) for a in sched]  # the warm-up's, then each one's
+    s, records = loadgen.run(
+        spec(server_url, users=1, warmup_requests=1, prompts=prompts, schedule=sched, prompt_tokens=1)
+    )
+    measured = sorted((r for r in records if r.phase == "measured"), key=lambda r: r.index)
+    assert s.requests == s.completed == 40 and s.wrong_output_length == 0 and s.wrong_prompt_length == 0
+    assert [r.asked_output_tokens for r in measured] == [a.output_tokens for a in sched]
+    assert [r.output_tokens for r in measured] == [a.output_tokens for a in sched]
+    assert [r.prompt_tokens for r in measured] == [a.prompt_tokens for a in sched]
+    assert [r.due for r in measured] == [a.due_s for a in sched]
+    assert all(r.sent >= r.due - 1e-3 for r in measured) and s.lag_s.p99 < 0.05
+    # open, not closed: later requests went out before earlier ones ended
+    assert sum(1 for a, b in zip(measured, measured[1:]) if b.sent < a.end) > 20
+    assert s.offered_rps == pytest.approx(100, rel=0.01)

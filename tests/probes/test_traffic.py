@@ -18,7 +18,9 @@ def test_poisson_gaps_are_exponential_at_the_rate():
     assert statistics.stdev(g) / statistics.fmean(g) == pytest.approx(1.0, rel=0.05)
     # Kolmogorov-Smirnov against the exponential: within the 99% bound
     s = sorted(g)
-    d = max(max(abs((i + 1) / N - (1 - math.exp(-5 * x))), abs(i / N - (1 - math.exp(-5 * x)))) for i, x in enumerate(s))
+    d = max(
+        max(abs((i + 1) / N - (1 - math.exp(-5 * x))), abs(i / N - (1 - math.exp(-5 * x)))) for i, x in enumerate(s)
+    )
     assert d < 1.63 / math.sqrt(N)
 
 
