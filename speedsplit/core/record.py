@@ -89,6 +89,8 @@ class Summary(_Record):
     offered_rps: float | None = Field(
         None, description="open loop: the rate the schedule asked for (null: closed loop)"
     )
+    trace_skipped: int | None = Field(None, description="trace replay: requests left out, beyond the model's context")
+    trace_capped: int | None = Field(None, description="trace replay: prompts cut (by whole blocks) to fit the context")
     lag_s: Distribution | None = Field(
         None, description="open loop: how late each request was sent after it was due (the client's lag)"
     )
@@ -126,6 +128,9 @@ class CellParams(_Record):
         None, description="open loop: pattern, rate_rps, burstiness, requests or duration_s (null: closed loop)"
     )
     lengths: dict | None = Field(None, description="open loop: the length mix (null: every request the cell's lengths)")
+    trace: dict | None = Field(
+        None, description="trace replay: the trace, its window, speedup and fitting (null: none)"
+    )
     max_client_lag_s: float | None = Field(None, description="open loop: a larger p99 send lag is flagged client_lag")
 
 

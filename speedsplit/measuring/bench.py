@@ -288,8 +288,19 @@ def cell_load(
     cell's own request counts unless others are given; prompts are the run's own."""
     per_user = cell["requests_per_user"] if requests_per_user is None else requests_per_user
     warmup = cell["warmup_requests"] if warmup_requests is None else warmup_requests
-    schedule = None
-    if cell.get("arrival"):  # open loop: the schedule, then one warm-up user; prompts of their own lengths
+    schedule, fitted = None, None
+    if cell.get("trace"):  # a trace window: its arrivals, prompts made of its shared blocks
+        from speedsplit.models.checkpoint import load_tokenizer
+        from speedsplit.models.prompts import block_prompts
+
+        window = traffic.TraceWindow(**{k: v for k, v in cell["trace"].items()})
+        schedule, fitted = traffic.read_trace(window, stack["max_model_len"])
+        seed = prompt_seed(cell, run)
+        block = max(1, round(window.block_tokens * window.length_scale))
+        prompts = prompts_of(tokenizer_dir, [cell["prompt_tokens"]] * warmup, seed) + block_prompts(
+            load_tokenizer(tokenizer_dir), [(a.prompt_tokens, a.blocks) for a in schedule], block, seed
+        )
+    elif cell.get("arrival"):  # open loop: the schedule, then one warm-up user; prompts of their own lengths
         arrival, mix = cell["arrival"], cell.get("lengths") or {}
         seed = prompt_seed(cell, run)
         schedule = traffic.schedule(
@@ -318,6 +329,7 @@ def cell_load(
         stall_timeout_s=cell["stall_timeout_s"],
         ramp_s=cell.get("ramp_s", 0.0),  # config.cell_params names a ramp only when there is one
         schedule=schedule,
+        fitted=fitted,
     )
 
 

@@ -199,7 +199,7 @@ def _check_references(config: dict) -> None:
         entry = config["models"][model]
         if entry["source"] == "hub" and not entry["repo"]:
             raise ConfigError(f"config error at models.{model}.repo: a hub model needs a repo id")
-        for wname in {c.workload for c in cells(config)}:
+        for wname in {c.workload for c in cells(config) if not c.trace}:
             w = workloads[wname]
             if w["prompt_tokens"] + w["output_tokens"] > entry["max_model_len"]:
                 raise ConfigError(
@@ -278,7 +278,15 @@ def _check_traffic(config: dict) -> None:
     length file that exists and parses, lengths within each model's context."""
     from speedsplit.probes import traffic
 
-    for name in {c.workload for c in cells(config) if c.rate is not None}:
+    for name in {c.workload for c in cells(config) if c.trace}:
+        t = config["workloads"][name]["trace"]
+        for model in bench_models(config):
+            window = {k: v for k, v in t.items() if k != "speedups"}
+            try:
+                traffic.read_trace(traffic.TraceWindow(**window), config["models"][model]["max_model_len"])
+            except traffic.TrafficError as exc:
+                raise ConfigError(f"config error at workloads.{name}.trace: {exc} (models.{model})") from None
+    for name in {c.workload for c in cells(config) if c.rate is not None and not c.trace}:
         w = config["workloads"][name]
         mix = w.get("lengths") or {}
         if mix.get("kind") == "file" and not mix.get("path"):

@@ -145,12 +145,13 @@ class Cell:
     stacks: tuple[str, ...] = ()  # only these stacks measure it (empty: every one)
     runs: int | None = None  # fewer runs than grid.runs (capacity levels)
     below: tuple[str, ...] = ()  # capacity levels under it, ascending (empty: not a level)
-    rate: float | None = None  # open loop: requests per second
+    rate: float | None = None  # open loop: requests per second, or a trace's speedup
+    trace: bool = False  # the rate is a trace's speedup
 
     @property
     def name(self) -> str:
         if self.rate is not None:
-            return f"r{self.rate:g}-{self.workload}-{self.sampling}"
+            return f"{'x' if self.trace else 'r'}{self.rate:g}-{self.workload}-{self.sampling}"
         return f"u{self.users}-{self.workload}-{self.sampling}"
 
     def measured_by(self, stack: str) -> bool:
@@ -162,9 +163,11 @@ def grid_cells(config: dict) -> list[Cell]:
     g = config["grid"]
 
     def of(users: list[int], workload: str, sampling: str, stacks: tuple[str, ...] = ()) -> list[Cell]:
-        arrival = config["workloads"][workload].get("arrival")
-        if arrival:  # open loop: a cell per rate, whatever the users
-            return [Cell(0, workload, sampling, stacks, rate=float(r)) for r in arrival["rates"]]
+        w = config["workloads"][workload]
+        if w.get("arrival"):  # open loop: a cell per rate, whatever the users
+            return [Cell(0, workload, sampling, stacks, rate=float(r)) for r in w["arrival"]["rates"]]
+        if w.get("trace"):  # a trace: a cell per speedup
+            return [Cell(0, workload, sampling, stacks, rate=float(r), trace=True) for r in w["trace"]["speedups"]]
         return [Cell(u, workload, sampling, stacks) for u in users]
 
     if g["cells"]:
@@ -278,13 +281,18 @@ def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[st
 
 
 def _open_loop(config: dict, cell: Cell) -> dict[str, Any]:
-    """An open-loop cell's arrivals (its rate), length mix and the client lag it tolerates."""
+    """An open-loop cell's arrivals (its rate) and length mix, or its trace window (its
+    speedup), and the client lag it tolerates."""
     w = config["workloads"][cell.workload]
+    lag = float(config["benchmark"]["max_client_lag_s"])
+    if cell.trace:
+        t = {k: v for k, v in w["trace"].items() if k != "speedups"}
+        return {"trace": {**t, "speedup": float(cell.rate)}, "max_client_lag_s": lag}
     a = w["arrival"]
     span = {"requests": a["requests"]} if "requests" in a else {"duration_s": float(a["duration_s"])}
     arrival = {"pattern": a["pattern"], "rate_rps": float(cell.rate), "burstiness": float(a["burstiness"]), **span}
     return {
         "arrival": arrival,
         "lengths": dict(w["lengths"]) if w.get("lengths") else None,
-        "max_client_lag_s": float(config["benchmark"]["max_client_lag_s"]),
+        "max_client_lag_s": lag,
     }

@@ -47,6 +47,7 @@ class LoadSpec:
     stall_timeout_s: float = 120.0
     ramp_s: float = 0.0  # measured phase: user u starts at u * ramp_s / users
     schedule: list[Arrival] | None = None  # measured phase open loop: these requests, when due
+    fitted: dict | None = None  # trace replay: {"skipped": n, "capped": n} (read_trace)
 
 
 def request_index(spec: LoadSpec, phase: str, user: int, i: int) -> int:
@@ -291,6 +292,8 @@ def summarize(
         per_instance=per_instance,
         # open loop: the rate asked for, and how late the client sent what was due
         offered_rps=(len(due) - 1) / max(due) if len(due) > 1 and max(due) > 0 else None,
+        trace_skipped=spec.fitted["skipped"] if spec.fitted else None,
+        trace_capped=spec.fitted["capped"] if spec.fitted else None,
         lag_s=_dist([r.sent - r.due for r in records if r.due is not None]) if due else None,
     )
 

@@ -10,6 +10,9 @@ Arrivals follow a pattern at a rate (requests per second):
 - `constant`: one request every 1 / rate seconds.
 The phase holds `requests` requests, or as many as arrive within `duration_s`.
 
+A trace replays recorded arrivals instead (`read_trace`: the Mooncake format, with shared
+prompt blocks).
+
 Lengths are per request: `fixed` (the workload's prompt_tokens and output_tokens),
 `lognormal` (by mean and spread, the standard deviation of the log; rounded, at least 1,
 capped to fit the model's context) or
@@ -38,6 +41,7 @@ class Arrival:
     due_s: float  # seconds after the phase's start
     prompt_tokens: int
     output_tokens: int
+    blocks: tuple[int, ...] = ()  # trace replay: its prompt's blocks (same id, same tokens)
 
 
 def gaps(pattern: str, rate: float, n: int, rng: random.Random, burstiness: float = 1.0) -> list[float]:
@@ -147,3 +151,82 @@ def schedule(
                 f"request {i} of the length mix needs {p} + {o} tokens, beyond the model's context ({max_model_len})"
             )
     return [Arrival(t, p, o) for t, (p, o) in zip(due, sizes)]
+
+
+# --- trace replay -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TraceWindow:
+    """Which part of a trace to replay and how to fit it to the model."""
+
+    path: str
+    start_s: float = 0.0  # from the trace's first request
+    duration_s: float | None = None  # the window's length (or requests)
+    requests: int | None = None  # the window's first requests (or duration_s)
+    speedup: float = 1.0  # arrival times divided by this (2: twice the trace's rate)
+    length_scale: float = 1.0  # every length and the block size times this (shared blocks stay shared)
+    over_context: str = "skip"  # a request beyond the context: skip it, or cap its prompt
+    block_tokens: int = 512  # the trace's block size (Mooncake: 512)
+
+
+def _trace_lines(path: Path):
+    import gzip
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        yield from enumerate(f, 1)
+
+
+def read_trace(w: TraceWindow, max_model_len: int) -> tuple[list[Arrival], dict[str, int]]:
+    """A window of a Mooncake-format trace (JSON lines: timestamp ms, input_length,
+    output_length, hash_ids of block_tokens-token prompt blocks; plain or gzipped) as a
+    schedule, and what fitting it did: {"skipped": n, "capped": n} (requests beyond the
+    model's context left out, or their prompts cut to fit, by whole blocks)."""
+    import json
+
+    path = Path(w.path)
+    if not path.is_file():
+        raise TrafficError(f"trace not found: {path}")
+    if not w.speedup > 0 or not w.length_scale > 0:
+        raise TrafficError(f"trace {path.name}: speedup and length_scale must be above 0")
+    if (w.duration_s is None) == (w.requests is None):
+        raise TrafficError(f"trace {path.name}: give a window duration_s or a request count, not both")
+    if w.over_context not in ("skip", "cap"):
+        raise TrafficError(f"trace {path.name}: over_context is skip or cap, not {w.over_context!r}")
+    block = max(1, round(w.block_tokens * w.length_scale))
+    out: list[Arrival] = []
+    counts = {"skipped": 0, "capped": 0}
+    t_first = None
+    for n, line in _trace_lines(path):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+            t, size, answer, ids = float(r["timestamp"]), int(r["input_length"]), int(r["output_length"]), r["hash_ids"]
+        except (ValueError, KeyError, TypeError):
+            raise TrafficError(
+                f"{path} line {n}: not a trace record (timestamp, input_length, output_length, hash_ids)"
+            ) from None
+        if len(ids) != math.ceil(size / w.block_tokens):
+            raise TrafficError(
+                f"{path} line {n}: {len(ids)} hash ids do not fit input_length {size} in {w.block_tokens}-token blocks"
+            )
+        t_first = t if t_first is None else t_first
+        at = (t - t_first) / 1000.0 - w.start_s
+        if at < 0:
+            continue
+        if (w.duration_s is not None and at >= w.duration_s) or (w.requests is not None and len(out) >= w.requests):
+            break
+        prompt, output = max(1, round(size * w.length_scale)), max(1, round(answer * w.length_scale))
+        if prompt + output > max_model_len:
+            if w.over_context == "skip" or output >= max_model_len:
+                counts["skipped"] += 1
+                continue
+            prompt = max_model_len - output
+            counts["capped"] += 1
+        out.append(Arrival(at / w.speedup, prompt, output, tuple(int(i) for i in ids[: math.ceil(prompt / block)])))
+    if not out:
+        raise TrafficError(f"trace {path.name}: no request in the window")
+    t0 = out[0].due_s
+    return [Arrival(a.due_s - t0, a.prompt_tokens, a.output_tokens, a.blocks) for a in out], counts

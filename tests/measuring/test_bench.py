@@ -159,3 +159,41 @@ def test_an_open_loop_cell_on_a_real_server(tiny_model, tmp_path):
     assert len({r.prompt_tokens for r in measured}) > 3  # a mix, not one length
     assert s.offered_rps is not None and s.lag_s.p99 is not None
     assert ("client_lag" in res.flags) == (s.lag_s.p99 > 0.1)
+
+
+@pytest.mark.slow
+def test_a_trace_window_on_vllm_reaches_its_prefix_cache(tiny_model, tmp_path):
+    """A window of the Mooncake conversation trace, scaled to the tiny model: every request
+    with the trace's lengths (scaled), and vLLM's prefix cache hits on the shared blocks."""
+    from speedsplit.core import procs
+    from speedsplit.planning.plan import BenchJob, SessionPlan
+
+    cfg = C.load(REPO / "config/config.yaml")
+    excerpt = str(REPO / "tests/data/mooncake-conversation-excerpt.jsonl")
+    conv = {"warmup_requests": 1, "prompt_tokens": 16, "output_tokens": 4}
+    conv["trace"] = {"path": excerpt, "requests": 24, "speedups": [8], "length_scale": 0.25, "over_context": "cap"}
+    cfg = C.validate(C.merge(cfg, {"workloads": {"conv": conv}, "grid": {"workloads": ["conv"]}}))
+    stack = C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
+    cell = C.cell_params(cfg, C.cell_by_name(cfg, "x8-conv-greedy"))
+    cell.update(min_measured_s=0.0, telemetry_s=0.1)
+    job = BenchJob("tiny", "vllm-fp16", "tp1", cell["cell"], 0).result
+    plan = SessionPlan(
+        "t/vllm-fp16/tp1/trace", str(tmp_path / "s.log"), str(tmp_path / "c"), job, 60.0, 600.0, 900.0, 600.0, 120.0
+    )
+    res = bench.measure(
+        stack=stack,
+        cell=cell,
+        run=0,
+        session=plan,
+        model_dir=tiny_model,
+        tokenizer_dir=tiny_model,
+        out_json=tmp_path / "r.json",
+        out_requests=tmp_path / "r.requests.jsonl",
+        owner=procs.me(),
+    )
+    assert res.status == "ok", res.cause
+    s = res.summary
+    assert s.completed == 24 - s.trace_skipped and s.wrong_output_length == 0 and s.wrong_prompt_length == 0
+    assert s.trace_capped is not None and s.offered_rps is not None
+    hit = res.telemetry.server.prefix_cache_hit_rate if res.telemetry and res.telemetry.server else None
+    assert hit is not None and hit > 0, res.telemetry

@@ -221,3 +221,32 @@ def test_bad_open_loop_settings_fail_in_one_line(arrival, lengths, message):
     with pytest.raises(C.ConfigError, match=message) as err:
         C.validate(raw)
     assert "\n" not in str(err.value)
+
+
+def trace_workload(**trace):
+    excerpt = str(REPO / "tests/data/mooncake-conversation-excerpt.jsonl")
+    return {"trace": {"path": excerpt, "requests": 20, "speedups": [1, 4], "length_scale": 0.05, **trace}}
+
+
+def test_a_trace_workload_is_a_cell_per_speedup():
+    cfg = C.load(REPO / "config/config.yaml")
+    cfg = C.validate(C.merge(cfg, {"workloads": {"conv": trace_workload()}, "grid": {"workloads": ["conv"]}}))
+    assert [c.name for c in C.cells(cfg)] == ["x1-conv-greedy", "x4-conv-greedy"]
+    p = C.cell_params(cfg, C.cell_by_name(cfg, "x4-conv-greedy"))
+    assert p["trace"]["speedup"] == 4.0 and p["trace"]["length_scale"] == 0.05 and "speedups" not in p["trace"]
+
+
+@pytest.mark.parametrize(
+    "trace, message",
+    [
+        ({"path": "/nonexistent/trace.jsonl"}, r"workloads.conv.trace: trace not found: /nonexistent/trace.jsonl"),
+        ({"speedups": [0]}, r"workloads.conv.trace.speedups\[0\]"),
+        ({"start_s": 10_000}, "no request in the window"),
+    ],
+)
+def test_bad_trace_settings_fail_in_one_line(trace, message):
+    cfg = C.load(REPO / "config/config.yaml")
+    raw = C.merge(cfg, {"workloads": {"conv": trace_workload(**trace)}, "grid": {"workloads": ["conv"]}})
+    with pytest.raises(C.ConfigError, match=message) as err:
+        C.validate(raw)
+    assert "\n" not in str(err.value)

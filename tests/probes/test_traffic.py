@@ -4,6 +4,7 @@ function of the seed alone, and bad settings fail in one line naming them."""
 import math
 import random
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,49 @@ def test_a_malformed_length_file_names_its_line(tmp_path):
     f.write_text("100 10\n100 x\n")
     with pytest.raises(T.TrafficError, match="mix.txt line 2: expected two positive token counts"):
         T.read_length_pairs(f)
+
+
+TRACE = Path(__file__).resolve().parents[1] / "data/mooncake-conversation-excerpt.jsonl"
+
+
+def test_a_trace_window_replays_its_arrivals_faster_and_fits_the_context():
+    whole, _ = T.read_trace(T.TraceWindow(str(TRACE), requests=60), max_model_len=200_000)
+    assert len(whole) == 60 and whole[0].due_s == 0.0 and whole[-1].due_s == 15.0
+    assert whole[1].blocks[:1] == whole[0].blocks[:1] == (0,)  # the shared first block
+    fast, _ = T.read_trace(T.TraceWindow(str(TRACE), requests=60, speedup=2.0), max_model_len=200_000)
+    assert [a.due_s for a in fast] == [a.due_s / 2 for a in whole]
+    window, _ = T.read_trace(T.TraceWindow(str(TRACE), start_s=3.0, duration_s=6.0), max_model_len=200_000)
+    assert window[0].due_s == 0.0 and max(a.due_s for a in window) < 6.0
+    skip, counts = T.read_trace(T.TraceWindow(str(TRACE), requests=60), max_model_len=8192)
+    assert counts["skipped"] == sum(1 for a in whole if a.prompt_tokens + a.output_tokens > 8192) > 0
+    assert counts["capped"] == 0 and len(skip) == 60 - counts["skipped"]
+    cap, counts = T.read_trace(T.TraceWindow(str(TRACE), requests=60, over_context="cap"), max_model_len=8192)
+    assert counts["capped"] > 0 and len(cap) == 60 - counts["skipped"]
+    assert all(a.prompt_tokens + a.output_tokens <= 8192 and len(a.blocks) == -(-a.prompt_tokens // 512) for a in cap)
+
+
+def test_a_trace_scaled_down_keeps_its_sharing():
+    """length_scale shrinks every length and the block size alike: a prompt keeps its blocks."""
+    small, _ = T.read_trace(T.TraceWindow(str(TRACE), requests=10, length_scale=0.01), max_model_len=1024)
+    full, _ = T.read_trace(T.TraceWindow(str(TRACE), requests=10), max_model_len=200_000)
+    assert [a.blocks for a in small] == [a.blocks for a in full]
+    assert [a.prompt_tokens for a in small] == [max(1, round(a.prompt_tokens * 0.01)) for a in full]
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("not json", "line 2: not a trace record"),
+        (
+            '{"timestamp": 5, "input_length": 1000, "output_length": 5, "hash_ids": [1]}',
+            "line 2: 1 hash ids do not fit input_length 1000",
+        ),
+    ],
+)
+def test_a_bad_trace_line_is_named(tmp_path, line, message):
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [0]}\n' + line + "\n")
+    with pytest.raises(T.TrafficError, match=message):
+        T.read_trace(T.TraceWindow(str(f), requests=5), 4096)
+    with pytest.raises(T.TrafficError, match="trace not found"):
+        T.read_trace(T.TraceWindow(str(tmp_path / "none.jsonl"), requests=5), 4096)
