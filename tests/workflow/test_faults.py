@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, planned_outputs, run_snakemake
+from conftest import REPO, planned_outputs, run_snakemake, snakemake_bin
 
 from speedsplit.core import procs
 from speedsplit.core.record import read_result
@@ -335,7 +335,7 @@ def test_interrupted_workflow_leaves_nothing_and_resumes(tmp_path_factory):
     cfg["chains"] = {"study": ["hf-fp16", "vllm-fp16"]}
     (wd / "c.yaml").write_text(yaml.safe_dump(cfg))
     cmd = [
-        str(Path(REPO / ".venv/bin/snakemake")) if (REPO / ".venv/bin/snakemake").exists() else "snakemake",
+        snakemake_bin(),
         "--snakefile",
         str(REPO / "Snakefile"),
         "--directory",
@@ -455,7 +455,7 @@ def test_a_full_disk_while_the_result_is_written(cfg, tmp_path, tiny_model, limi
     """The disk fills up (RLIMIT_FSIZE on the job stands in) after the load ran: an error result
     if one still fits, else the job fails cleanly; never a partial or temporary file."""
     key = f"faults/disk{limit}/run0"
-    job = start_job(tmp_path, key, tiny_model)
+    job = start_job(tmp_path, key, tiny_model, output_tokens=120)  # a load still measuring when the disk fills
     st = wait_state(key, ("ready",))
     tree = server_processes(st)
     wait_measuring(tmp_path, job)
