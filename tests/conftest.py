@@ -75,3 +75,28 @@ def planned_outputs(dry_run_stdout: str, prefix: str = "results/bench/") -> list
                 if p.strip().startswith(prefix) and p.strip().endswith(".json")
             ]
     return sorted(set(outs))
+
+
+def measure_alone(stack: dict, cell: dict, model, tmp_path: Path, startup_timeout_s: float = 900.0):
+    """One cell run, as a bench job runs it, on a session of its own that ends with it; its
+    request records at tmp_path / "r.requests.jsonl"."""
+    from speedsplit.core import procs
+    from speedsplit.measuring import bench
+    from speedsplit.planning.plan import BenchJob, SessionPlan
+
+    last = BenchJob(stack["model"], stack["stack"], stack["topology"], cell["cell"], 0).result
+    key = f"alone/{stack['stack']}/{cell['cell']}"
+    plan = SessionPlan(
+        key, str(tmp_path / "s.log"), str(tmp_path / "c"), last, 120.0, 600.0, startup_timeout_s, 600.0, 120.0
+    )
+    return bench.measure(
+        stack=stack,
+        cell=cell,
+        run=0,
+        session=plan,
+        model_dir=model,
+        tokenizer_dir=model,
+        out_json=tmp_path / "r.json",
+        out_requests=tmp_path / "r.requests.jsonl",
+        owner=procs.me(),
+    ), plan

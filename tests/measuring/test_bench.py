@@ -1,5 +1,5 @@
 import pytest
-from conftest import REPO
+from conftest import REPO, measure_alone
 
 from speedsplit.measuring import bench, checks
 from speedsplit.planning import config as C
@@ -107,9 +107,7 @@ def test_a_cell_with_keys_no_cell_has_is_an_error_result(tmp_path, tiny_model):
 def test_an_open_loop_cell_on_a_real_server(tiny_model, tmp_path):
     """Poisson arrivals with a lognormal length mix on the stock generate() server: every
     request sent when due with its own lengths, verified, and the run's rate recorded."""
-    from speedsplit.core import procs
     from speedsplit.core.requestlog import read_requests
-    from speedsplit.planning.plan import BenchJob, SessionPlan
     from speedsplit.probes import traffic
 
     cfg = C.load(REPO / "config/config.yaml")
@@ -124,28 +122,7 @@ def test_an_open_loop_cell_on_a_real_server(tiny_model, tmp_path):
     stack = C.stack_params(cfg, "tiny", "hf-generate", "tp1")
     cell = C.cell_params(cfg, C.cell_by_name(cfg, "r4-mix-greedy"))
     cell.update(min_measured_s=0.0)
-    plan = SessionPlan(
-        "t/hf-generate/tp1/run0",
-        str(tmp_path / "s.log"),
-        str(tmp_path / "c"),
-        BenchJob("tiny", "hf-generate", "tp1", cell["cell"], 0).result,
-        60.0,
-        600.0,
-        300.0,
-        600.0,
-        120.0,
-    )
-    res = bench.measure(
-        stack=stack,
-        cell=cell,
-        run=0,
-        session=plan,
-        model_dir=tiny_model,
-        tokenizer_dir=tiny_model,
-        out_json=tmp_path / "r.json",
-        out_requests=tmp_path / "r.requests.jsonl",
-        owner=procs.me(),
-    )
+    res, _ = measure_alone(stack, cell, tiny_model, tmp_path, startup_timeout_s=300.0)
     assert res.status == "ok", res.error
     s = res.summary
     assert s.completed == 12 and s.wrong_output_length == 0 and s.wrong_prompt_length == 0
@@ -165,8 +142,6 @@ def test_an_open_loop_cell_on_a_real_server(tiny_model, tmp_path):
 def test_a_trace_window_on_vllm_reaches_its_prefix_cache(tiny_model, tmp_path):
     """A window of the Mooncake conversation trace, scaled to the tiny model: every request
     with the trace's lengths (scaled), and vLLM's prefix cache hits on the shared blocks."""
-    from speedsplit.core import procs
-    from speedsplit.planning.plan import BenchJob, SessionPlan
 
     cfg = C.load(REPO / "config/config.yaml")
     excerpt = str(REPO / "tests/data/mooncake-conversation-excerpt.jsonl")
@@ -176,21 +151,7 @@ def test_a_trace_window_on_vllm_reaches_its_prefix_cache(tiny_model, tmp_path):
     stack = C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
     cell = C.cell_params(cfg, C.cell_by_name(cfg, "x8-conv-greedy"))
     cell.update(min_measured_s=0.0, telemetry_s=0.1)
-    job = BenchJob("tiny", "vllm-fp16", "tp1", cell["cell"], 0).result
-    plan = SessionPlan(
-        "t/vllm-fp16/tp1/trace", str(tmp_path / "s.log"), str(tmp_path / "c"), job, 60.0, 600.0, 900.0, 600.0, 120.0
-    )
-    res = bench.measure(
-        stack=stack,
-        cell=cell,
-        run=0,
-        session=plan,
-        model_dir=tiny_model,
-        tokenizer_dir=tiny_model,
-        out_json=tmp_path / "r.json",
-        out_requests=tmp_path / "r.requests.jsonl",
-        owner=procs.me(),
-    )
+    res, _ = measure_alone(stack, cell, tiny_model, tmp_path)
     assert res.status == "ok", res.cause
     s = res.summary
     assert s.completed == 24 - s.trace_skipped and s.wrong_output_length == 0 and s.wrong_prompt_length == 0

@@ -10,7 +10,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import REPO
+from conftest import REPO, measure_alone
 
 from speedsplit.probes import loadgen
 
@@ -96,37 +96,14 @@ def test_a_request_for_another_model_is_refused(server):
 def test_the_workflow_measures_it_as_any_stack(tiny_model, tmp_path):
     """Started, held and stopped by the session machinery, read by the load generator."""
     from speedsplit.core import procs
-    from speedsplit.measuring import bench
     from speedsplit.planning import config as C
-    from speedsplit.planning.plan import BenchJob, SessionPlan
     from speedsplit.serving import session
 
     cfg = C.load(REPO / "config/config.yaml")
     stack = C.stack_params(cfg, "tiny", "hf-generate", "tp1")
     cell = C.cell_params(cfg, C.cells(cfg)[0])
     cell.update(users=3, requests_per_user=2, output_tokens=8, min_measured_s=0.0)
-    plan = SessionPlan(
-        key="hfgen/tiny/tp1/run0",
-        log=str(tmp_path / "session.log"),
-        cache_dir=str(tmp_path / "cache"),
-        last_job=BenchJob("tiny", "hf-generate", "tp1", cell["cell"], 0).result,
-        idle_timeout_s=120.0,
-        lease_timeout_s=600.0,
-        startup_timeout_s=300.0,
-        request_timeout_s=600.0,
-        stall_timeout_s=120.0,
-    )
-    res = bench.measure(
-        stack=stack,
-        cell=cell,
-        run=0,
-        session=plan,
-        model_dir=tiny_model,
-        tokenizer_dir=tiny_model,
-        out_json=tmp_path / "r.json",
-        out_requests=tmp_path / "r.requests.jsonl",
-        owner=procs.me(),
-    )
+    res, plan = measure_alone(stack, cell, tiny_model, tmp_path, startup_timeout_s=300.0)
     assert res.status == "ok", res.server
     assert res.summary.completed == 6 and res.summary.wrong_output_length == 0 and res.flags == []
     st = session.Session(plan.key).state()
