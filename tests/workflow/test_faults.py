@@ -455,7 +455,7 @@ def test_a_full_disk_while_the_result_is_written(cfg, tmp_path, tiny_model, limi
     """The disk fills up (RLIMIT_FSIZE on the job stands in) after the load ran: an error result
     if one still fits, else the job fails cleanly; never a partial or temporary file."""
     key = f"faults/disk{limit}/run0"
-    job = start_job(tmp_path, key, tiny_model, output_tokens=120)  # a load still measuring when the disk fills
+    job = start_job(tmp_path, key, tiny_model)
     st = wait_state(key, ("ready",))
     tree = server_processes(st)
     wait_measuring(tmp_path, job)
