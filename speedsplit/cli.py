@@ -172,6 +172,35 @@ def _pack(args) -> int:
     return 0
 
 
+def _fidelity_args(p):
+    p.add_argument("--url", required=True, help="a running vLLM server's base URL")
+    p.add_argument("--model", required=True, help="the served model name")
+    p.add_argument("--tokenizer", required=True, metavar="DIR", help="the model's tokenizer folder")
+    p.add_argument("--rate", type=float, required=True, help="requests per second (Poisson)")
+    p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--output-tokens", type=int, default=256)
+    p.add_argument("--reps", type=int, default=3, help="repetitions of each tool, alternating")
+
+
+def _fidelity(args) -> int:
+    from speedsplit.probes import fidelity
+
+    rows = fidelity.compare(
+        args.url,
+        args.model,
+        args.tokenizer,
+        args.rate,
+        args.requests,
+        args.prompt_tokens,
+        args.output_tokens,
+        args.reps,
+    )
+    for key, ratio in fidelity.ratios(rows).items():
+        print(f"{key}: speedsplit / vllm bench serve = {ratio:.4f} (medians over {args.reps} repetitions)")
+    return 0
+
+
 # name: (what it answers, its flags, its run). loadgen and peakmem take their own arguments.
 COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "estimate": ("How long will this grid take, before it runs? (per job and per lane)", _estimate_args, _estimate),
@@ -193,6 +222,11 @@ COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     ),
     "ceiling": ("Can the load generator drive more than the fastest cell measured?", _ceiling_args, _ceiling),
     "schema": ("What does a result file hold? (its JSON Schema)", _schema_args, _schema),
+    "fidelity": (
+        "Does speedsplit's Poisson mode agree with `vllm bench serve --request-rate` on a server?",
+        _fidelity_args,
+        _fidelity,
+    ),
     "pack": (
         "How do results travel and get committed small? (request records as columnar parquet, lossless)",
         _pack_args,

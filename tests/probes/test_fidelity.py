@@ -1,0 +1,29 @@
+"""The fidelity check's arithmetic, and that this vLLM's benchmark takes the arguments it is given
+(`speedsplit fidelity` itself was run against vLLM's CPU server: see the README)."""
+
+import pytest
+
+from speedsplit.probes import fidelity
+
+
+def test_ratios_are_speedsplits_median_over_vllms():
+    rows = [
+        {"tool": "speedsplit", "request_rate": r, "ttft_median_ms": t, "tpot_median_ms": 2 * t}
+        for r, t in ((4.0, 10.0), (4.2, 12.0), (3.8, 11.0))
+    ] + [
+        {"tool": "vllm bench serve", "request_rate": r, "ttft_median_ms": t, "tpot_median_ms": t}
+        for r, t in ((4.0, 10.0), (4.4, 10.0), (3.9, 12.0))
+    ]
+    assert fidelity.ratios(rows) == pytest.approx({"request_rate": 1.0, "ttft_median_ms": 1.1, "tpot_median_ms": 2.2})
+
+
+@pytest.mark.slow
+def test_vllms_benchmark_takes_the_arguments(tmp_path):
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    p = FlexibleArgumentParser()
+    add_cli_args(p)
+    args = p.parse_args(fidelity.vllm_bench_args("http://127.0.0.1:1", "m", tmp_path, 4.0, 200, 512, 256, 0, tmp_path))
+    assert (args.request_rate, args.num_prompts, args.random_input_len, args.random_output_len) == (4.0, 200, 512, 256)
+    assert args.ignore_eos and args.dataset_name == "random" and args.save_result
