@@ -293,7 +293,7 @@ def cell_load(
         from speedsplit.models.checkpoint import load_tokenizer
         from speedsplit.models.prompts import block_prompts
 
-        window = traffic.TraceWindow(**{k: v for k, v in cell["trace"].items()})
+        window = traffic.TraceWindow(**cell["trace"])
         schedule, fitted = traffic.read_trace(window, stack["max_model_len"])
         seed = prompt_seed(cell, run)
         block = max(1, round(window.block_tokens * window.length_scale))

@@ -35,6 +35,7 @@ from speedsplit.planning.grid import (  # noqa: F401 (re-exported: callers read 
     platform_of,
     stack_params,
     topology_gpus,
+    trace_window,
 )
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema.yaml"
@@ -281,9 +282,9 @@ def _check_traffic(config: dict) -> None:
     for name in {c.workload for c in cells(config) if c.trace}:
         t = config["workloads"][name]["trace"]
         for model in bench_models(config):
-            window = {k: v for k, v in t.items() if k != "speedups"}
             try:
-                traffic.read_trace(traffic.TraceWindow(**window), config["models"][model]["max_model_len"])
+                window = traffic.TraceWindow(**trace_window(t, t["speedups"][0]))
+                traffic.read_trace(window, config["models"][model]["max_model_len"])
             except traffic.TrafficError as exc:
                 raise ConfigError(f"config error at workloads.{name}.trace: {exc} (models.{model})") from None
     for name in {c.workload for c in cells(config) if c.rate is not None and not c.trace}:

@@ -286,8 +286,7 @@ def _open_loop(config: dict, cell: Cell) -> dict[str, Any]:
     w = config["workloads"][cell.workload]
     lag = float(config["benchmark"]["max_client_lag_s"])
     if cell.trace:
-        t = {k: v for k, v in w["trace"].items() if k != "speedups"}
-        return {"trace": {**t, "speedup": float(cell.rate)}, "max_client_lag_s": lag}
+        return {"trace": trace_window(w["trace"], cell.rate), "max_client_lag_s": lag}
     a = w["arrival"]
     span = {"requests": a["requests"]} if "requests" in a else {"duration_s": float(a["duration_s"])}
     arrival = {"pattern": a["pattern"], "rate_rps": float(cell.rate), "burstiness": float(a["burstiness"]), **span}
@@ -296,3 +295,8 @@ def _open_loop(config: dict, cell: Cell) -> dict[str, Any]:
         "lengths": dict(w["lengths"]) if w.get("lengths") else None,
         "max_client_lag_s": lag,
     }
+
+
+def trace_window(trace: dict, speedup: float) -> dict:
+    """A trace workload's window at one of its speedups (probes/traffic.TraceWindow's fields)."""
+    return {**{k: v for k, v in trace.items() if k != "speedups"}, "speedup": float(speedup)}
