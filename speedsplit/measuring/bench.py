@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import sys
 import time
@@ -36,7 +35,8 @@ from speedsplit.core.record import (
 from speedsplit.core.requestlog import RequestRecord
 from speedsplit.core.results import provenance, redact, write_json_atomic, write_lines_atomic
 from speedsplit.measuring import checks
-from speedsplit.models.checkpoint import ModelError, model_identity, model_info, read_model_config
+from speedsplit.models.checkpoint import ModelError, load_tokenizer, model_identity, model_info, read_model_config
+from speedsplit.models.prompts import block_prompts, prompts_of
 from speedsplit.planning.config import ConfigError
 from speedsplit.planning.plan import SessionPlan
 from speedsplit.probes import loadgen, slo, telemetry, traffic
@@ -64,15 +64,6 @@ def _now() -> str:
 def build_prompts(tokenizer_dir: str | Path, n: int, prompt_tokens: int, seed: int) -> list[str]:
     """n distinct prompts of exactly prompt_tokens tokens, the same for every stack."""
     return prompts_of(tokenizer_dir, [prompt_tokens] * n, seed)
-
-
-def prompts_of(tokenizer_dir: str | Path, lengths: list[int], seed: int) -> list[str]:
-    """Distinct prompts of exactly these lengths in tokens, the same for every stack."""
-    from speedsplit.models.checkpoint import exact_prompt, load_tokenizer
-
-    tok = load_tokenizer(tokenizer_dir)
-    rng = random.Random(seed)
-    return [exact_prompt(tok, n, rng) for n in lengths]
 
 
 def prompt_seed(cell: dict, run: int) -> int:
@@ -288,30 +279,23 @@ def cell_load(
     cell's own request counts unless others are given; prompts are the run's own."""
     per_user = cell["requests_per_user"] if requests_per_user is None else requests_per_user
     warmup = cell["warmup_requests"] if warmup_requests is None else warmup_requests
-    schedule, fitted = None, None
+    schedule, fitted, seed = None, None, prompt_seed(cell, run)
     if cell.get("trace"):  # a trace window: its arrivals, prompts made of its shared blocks
-        from speedsplit.models.checkpoint import load_tokenizer
-        from speedsplit.models.prompts import block_prompts
-
         window = traffic.TraceWindow(**cell["trace"])
         schedule, fitted = traffic.read_trace(window, stack["max_model_len"])
-        seed = prompt_seed(cell, run)
         block = max(1, round(window.block_tokens * window.length_scale))
         prompts = prompts_of(tokenizer_dir, [cell["prompt_tokens"]] * warmup, seed) + block_prompts(
             load_tokenizer(tokenizer_dir), [(a.prompt_tokens, a.blocks) for a in schedule], block, seed
         )
     elif cell.get("arrival"):  # open loop: the schedule, then one warm-up user; prompts of their own lengths
         arrival, mix = cell["arrival"], cell.get("lengths") or {}
-        seed = prompt_seed(cell, run)
         schedule = traffic.schedule(
             arrival, mix, cell["prompt_tokens"], cell["output_tokens"], seed, stack["max_model_len"]
         )
         lengths = [cell["prompt_tokens"]] * warmup + [a.prompt_tokens for a in schedule]
         prompts = prompts_of(tokenizer_dir, lengths, seed)
     else:
-        prompts = build_prompts(
-            tokenizer_dir, cell["users"] * (per_user + warmup), cell["prompt_tokens"], prompt_seed(cell, run)
-        )
+        prompts = build_prompts(tokenizer_dir, cell["users"] * (per_user + warmup), cell["prompt_tokens"], seed)
     return loadgen.LoadSpec(
         urls=state["urls"],
         model=state["model_id"],

@@ -1,4 +1,5 @@
-"""Prompts that share exactly the tokens a trace says they share: each prompt block (a trace's
+"""The prompts a run sends, the same for every stack: distinct ones of exact lengths
+(`prompts_of`), and, for trace replay, ones that share exactly the tokens a trace says they share: each prompt block (a trace's
 hash id) is the same run of tokens wherever it appears, so requests with a common first k
 blocks have a common first k blocks of tokens and a server's prefix cache sees what the trace
 recorded. Built from "word" tokens (one whole word each, most with a leading space) that
@@ -9,7 +10,14 @@ from __future__ import annotations
 
 import random
 
-from speedsplit.models.checkpoint import ModelError
+from speedsplit.models.checkpoint import ModelError, exact_prompt, load_tokenizer
+
+
+def prompts_of(tokenizer_dir, lengths: list[int], seed: int) -> list[str]:
+    """Distinct prompts of exactly these lengths in tokens, from the seed alone."""
+    tok = load_tokenizer(tokenizer_dir)
+    rng = random.Random(seed)
+    return [exact_prompt(tok, n, rng) for n in lengths]
 
 
 def word_ids(tokenizer, rng: random.Random, want: int = 2048) -> list[int]:

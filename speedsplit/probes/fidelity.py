@@ -34,7 +34,7 @@ def ours(
     url: str, model: str, tokenizer_dir: str, rate: float, requests: int, prompt: int, output: int, seed: int
 ) -> dict:
     """speedsplit's open loop: Poisson arrivals, exact lengths, streamed."""
-    from speedsplit.measuring.bench import prompts_of
+    from speedsplit.models.prompts import prompts_of
 
     schedule = traffic.schedule(
         {"pattern": "poisson", "rate_rps": rate, "requests": requests}, {}, prompt, output, seed, 10**9

@@ -163,7 +163,6 @@ async def _phase(
 
         async def open_loop() -> None:
             """Each scheduled request sent when due, however many are in flight."""
-            nonlocal done
             sent = []
 
             async def one(i: int, a: Arrival) -> None:
