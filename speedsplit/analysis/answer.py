@@ -32,7 +32,8 @@ def with_steps(attribution: pl.DataFrame, steps: dict[str, list[str]]) -> pl.Dat
 def with_headline(attribution: pl.DataFrame, headline: list[dict]) -> pl.DataFrame:
     """Adds `headline`: whether the row's cell is one the first screen answers for. The
     configured cells ({users, workload[, sampling]}), else for each (chain, model, topology,
-    workload, sampling) the cell with the most users."""
+    workload, sampling) of the closed loop the cell with the most users (an open-loop cell's
+    throughput follows its offered rate: the traffic block answers for those)."""
     if not attribution.height:
         return attribution.with_columns(pl.lit(False).alias("headline"))
     if headline:
@@ -44,7 +45,8 @@ def with_headline(attribution: pl.DataFrame, headline: list[dict]) -> pl.DataFra
             hit = hit | one
         return attribution.with_columns(hit.alias("headline"))
     most = pl.col("users").max().over(["chain", "model", "topology", "workload", "sampling"])
-    return attribution.with_columns((pl.col("users") == most).alias("headline"))
+    closed = ~pl.col("cell").str.contains(r"^[rx][0-9]")  # open-loop cells answer under traffic (analysis/traffic.py)
+    return attribution.with_columns(((pl.col("users") == most) & closed).alias("headline"))
 
 
 def _x(v: float | None) -> str:

@@ -1,5 +1,5 @@
 """The capacity sweep: per stack, the largest ladder level that met the objectives with no
-failed request (its sustainable users), the first level that did not and why, the levels
+failed request (its sustainable users, or rate for an open-loop ladder), the first level that did not and why, the levels
 skipped past the cliff, and the ratio to a reference stack's capacity (e.g. INT4 over FP16);
 with the memory it ran under and what its server was doing at the cliff.
 """
@@ -20,10 +20,15 @@ SCHEMA = {
     "levels": pl.List(pl.Utf8),
     "sustainable_users": pl.Int64,
     "first_failing_users": pl.Int64,
+    "sustainable_rps": pl.Float64,  # a ladder of rates (open loop): the largest passing rate
+    "first_failing_rps": pl.Float64,
     "first_failing_why": pl.Utf8,
     "passing_users": pl.List(pl.Int64),
     "failing_users": pl.List(pl.Int64),
     "skipped_users": pl.List(pl.Int64),
+    "passing_rps": pl.List(pl.Float64),
+    "failing_rps": pl.List(pl.Float64),
+    "skipped_rps": pl.List(pl.Float64),
     "card_memory_gib": pl.Float64,
     "kv_cache_gib": pl.Float64,
     "kv_cache_tokens": pl.Int64,
@@ -52,38 +57,47 @@ def level_verdicts(df: pl.DataFrame) -> str | None:
 
 
 def capacity_frame(runs: pl.DataFrame, spec: dict) -> pl.DataFrame:
-    """One row per (model, stack, topology) that measured the ladder."""
+    """One row per (model, stack, topology) that measured the ladder: of users (closed loop), or
+    of request rates (`spec["rates"]`, an open-loop workload)."""
+    by_rate = bool(spec.get("rates"))
+    level_col, unit = ("rate_rps", " rps") if by_rate else ("users", "")
     ladder = runs.filter(
         (pl.col("workload") == spec["workload"])
         & (pl.col("sampling") == spec["sampling"])
-        & pl.col("users").is_in(list(spec["users"]))
+        & pl.col(level_col).is_in([float(r) for r in spec["rates"]] if by_rate else list(spec["users"]))
     )
     rows = []
     for key, df in ladder.group_by(KEYS, maintain_order=True):
         levels, passing, failing, skipped = [], [], [], []
-        for (users,), level in df.sort("users").group_by(["users"], maintain_order=True):
+        for (at,), level in df.sort(level_col).group_by([level_col], maintain_order=True):
             verdict = level_verdicts(level)
-            levels.append(f"{users}: {'pass' if verdict is None else verdict}")
+            levels.append(f"{at:g}{unit}: {'pass' if verdict is None else verdict}")
             if verdict is None:
-                passing.append(users)
+                passing.append(at)
             elif set(level["status"].to_list()) == {"skipped"}:
-                skipped.append(users)
+                skipped.append(at)
             else:
-                failing.append((users, verdict))
+                failing.append((at, verdict))
         first = min(failing) if failing else None
-        cliff = df.filter(pl.col("users") == first[0]) if first else df.clear()
+        cliff = df.filter(pl.col(level_col) == first[0]) if first else df.clear()
+        top, cut = (max(passing) if passing else None), (first[0] if first else None)
         rows.append(
             {
                 **dict(zip(KEYS, key)),
                 "workload": spec["workload"],
                 "sampling": spec["sampling"],
                 "levels": levels,
-                "sustainable_users": max(passing) if passing else None,
-                "first_failing_users": first[0] if first else None,
+                "sustainable_users": None if by_rate else top,
+                "first_failing_users": None if by_rate else cut,
+                "sustainable_rps": top if by_rate else None,
+                "first_failing_rps": cut if by_rate else None,
                 "first_failing_why": first[1] if first else None,
-                "passing_users": passing,
-                "failing_users": [u for u, _ in failing],
-                "skipped_users": skipped,
+                "passing_users": [] if by_rate else passing,
+                "failing_users": [] if by_rate else [u for u, _ in failing],
+                "skipped_users": [] if by_rate else skipped,
+                "passing_rps": passing if by_rate else [],
+                "failing_rps": [r for r, _ in failing] if by_rate else [],
+                "skipped_rps": skipped if by_rate else [],
                 "card_memory_gib": df["card_memory_gib"].max(),
                 "kv_cache_gib": df["kv_cache_gib"].min(),
                 "kv_cache_tokens": df["kv_cache_tokens"].min(),
@@ -96,12 +110,13 @@ def capacity_frame(runs: pl.DataFrame, spec: dict) -> pl.DataFrame:
             }
         )
     out = pl.DataFrame(rows, schema={k: v for k, v in SCHEMA.items() if k not in ("reference", "vs_reference")})
-    ref = out.filter(pl.col("stack") == spec.get("reference")).select("model", "topology", "sustainable_users")
+    top = "sustainable_rps" if by_rate else "sustainable_users"
+    ref = out.filter(pl.col("stack") == spec.get("reference")).select("model", "topology", top)
     return (
-        out.join(ref.rename({"sustainable_users": "_ref"}), on=["model", "topology"], how="left")
+        out.join(ref.rename({top: "_ref"}), on=["model", "topology"], how="left")
         .with_columns(
             pl.lit(spec.get("reference"), dtype=pl.Utf8).alias("reference"),
-            (pl.col("sustainable_users") / pl.col("_ref")).alias("vs_reference"),
+            (pl.col(top) / pl.col("_ref")).alias("vs_reference"),
         )
         .drop("_ref")
         .select(list(SCHEMA))

@@ -204,9 +204,10 @@ def check_one_machine(runs: pl.DataFrame) -> None:
         )
 
 
-_INTERVALS = ["output_tok_s", "ttft_s_p99", "e2e_s_p99"] + [f"{m}_median" for m in LATENCY]
-_INTERVALS += ["goodput_rps", "energy_per_token_j"]
+_INTERVALS = ["output_tok_s", "ttft_s_p99", "tpot_s_p99", "e2e_s_p99"] + [f"{m}_median" for m in LATENCY]
+_INTERVALS += ["goodput_rps", "energy_per_token_j", "offered_rps"]
 CELLS_TYPES = {
+    "rate_rps": pl.Float64,
     "slo_met": pl.Boolean,
     "slo_violations": pl.List(pl.Utf8),
     "kv_cache_peak": pl.Float64,
@@ -252,6 +253,7 @@ def cells_frame(runs: pl.DataFrame) -> pl.DataFrame:
             telemetry_absent=sorted({a for xs in df["telemetry_absent"].to_list() for a in xs}),
         )
         row.update(
+            rate_rps=df["rate_rps"][0],  # open loop: the cell's arrival rate (null: closed loop or a trace)
             runs=df.height,
             runs_ok=ok.height,
             statuses=sorted(set(df["status"].to_list())),

@@ -292,8 +292,16 @@ def cell_load(
         schedule = traffic.schedule(
             arrival, mix, cell["prompt_tokens"], cell["output_tokens"], seed, stack["max_model_len"]
         )
-        lengths = [cell["prompt_tokens"]] * warmup + [a.prompt_tokens for a in schedule]
-        prompts = prompts_of(tokenizer_dir, lengths, seed)
+        if mix.get("shared_prefix_tokens"):  # one system prompt (block 0) opens every measured prompt
+            prompts = prompts_of(tokenizer_dir, [cell["prompt_tokens"]] * warmup, seed) + block_prompts(
+                load_tokenizer(tokenizer_dir),
+                [(a.prompt_tokens, (0,)) for a in schedule],
+                mix["shared_prefix_tokens"],
+                seed,
+            )
+        else:
+            lengths = [cell["prompt_tokens"]] * warmup + [a.prompt_tokens for a in schedule]
+            prompts = prompts_of(tokenizer_dir, lengths, seed)
     else:
         prompts = build_prompts(tokenizer_dir, cell["users"] * (per_user + warmup), cell["prompt_tokens"], seed)
     return loadgen.LoadSpec(

@@ -118,6 +118,7 @@ def write_report(
         frames=frames,
         svgs={p.stem: p for p in sorted(Path(plots_dir).glob("*.svg"))},
         sections=analyses.sections(frames, {"link_matrix": _link_matrix(link_json)}),
+        answers=analyses.answers(frames),
     )
 
 

@@ -87,12 +87,15 @@ def memory_cap_note(runs: pl.DataFrame) -> str:
     )
 
 
-def answer_section(sentences: pl.DataFrame, waterfalls: dict[str, str | Path], qualifiers: list[str]) -> str:
-    """The first screen: the decomposition in words, its waterfall, what qualifies it."""
-    parts = ["<section id='answer'><h2>The answer</h2>"]
+def answer_section(
+    sentences: pl.DataFrame, waterfalls: dict[str, str | Path], qualifiers: list[str], answers: list[str] = ()
+) -> str:
+    """The first screen: the analyses' own answers (traffic first), the decomposition in
+    words, its waterfall, what qualifies it."""
+    parts = ["<section id='answer'><h2>The answer</h2>", *answers]
     if sentences.height:
         parts += [f"<p class='headline'>{html.escape(t)}</p>" for t in sentences["sentence"].to_list()]
-    else:
+    elif not answers:
         parts.append(
             "<p class='headline'>No chain has every stack measured in these results: nothing to decompose "
             "(what was measured is in the sections below).</p>"
@@ -136,6 +139,7 @@ def build(
     frames: dict[str, pl.DataFrame],
     svgs: dict[str, str | Path],
     sections: list[str] = (),
+    answers: list[str] = (),
 ) -> None:
     """Write the report atomically: the answer first, the attribution, then each optional
     analysis's section (as given), the plots, the cells, the failures and the setup."""
@@ -145,7 +149,7 @@ def build(
         f"<!doctype html><html><head><meta charset='utf-8'><title>speedsplit report</title>"
         f"<style>{CSS}</style></head><body>",
         "<h1>speedsplit: where did the serving speedup come from?</h1>",
-        answer_section(frames["answer"], waterfalls, qualifiers(runs, attribution)),
+        answer_section(frames["answer"], waterfalls, qualifiers(runs, attribution), list(answers)),
         memory_cap_note(runs),
         "<p class='note'>Throughput = output tokens / wall time of the measured phase. Factors are "
         "ratios of median throughput between neighbouring stacks of a chain; they multiply to the "

@@ -268,6 +268,11 @@ def _check_capacity(config: dict) -> None:
             raise ConfigError(f"config error at capacity.stacks[{i}]: unknown stack {stack!r}")
     if cap["workload"] is not None and cap["workload"] not in config["workloads"]:
         raise ConfigError(f"config error at capacity.workload: unknown workload {cap['workload']!r}")
+    workload = config["workloads"][cap["workload"] or grid_cells(config)[0].workload]
+    if workload.get("trace"):
+        raise ConfigError("config error at capacity.workload: a trace replays its own rate; sweep an arrival workload")
+    if workload.get("arrival") and not cap.get("rates"):
+        raise ConfigError("config error at capacity.rates: an open-loop capacity workload needs its ladder of rates")
     if cap["sampling"] not in config["sampling"]:
         raise ConfigError(f"config error at capacity.sampling: unknown sampling {cap['sampling']!r}")
     if cap["reference"] is not None and cap["reference"] not in config["stacks"]:

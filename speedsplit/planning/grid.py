@@ -35,7 +35,8 @@ def chain_steps(config: dict) -> dict[str, list[str]]:
     """What each step of each chain changes, in words, from the two stacks' definitions:
     'runtime' (HF to vLLM, same weights), 'INT4 weights + kernel' (FP16 to GPTQ, when the chain
     has no later kernel step), 'INT4 format' and 'kernel' (when it has: GPTQ to GPTQ is a
-    kernel change), 'scheduler' (HF to HF), 'configuration' (vLLM to vLLM, same weights)."""
+    kernel change), 'scheduler' (HF to HF), 'prefix caching' (vLLM to vLLM, its prefix-caching
+    switch alone), 'configuration' (vLLM to vLLM otherwise, same weights)."""
     out = {}
     for name, chain in config["chains"].items():
         entries = [config["stacks"][s] for s in chain]
@@ -53,10 +54,19 @@ def chain_steps(config: dict) -> dict[str, list[str]]:
                 steps.append("kernel")
             elif _family(a) != _family(b):
                 steps.append("runtime")
+            elif _family(b) == "hf":
+                steps.append("scheduler")
             else:
-                steps.append("scheduler" if _family(b) == "hf" else "configuration")
+                steps.append("prefix caching" if _only_prefix_caching(a, b) else "configuration")
         out[name] = steps
     return out
+
+
+def _only_prefix_caching(a: dict, b: dict) -> bool:
+    """Whether two stacks' arguments differ in their prefix-caching switch alone
+    (--no-enable-prefix-caching / --enable-prefix-caching)."""
+    differ = set(a["args"]) ^ set(b["args"])
+    return bool(differ) and all("prefix-caching" in arg for arg in differ)
 
 
 def factorial_spec(config: dict) -> dict | None:
@@ -181,19 +191,27 @@ def grid_cells(config: dict) -> list[Cell]:
 
 
 def cells(config: dict) -> list[Cell]:
-    """The grid's cells, then the capacity sweep's levels (ascending users) not already in it."""
+    """The grid's cells, then the capacity sweep's levels (ascending users, or rates for an
+    open-loop workload) not already in it."""
     g = config["grid"]
     out = grid_cells(config)
     cap = config.get("capacity") or {}
     if cap.get("enabled"):
         workload = cap["workload"] or out[0].workload
-        levels = sorted(set(cap["users"]))
-        names = [Cell(u, workload, cap["sampling"]).name for u in levels]
+        if config["workloads"][workload].get("arrival"):
+            levels = [Cell(0, workload, cap["sampling"], rate=float(r)) for r in sorted(set(cap.get("rates") or []))]
+        else:
+            levels = [Cell(u, workload, cap["sampling"]) for u in sorted(set(cap["users"]))]
+        names = [c.name for c in levels]
         taken = {c.name for c in out}
-        for i, users in enumerate(levels):
+        for i, level in enumerate(levels):
             if names[i] not in taken:
                 runs = min(cap["runs"], g["runs"])
-                out.append(Cell(users, workload, cap["sampling"], tuple(cap["stacks"]), runs, tuple(names[:i])))
+                out.append(
+                    Cell(
+                        level.users, workload, cap["sampling"], tuple(cap["stacks"]), runs, tuple(names[:i]), level.rate
+                    )
+                )
     return out
 
 

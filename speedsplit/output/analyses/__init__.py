@@ -3,7 +3,8 @@ when the config turns it on, what its builder needs from the config, its builder
 and its report section. `aggregate` builds, charts and reports by looping over `REGISTRY`.
 
 Adding one touches three files: its frames in speedsplit/analysis/, its module here (an
-`ANALYSIS` found by name, placed by `order`), and its config section in the schema.
+`ANALYSIS` found by name, placed by `order`), and its config section in the schema. One
+whose question a run asked first (traffic) also gives the report's first screen a block.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class Analysis:
     spec: Callable[[dict], Any] = lambda config: None  # what its builder needs from the config (plain builtins)
     charts: Callable[[dict[str, pl.DataFrame]], dict[str, Any]] = lambda frames: {}
     section: Callable[[dict[str, pl.DataFrame], dict], str] = lambda frames, context: ""
+    # its block of the report's first screen (HTML; "" when it has nothing to answer)
+    answer: Callable[[dict[str, pl.DataFrame]], str] = lambda frames: ""
 
 
 def html_section(title: str, note: str, *body: str) -> str:
@@ -99,3 +102,8 @@ def charts(frames: dict[str, pl.DataFrame]) -> dict[str, Any]:
 
 def sections(frames: dict[str, pl.DataFrame], context: dict) -> list[str]:
     return [html for a in REGISTRY if (html := a.section(frames, context))]
+
+
+def answers(frames: dict[str, pl.DataFrame]) -> list[str]:
+    """The first screen's blocks of the analyses that answer there, in their order."""
+    return [html for a in REGISTRY if (html := a.answer(frames))]

@@ -18,44 +18,52 @@ def build(b: Basis) -> dict[str, pl.DataFrame]:
 
 
 def capacity_chart(cells: pl.DataFrame, capacity: pl.DataFrame) -> alt.Chart:
-    """The capacity sweep per stack: throughput, goodput and failed requests vs users, each
-    measured level marked pass or fail, a dashed rule at the first failing level (the cliff).
-    Skipped levels were not measured: they are in the capacity table, not on the chart."""
+    """The capacity sweep per stack: throughput, goodput and failed requests vs users (or the
+    request rate, an open-loop ladder), each measured level marked pass or fail, a dashed rule
+    at the first failing level (the cliff). Skipped levels were not measured: they are in the
+    capacity table, not on the chart."""
+    by_rate = capacity["sustainable_rps"].is_not_null().any() or capacity["first_failing_rps"].is_not_null().any()
+    at, unit = ("rate_rps", "rps") if by_rate else ("users", "users")
     verdicts = capacity.select(
-        "model", "stack", "topology", "workload", "sampling", "passing_users", "failing_users", "first_failing_users"
-    )
+        "model", "stack", "topology", "workload", "sampling",
+        pl.col(f"passing_{unit}").alias("passing"),
+        pl.col(f"failing_{unit}").alias("failing"),
+        pl.col(f"first_failing_{unit}").alias("cliff"),
+    )  # fmt: skip
     levels = (
         cells.join(verdicts, on=["model", "stack", "topology", "workload", "sampling"], how="inner")
-        .filter(
-            pl.col("passing_users").list.contains(pl.col("users"))
-            | pl.col("failing_users").list.contains(pl.col("users"))
-        )
+        .with_columns(pl.col(at).cast(pl.Float64).alias("level"))
+        .filter(pl.col("passing").list.contains(pl.col("level")) | pl.col("failing").list.contains(pl.col("level")))
         .with_columns(
-            pl.when(pl.col("passing_users").list.contains(pl.col("users")))
+            pl.when(pl.col("passing").list.contains(pl.col("level")))
             .then(pl.lit("pass"))
             .otherwise(pl.lit("fail"))
             .alias("verdict"),
             pl.col("failed_requests").cast(pl.Float64),
+            pl.col("cliff").cast(pl.Float64),
             pl.format("{} ({})", "stack", "topology").alias("series"),
         )
     )
     panels = {"output_tok_s": "output tokens/s", "goodput_rps": "goodput (requests/s)", "failed_requests": "failed"}
     long = levels.unpivot(
-        index=["model", "series", "users", "verdict", "first_failing_users"],
+        index=["model", "series", "level", "verdict", "cliff"],
         on=list(panels),
         variable_name="metric",
         value_name="value",
     ).with_columns(pl.col("metric").replace(panels))
     base = alt.Chart().encode(
-        x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"), color=alt.Color("series:N")
+        x=alt.X(
+            "level:Q", scale=alt.Scale(type="log"), title="request rate (requests/s)" if by_rate else "concurrent users"
+        ),
+        color=alt.Color("series:N"),
     )
     lines = base.mark_line().encode(y=alt.Y("value:Q", title=None))
     points = base.mark_point(filled=True, size=70).encode(
         y="value:Q",
         shape=alt.Shape("verdict:N", scale=alt.Scale(domain=["pass", "fail"], range=["circle", "cross"])),
-        tooltip=["series", "users", "verdict", alt.Tooltip("value:Q", format=".2f")],
+        tooltip=["series", alt.Tooltip("level:Q", title=unit), "verdict", alt.Tooltip("value:Q", format=".2f")],
     )
-    cliff = base.mark_rule(strokeDash=[4, 3]).encode(x="first_failing_users:Q")
+    cliff = base.mark_rule(strokeDash=[4, 3]).encode(x="cliff:Q")
     caps = sorted(set(capacity["card_memory_gib"].drop_nulls().to_list()))
     return (
         alt.layer(lines, points, cliff, data=long.filter(pl.col("value").is_not_null()).to_pandas())
@@ -92,9 +100,9 @@ def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
     return html_section(
         "Capacity",
         "The capacity sweep (config <i>capacity</i>): a level passes when no request "
-        "failed and the latency objectives (<i>slo</i>) held in every run; sustainable users = the "
+        "failed and the latency objectives (<i>slo</i>) held in every run; sustainable users (or requests/s, a ladder of rates) = the "
         "largest passing level; levels past <i>stop_after</i> failing ones were skipped, not measured. "
-        "vs_reference: sustainable users over the reference stack's.",
+        "vs_reference: sustainable users (or rate) over the reference stack's.",
         html_table(capacity) if capacity.height else "<p>No stack measured the ladder.</p>",
     )
 

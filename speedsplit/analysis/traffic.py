@@ -1,0 +1,146 @@
+"""The decomposition under traffic: at an open-loop cell (requests arriving at a rate, or a
+replayed trace) every stack meets the same requests at the same times, so what differs is how
+well it serves them. Throughput there mostly follows the offered rate; goodput and latency
+are what part ways. Each chain's factors are computed for each of those metrics, as speedups:
+a higher-is-better metric (goodput, throughput) as new / old, a latency as old / new (per run
+the reciprocal, so the factors still multiply exactly to the total). Above 1 the later stack
+is faster on that metric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import polars as pl
+
+from speedsplit.analysis import attribution as attr
+from speedsplit.analysis.chains import clean_runs
+
+# column: (label, higher is better)
+METRICS = {
+    "goodput_rps": ("goodput", True),
+    "output_tok_s": ("throughput", True),
+    "ttft_s_median": ("TTFT p50", False),
+    "ttft_s_p99": ("TTFT p99", False),
+    "tpot_s_median": ("TPOT p50", False),
+    "tpot_s_p99": ("TPOT p99", False),
+    "e2e_s_median": ("E2E p50", False),
+}
+KEYS = ["model", "topology", "cell", "workload", "sampling"]
+OPEN_LOOP = pl.col("cell").str.contains(r"^[rx][0-9]")  # Cell.name: r{rate}-... or x{speedup}-...
+
+FACTORS_SCHEMA = {
+    **{k: pl.Utf8 for k in KEYS},
+    "rate_rps": pl.Float64,
+    "chain": pl.Utf8,
+    "position": pl.Int64,
+    "factor": pl.Utf8,
+    "step": pl.Utf8,
+    "metric": pl.Utf8,
+    "value": pl.Float64,
+    "lo": pl.Float64,
+    "hi": pl.Float64,
+    "verdict": pl.Utf8,
+    "runs_used": pl.Int64,
+    "note": pl.Utf8,
+}
+STACKS_COLUMNS = [
+    "model", "topology", "cell", "workload", "sampling", "rate_rps", "stack", "runs_ok", "offered_rps",
+    "output_tok_s", "goodput_rps", "slo_met", "ttft_s_median", "ttft_s_p99", "tpot_s_median", "tpot_s_p99",
+    "e2e_s_median", "prefix_cache_hit_rate", "kv_cache_peak", "preemptions", "failed_requests", "flags",
+]  # fmt: skip
+
+
+def verdict(value: float | None, lo: float | None, hi: float | None) -> str:
+    """Which way is faster, as far as the interval shows."""
+    if value is None:
+        return "undefined"
+    if lo is None or hi is None:
+        return ("faster" if value > 1 else "slower") + " (no interval)"
+    if lo > 1:
+        return "faster"
+    if hi < 1:
+        return "slower"
+    return "no difference shown (the interval holds 1)"
+
+
+def _speeds(values: list, higher_is_better: bool) -> list[float]:
+    out = [v for v in values if v is not None]
+    return out if higher_is_better else [1.0 / v for v in out if v > 0]
+
+
+def stacks_frame(cells: pl.DataFrame) -> pl.DataFrame:
+    """Each stack at each open-loop cell: the rate offered, what it served, its latency, its
+    prefix-cache hit rate (medians over runs)."""
+    return cells.filter(OPEN_LOOP).select([c for c in STACKS_COLUMNS if c in cells.columns])
+
+
+def factors_frame(
+    runs: pl.DataFrame,
+    chains: dict[str, list[str]],
+    steps: dict[str, list[str]] | None = None,
+    tolerate_flags: Collection[str] = (),
+) -> pl.DataFrame:
+    """One row per (chain, open-loop cell, metric, factor), plus a 'total' row each: the
+    factor as a speedup with its bootstrap interval, and which way it goes."""
+    steps = steps or {}
+    rows = []
+    for key, df in runs.filter(OPEN_LOOP).group_by(KEYS, maintain_order=True):
+        base = {**dict(zip(KEYS, key)), "rate_rps": df["rate_rps"][0]}
+        for chain_name, chain in chains.items():
+            clean = {s: clean_runs(df.filter(pl.col("stack") == s), tolerate_flags) for s in chain}
+            if all(c.height == 0 and not why for c, why in clean.values()):
+                continue  # no stack of this chain measured the cell
+            for metric, (label, higher) in METRICS.items():
+                speed, missing = {}, {}
+                for s, (c, why) in clean.items():
+                    speed[s] = _speeds(c[metric].to_list(), higher)
+                    if not speed[s]:
+                        missing[s] = _why_none(c, why, metric, label)
+                a = attr.attribute(chain, speed, missing=missing)
+                note = "; ".join(f"{s}: {w}" for s, w in a.missing.items())
+                named = steps.get(chain_name) or []
+                for i, f in enumerate(a.factors):
+                    rows.append(
+                        {
+                            **base,
+                            "chain": chain_name,
+                            "position": i + 1,
+                            "factor": f.name,
+                            "step": named[i] if i < len(named) else "",
+                            "metric": label,
+                            "value": f.value,
+                            "lo": f.ci[0],
+                            "hi": f.ci[1],
+                            "verdict": verdict(f.value, *f.ci),
+                            "runs_used": len(speed[f.frm]) + len(speed[f.to]),
+                            "note": note,
+                        }
+                    )
+                rows.append(
+                    {
+                        **base,
+                        "chain": chain_name,
+                        "position": 0,
+                        "factor": "total",
+                        "step": "total",
+                        "metric": label,
+                        "value": a.total,
+                        "lo": a.total_ci[0],
+                        "hi": a.total_ci[1],
+                        "verdict": verdict(a.total, *a.total_ci),
+                        "runs_used": sum(len(v) for v in speed.values()),
+                        "note": note,
+                    }
+                )
+    return pl.DataFrame(rows, schema=FACTORS_SCHEMA)
+
+
+def _why_none(clean: pl.DataFrame, excluded: list[str], metric: str, label: str) -> str:
+    """Why a stack has no value of a metric at a cell, in words."""
+    if clean.height == 0:
+        reasons = ", ".join(w.split(" ", 1)[1] for w in excluded)
+        return f"no clean run ({reasons})" if excluded else "not measured"
+    if metric == "goodput_rps" and clean[metric].drop_nulls().len() and not any(clean[metric].drop_nulls()):
+        return "goodput 0: no request met the objectives, the factor is unbounded"
+    return f"no {label} in its clean runs"

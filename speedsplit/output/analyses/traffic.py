@@ -1,0 +1,129 @@
+"""Traffic: at each open-loop cell (a request rate, or a replayed trace), each stack's goodput,
+latency and prefix-cache hit rate, and each chain's factors on those metrics, saying which way
+is faster. It answers first on the report's first screen when the run has such cells."""
+
+from __future__ import annotations
+
+import html
+
+import altair as alt
+import polars as pl
+
+from speedsplit.analysis import traffic
+from speedsplit.core.formats import flat, html_table, value_text
+from speedsplit.output.analyses import Analysis, Basis, html_section
+from speedsplit.output.plots import title
+from speedsplit.planning.grid import cells as grid_cells
+
+FIRST_SCREEN = ["goodput", "throughput", "TTFT p50", "TPOT p50", "E2E p50"]
+
+
+def build(b: Basis) -> dict[str, pl.DataFrame]:
+    """Both tables when the config has open-loop cells (spec True) or the results do."""
+    stacks = traffic.stacks_frame(b.cells)
+    if not (b.spec or stacks.height):
+        return {}
+    return {"traffic": stacks, "traffic_factors": traffic.factors_frame(b.runs, b.chains, b.steps, b.tolerate_flags)}
+
+
+def _x(v, lo, hi) -> str:
+    if v is None:
+        return "—"
+    ci = f" [{value_text(lo, 3)}, {value_text(hi, 3)}]" if lo is not None and hi is not None else ""
+    return f"{value_text(v, 3)}×{ci}"
+
+
+def answer(frames: dict[str, pl.DataFrame]) -> str:
+    """Per chain: its factors at each open-loop cell on goodput, throughput and median
+    latencies (speedups: above 1 the later stack is faster), then what each stack served."""
+    factors, stacks = frames.get("traffic_factors"), frames.get("traffic")
+    if factors is None or not factors.height:
+        return ""
+    parts = [
+        "<h3>Under traffic</h3><p class='note'>Open-loop cells: every stack met the same requests at the "
+        "same times. Each factor is a speedup on that metric (a latency as old / new): above 1 the later "
+        "stack is faster; [95% bootstrap interval over runs]. Throughput follows the offered rate while a "
+        "stack keeps up; goodput (requests/s that met the objectives) and latency are where stacks part.</p>"
+    ]
+    for chain, df in factors.group_by("chain", maintain_order=True):
+        rows = []
+        for key, g in df.group_by(["model", "topology", "cell", "position", "factor", "step"], maintain_order=True):
+            by = {r["metric"]: r for r in g.iter_rows(named=True)}
+            model, topology, cell, _, factor, step = key
+            row = {"cell": cell, "model": model, "topology": topology, "step": step, "factor": factor}
+            row |= {m: _x(by[m]["value"], by[m]["lo"], by[m]["hi"]) if m in by else "—" for m in FIRST_SCREEN}
+            rows.append(row)
+        table = pl.DataFrame(rows).sort("cell", maintain_order=True)
+        if table["model"].n_unique() == 1 and table["topology"].n_unique() == 1:
+            table = table.drop("model", "topology")
+        notes = sorted({n for n in df["note"].to_list() if n})
+        parts.append(f"<p><b>{html.escape(chain[0])}</b></p>" + html_table(table))
+        parts += [f"<p class='note'>{html.escape(n)}</p>" for n in notes]
+    if stacks is not None and stacks.height:
+        served = stacks.select(
+            "cell", "stack", "offered_rps", "goodput_rps", "output_tok_s", "ttft_s_median", "tpot_s_median",
+            "prefix_cache_hit_rate", "slo_met",
+        )  # fmt: skip
+        parts.append("<p><b>What each stack served</b> (medians over runs)</p>" + html_table(served))
+    return "".join(parts)
+
+
+def factors_chart(factors: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
+    """Each chain's factors against the offered request rate, on goodput and the median
+    latencies, with their intervals (rate cells only: a trace's cells have no one rate)."""
+    df = factors.filter(
+        pl.col("rate_rps").is_not_null() & pl.col("metric").is_in(["goodput", "TTFT p50", "TPOT p50", "E2E p50"])
+    ).with_columns(pl.format("{}: {}", "step", "factor").alias("series"))
+    base = alt.Chart().encode(
+        x=alt.X("rate_rps:Q", scale=alt.Scale(type="log"), title="offered requests/s"),
+        color=alt.Color("series:N", title="step"),
+    )
+    y = alt.Y("value:Q", scale=alt.Scale(type="log"), title="speedup (above 1: faster)")
+    line = base.mark_line(point=True).encode(y=y, tooltip=["chain", "series", "metric", "rate_rps", "value"])
+    bars = base.mark_errorbar().encode(y=alt.Y("lo:Q", title=None), y2="hi:Q")
+    one = alt.Chart().mark_rule(strokeDash=[3, 3], color="grey").encode(y=alt.datum(1))
+    return (
+        alt.layer(line, bars, one, data=df.to_pandas())
+        .properties(width=200, height=160)
+        .facet(column=alt.Column("metric:N", title=None), row=alt.Row("chain:N", title=None))
+        .resolve_scale(y="independent")
+        .properties(title=title("Factors under traffic vs the offered rate (goodput and median latencies)", cells))
+    )
+
+
+def charts(frames: dict[str, pl.DataFrame]) -> dict:
+    factors = frames.get("traffic_factors")
+    if factors is None or not factors.filter(pl.col("rate_rps").is_not_null() & pl.col("value").is_not_null()).height:
+        return {}
+    return {"traffic": factors_chart(factors, flat(frames["cells"]))}
+
+
+def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
+    if "traffic" not in frames:
+        return ""
+    return html_section(
+        "Traffic",
+        "Open-loop cells (config <i>workloads.*.arrival</i> or <i>trace</i>): each stack's offered and served "
+        "rate, latency percentiles and prefix-cache hit rate (medians over runs), then every chain's factors "
+        "per metric as speedups (a latency as old / new), with intervals and which way each goes. Runs "
+        "whose client fell behind its schedule (client_lag) are left out.",
+        html_table(flat(frames["traffic"])),
+        html_table(frames["traffic_factors"].drop("position")),
+    )
+
+
+def enabled(config: dict) -> bool:
+    return any(c.rate is not None for c in grid_cells(config))
+
+
+ANALYSIS = Analysis(
+    "traffic",
+    order=5,
+    tables=("traffic", "traffic_factors"),
+    enabled=enabled,
+    spec=enabled,
+    build=build,
+    charts=charts,
+    section=section,
+    answer=answer,
+)
