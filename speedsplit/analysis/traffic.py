@@ -51,12 +51,13 @@ STACKS_COLUMNS = [
 ]  # fmt: skip
 
 
-def verdict(value: float | None, lo: float | None, hi: float | None) -> str:
-    """Which way is faster, as far as the interval shows."""
+def verdict(value: float | None, lo: float | None, hi: float | None, fewest_runs: int = 2) -> str:
+    """Which way is faster, as far as the interval shows (with one run of a stack there is
+    no interval to show it)."""
     if value is None:
         return "undefined"
-    if lo is None or hi is None:
-        return ("faster" if value > 1 else "slower") + " (no interval)"
+    if lo is None or hi is None or fewest_runs < 2:
+        return ("faster" if value > 1 else "slower" if value < 1 else "the same") + " (one run: no interval)"
     if lo > 1:
         return "faster"
     if hi < 1:
@@ -65,8 +66,10 @@ def verdict(value: float | None, lo: float | None, hi: float | None) -> str:
 
 
 def _speeds(values: list, higher_is_better: bool) -> list[float]:
-    out = [v for v in values if v is not None]
-    return out if higher_is_better else [1.0 / v for v in out if v > 0]
+    """Per-run speeds: the value itself, or a latency's reciprocal (zeros left out: a goodput of 0
+    has no ratio)."""
+    out = [v for v in values if v is not None and v > 0]
+    return out if higher_is_better else [1.0 / v for v in out]
 
 
 def stacks_frame(cells: pl.DataFrame) -> pl.DataFrame:
@@ -112,7 +115,7 @@ def factors_frame(
                             "value": f.value,
                             "lo": f.ci[0],
                             "hi": f.ci[1],
-                            "verdict": verdict(f.value, *f.ci),
+                            "verdict": verdict(f.value, *f.ci, min(len(speed[f.frm]), len(speed[f.to]))),
                             "runs_used": len(speed[f.frm]) + len(speed[f.to]),
                             "note": note,
                         }
@@ -128,7 +131,7 @@ def factors_frame(
                         "value": a.total,
                         "lo": a.total_ci[0],
                         "hi": a.total_ci[1],
-                        "verdict": verdict(a.total, *a.total_ci),
+                        "verdict": verdict(a.total, *a.total_ci, min(len(v) for v in speed.values())),
                         "runs_used": sum(len(v) for v in speed.values()),
                         "note": note,
                     }
@@ -141,6 +144,6 @@ def _why_none(clean: pl.DataFrame, excluded: list[str], metric: str, label: str)
     if clean.height == 0:
         reasons = ", ".join(w.split(" ", 1)[1] for w in excluded)
         return f"no clean run ({reasons})" if excluded else "not measured"
-    if metric == "goodput_rps" and clean[metric].drop_nulls().len() and not any(clean[metric].drop_nulls()):
+    if metric == "goodput_rps" and clean[metric].drop_nulls().len() and not any(clean[metric].drop_nulls()):  # all 0
         return "goodput 0: no request met the objectives, the factor is unbounded"
     return f"no {label} in its clean runs"

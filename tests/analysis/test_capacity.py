@@ -157,3 +157,49 @@ def test_a_kv_budget_makes_a_real_cliff_and_an_interrupted_sweep_resumes(tmp_pat
     assert eight.server.memory_cap.card_memory_gib == 1 and not eight.server.memory_cap.applied
     assert "not on a CUDA card" in eight.server.memory_cap.reason
     assert (tmp_path / "results/plots/capacity.svg").exists() and (tmp_path / "results/plots/server.svg").exists()
+
+
+def test_an_open_loop_workload_sweeps_a_ladder_of_rates(tmp_path):
+    """Levels are request rates (cells r{rate}-...), judged like users; the table gives the
+    sustainable rate and its ratio to the reference."""
+    cfg = copy.deepcopy(C.load(REPO / "config" / "config.yaml"))
+    cfg["workloads"]["mix"] = {"prompt_tokens": 16, "output_tokens": 8, "arrival": {"rates": [1], "requests": 4}}
+    cfg["grid"]["cells"] = [{"users": 1, "workload": "mix", "sampling": "greedy"}]
+    cfg["capacity"] = {"enabled": True, "workload": "mix", "stacks": ["vllm-fp16"]}
+    with pytest.raises(C.ConfigError, match=r"^config error at capacity.rates: an open-loop capacity workload needs"):
+        C.validate(copy.deepcopy(cfg))
+    cfg["capacity"]["rates"] = [4, 1, 2]
+    cfg = C.validate(cfg)
+    levels = [(c.name, c.below) for c in C.cells(cfg) if c.below or c.rate == 4]
+    assert levels == [
+        ("r2-mix-greedy", ("r1-mix-greedy",)),
+        ("r4-mix-greedy", ("r1-mix-greedy", "r2-mix-greedy")),
+    ]
+    assert C.cell_params(cfg, C.cell_by_name(cfg, "r4-mix-greedy"))["arrival"]["rate_rps"] == 4.0
+
+    paths = []
+    for stack, verdicts in {"vllm-fp16": (True, True, False), "vllm-marlin": (True, True, True)}.items():
+        for rate, met in zip((1, 2, 4), verdicts):
+            res = level(stack, 0, met, why=() if met else ("p99 TTFT 3 s > 2 s",))
+            res.cell = res.params.cell = f"r{rate}-mix-greedy"
+            res.params.workload, res.params.arrival = "mix", {"pattern": "poisson", "rate_rps": float(rate)}
+            paths.append(write_result(tmp_path / f"{stack}-{rate}.json", res))
+    spec = {"workload": "mix", "sampling": "greedy", "rates": [1, 2, 4], "reference": "vllm-fp16"}
+    frames = aggregate.build_frames(paths, {}, specs={"capacity": spec})
+    cap = {r["stack"]: r for r in frames["capacity"].iter_rows(named=True)}
+    fp16, marlin = cap["vllm-fp16"], cap["vllm-marlin"]
+    assert fp16["sustainable_rps"] == 2.0 and fp16["first_failing_rps"] == 4.0 and fp16["sustainable_users"] is None
+    assert fp16["levels"] == ["1 rps: pass", "2 rps: pass", "4 rps: p99 TTFT 3 s > 2 s"]
+    assert marlin["sustainable_rps"] == 4.0 and marlin["vs_reference"] == pytest.approx(2.0)
+    from speedsplit.output.analyses.capacity import charts
+
+    assert "capacity" in charts(frames)  # drawn against the rate
+
+
+def test_a_trace_cannot_be_the_capacity_workload():
+    cfg = copy.deepcopy(C.load(REPO / "config" / "config.yaml"))
+    trace = {"path": str(REPO / "tests/data/mooncake-conversation-excerpt.jsonl"), "requests": 4, "speedups": [1]}
+    cfg["workloads"]["replay"] = {"trace": trace}
+    cfg["capacity"] = {"enabled": True, "workload": "replay", "rates": [1]}
+    with pytest.raises(C.ConfigError, match=r"^config error at capacity.workload: a trace replays its own rate"):
+        C.validate(cfg)

@@ -16,6 +16,32 @@ def test_prompts_differ_between_cells_and_runs_and_match_across_stacks(tiny_mode
     assert not set(a) & set(b) and len(set(a)) == 8
 
 
+def test_a_length_mix_with_a_shared_prefix_opens_every_prompt_with_the_same_tokens(tiny_model):
+    """shared_prefix_tokens: the first N tokens of every measured prompt are one system prompt
+    (a shorter prompt is a cut of it), the rest each prompt's own; lengths stay exact."""
+    from speedsplit.models.checkpoint import load_tokenizer
+
+    cell = {
+        "cell": "r2-mix-greedy", "seed": 0, "users": 0, "prompt_tokens": 24, "output_tokens": 4,
+        "requests_per_user": 1, "warmup_requests": 1, "temperature": 0.0, "top_p": 1.0,
+        "request_timeout_s": 10.0, "stall_timeout_s": 10.0,
+        "arrival": {"pattern": "poisson", "rate_rps": 2.0, "requests": 12},
+        "lengths": {"kind": "lognormal", "prompt_spread": 0.6, "output_spread": 0.3, "shared_prefix_tokens": 16},
+    }  # fmt: skip
+    stack = {"max_model_len": 256, "dialect": "vllm"}
+    load = bench.cell_load({"urls": ["http://127.0.0.1:1"], "model_id": "m"}, stack, cell, 0, tiny_model)
+    tok = load_tokenizer(tiny_model)
+    ids = [tok.encode(p, add_special_tokens=False) for p in load.prompts[1:]]  # after the warm-up
+    assert [len(x) for x in ids] == [a.prompt_tokens for a in load.schedule]
+    assert min(len(x) for x in ids) < 16 < max(len(x) for x in ids)  # the mix spans the prefix's length
+    prefix = next(x for x in ids if len(x) >= 16)[:16]
+    assert all(x[:16] == prefix[: len(x)] for x in ids)
+    assert len({tuple(x[16:]) for x in ids if len(x) > 17}) == len([x for x in ids if len(x) > 17])  # own tails
+    assert tok.encode(load.prompts[0], add_special_tokens=False)[:16] != prefix  # the warm-up is not it
+    again = bench.cell_load({"urls": ["http://127.0.0.1:1"], "model_id": "m"}, stack, cell, 1, tiny_model)
+    assert tok.encode(again.prompts[1], add_special_tokens=False)[:16] != prefix  # each run its own system prompt
+
+
 def test_honesty_flags():
     from records import fake_result
 

@@ -1,0 +1,92 @@
+"""The decomposition under traffic: factors on goodput and latency at open-loop cells, as
+speedups that still multiply to the total, with which way each goes."""
+
+import pytest
+from records import fake_result, write_result
+
+from speedsplit.core.record import Distribution, Slo
+from speedsplit.output import aggregate
+
+CHAINS = {"study": ["hf-fp16", "vllm-fp16", "vllm-marlin"]}
+STEPS = {"study": ["runtime", "INT4 weights + kernel"]}
+
+
+def open_loop(stack, rate, run, ttft, tpot, goodput, tok_s=100.0, flags=()):
+    """A run of an open-loop cell r{rate}-mix-greedy with these medians (p99 twice them)."""
+    res = fake_result(stack, 0, run, tok_s, workload="mix", flags=flags)
+    res.cell = res.params.cell = f"r{rate:g}-mix-greedy"
+    res.params.arrival = {"pattern": "poisson", "rate_rps": float(rate), "requests": 10}
+    res.summary.offered_rps = float(rate)
+    res.summary.ttft_s = Distribution(mean=ttft, median=ttft, p90=ttft, p99=2 * ttft)
+    res.summary.tpot_s = Distribution(mean=tpot, median=tpot, p90=tpot, p99=2 * tpot)
+    res.slo = Slo(ttft_p99_s=2.0, tpot_p99_s=0.1, met=goodput > 0, violations=[], good_requests=0, goodput_rps=goodput)
+    return res
+
+
+def frames(tmp_path, results):
+    paths = [write_result(tmp_path / f"{i}.json", r) for i, r in enumerate(results)]
+    return aggregate.build_frames(paths, CHAINS, steps=STEPS, specs={"traffic": True})
+
+
+def test_latency_factors_are_old_over_new_and_multiply_to_the_total(tmp_path):
+    results = []
+    for run in range(3):
+        results += [
+            open_loop("hf-fp16", 4, run, ttft=2.0 + run * 0.1, tpot=0.08, goodput=1.0 + run * 0.1),
+            open_loop("vllm-fp16", 4, run, ttft=0.1, tpot=0.01 + run * 0.001, goodput=4.0),
+            open_loop("vllm-marlin", 4, run, ttft=0.1, tpot=0.008, goodput=4.0),
+        ]
+    f = frames(tmp_path, results)["traffic_factors"]
+    rows = {(r["metric"], r["step"]): r for r in f.iter_rows(named=True)}
+    runtime_ttft = rows[("TTFT p50", "runtime")]
+    assert runtime_ttft["value"] == pytest.approx(2.1 / 0.1) and runtime_ttft["verdict"] == "faster"
+    int4_tpot = rows[("TPOT p50", "INT4 weights + kernel")]
+    assert int4_tpot["value"] == pytest.approx(0.011 / 0.008)
+    assert rows[("TPOT p50", "total")]["value"] == pytest.approx(
+        rows[("TPOT p50", "runtime")]["value"] * int4_tpot["value"]
+    )
+    assert rows[("goodput", "runtime")]["value"] == pytest.approx(4.0 / 1.1)
+    # the same goodput on both vLLM stacks: an interval at exactly 1, no direction shown
+    assert rows[("goodput", "INT4 weights + kernel")]["verdict"] == "no difference shown (the interval holds 1)"
+    # TTFT p99 is its own metric (twice the median here): same factor
+    assert rows[("TTFT p99", "runtime")]["value"] == pytest.approx(runtime_ttft["value"])
+
+
+def test_a_stack_that_served_no_good_request_makes_the_goodput_factor_unbounded_and_says_so(tmp_path):
+    results = []
+    for run in range(2):
+        results += [
+            open_loop("hf-fp16", 16, run, ttft=30.0, tpot=0.2, goodput=0.0),
+            open_loop("vllm-fp16", 16, run, ttft=0.1, tpot=0.01, goodput=16.0),
+            open_loop("vllm-marlin", 16, run, ttft=0.1, tpot=0.01, goodput=16.0),
+        ]
+    f = frames(tmp_path, results)["traffic_factors"]
+    good = {r["step"]: r for r in f.filter(f["metric"] == "goodput").iter_rows(named=True)}
+    assert good["runtime"]["value"] is None and good["runtime"]["verdict"] == "undefined"
+    assert "hf-fp16: goodput 0: no request met the objectives" in good["runtime"]["note"]
+    assert good["INT4 weights + kernel"]["value"] == pytest.approx(1.0)  # its two stacks were measured
+
+
+def test_a_run_whose_client_fell_behind_counts_in_no_factor(tmp_path):
+    results = [
+        open_loop("hf-fp16", 4, 0, ttft=2.0, tpot=0.08, goodput=1.0),
+        open_loop("vllm-fp16", 4, 0, ttft=0.1, tpot=0.01, goodput=4.0),
+        open_loop("vllm-fp16", 4, 1, ttft=9.0, tpot=0.01, goodput=4.0, flags=["client_lag"]),
+        open_loop("vllm-marlin", 4, 0, ttft=0.1, tpot=0.01, goodput=4.0),
+    ]
+    f = frames(tmp_path, results)
+    ttft = f["traffic_factors"].filter((f["traffic_factors"]["metric"] == "TTFT p50"))
+    assert ttft.filter(ttft["step"] == "runtime")["value"][0] == pytest.approx(20.0)
+    assert ttft.filter(ttft["step"] == "runtime")["verdict"][0] == "faster (one run: no interval)"
+
+
+def test_closed_loop_cells_answer_in_the_headline_open_loop_ones_in_the_traffic_block(tmp_path):
+    results = [open_loop(s, 4, 0, ttft=0.1, tpot=0.01, goodput=4.0) for s in CHAINS["study"]]
+    results += [fake_result(s, 8, 0, t) for s, t in zip(CHAINS["study"], (10.0, 100.0, 120.0))]
+    f = frames(tmp_path, results)
+    assert f["answer"]["cell"].to_list() == ["u8-wide-greedy"]
+    assert set(f["traffic"]["cell"]) == {"r4-mix-greedy"} and f["traffic"]["rate_rps"].to_list() == [4.0] * 3
+    from speedsplit.output.analyses import traffic
+
+    block = traffic.answer(f)
+    assert "Under traffic" in block and "r4-mix-greedy" in block and "runtime" in block
