@@ -65,6 +65,8 @@ def capacity_frame(runs: pl.DataFrame, spec: dict) -> pl.DataFrame:
         (pl.col("workload") == spec["workload"])
         & (pl.col("sampling") == spec["sampling"])
         & pl.col(level_col).is_in([float(r) for r in spec["rates"]] if by_rate else list(spec["users"]))
+        # the sweeping stacks only: another stack that measured a grid cell on the ladder did not sweep
+        & (pl.col("stack").is_in(list(spec["stacks"])) if spec.get("stacks") else pl.lit(True))
     )
     rows = []
     for key, df in ladder.group_by(KEYS, maintain_order=True):

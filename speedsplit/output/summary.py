@@ -35,6 +35,34 @@ def undecomposed(results: Path) -> list[str]:
     return out
 
 
+def traffic_lines(factors) -> list[str]:
+    """Per chain and open-loop cell: its steps' factors on goodput and median latencies
+    (speedups: above 1 faster)."""
+    if factors is None or not factors.height:
+        return []
+    out = []
+    steps = factors.filter((factors["position"] > 0) & factors["metric"].is_in(["goodput", "TTFT p50", "TPOT p50"]))
+    from speedsplit.analysis.answer import unmeasured
+
+    for (chain, model, topology, cell), df in steps.group_by(
+        ["chain", "model", "topology", "cell"], maintain_order=True
+    ):
+        where = f"  under traffic, {chain} at {cell} ({model}, {topology}): "
+        if df["value"].is_null().all():  # a stack of the chain left this cell out (a capacity level) or failed it
+            if not unmeasured(df["note"][0]):
+                out.append(where + f"not decomposed ({df['note'][0]})")
+            continue
+        parts = []
+        for (metric,), m in df.group_by(["metric"], maintain_order=True):
+            named = ", ".join(
+                f"{r['step'] or r['factor']} {'—' if r['value'] is None else format(r['value'], '.3g') + 'x'}"
+                for r in m.iter_rows(named=True)
+            )
+            parts.append(f"{metric}: {named}")
+        out.append(where + " | ".join(parts))
+    return out
+
+
 def lines(results: str | Path = "results") -> tuple[list[str], bool]:
     """The summary's lines, and whether every measured chain was decomposed."""
     results = Path(results)
@@ -42,6 +70,7 @@ def lines(results: str | Path = "results") -> tuple[list[str], bool]:
     answer = _frame(results / "tables" / "answer.parquet")
     for sentence in [] if answer is None else answer["sentence"].to_list():
         out.append(f"  {sentence}")
+    out += traffic_lines(_frame(results / "tables" / "traffic_factors.parquet"))
     missing = undecomposed(results)
     for why in missing:
         out.append(f"  NOT DECOMPOSED: {why}")

