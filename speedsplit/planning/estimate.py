@@ -42,7 +42,7 @@ class JobEstimate:
     start_s: float  # the server's start-up, on a session's first job; else 0
     load_s: float  # the rest of the job: its load and the job's own overhead
     rate_tok_s: float
-    source: str  # where the rate came from: measured, roofline, configured
+    source: str  # where the time came from: measured, roofline, configured, schedule (open loop)
 
     @property
     def total_s(self) -> float:
@@ -125,11 +125,24 @@ def roofline_rate(
             "quantization_config": {"quant_method": "gptq", "bits": q["bits"], "group_size": q["group_size"]},
         }
     topo = config["topologies"][topology]
+    if not cell["users"]:  # open loop: no fixed batch to price
+        return None
     batch = cell["users"] / topo["instances"]
     context = cell["prompt_tokens"] + cell["output_tokens"] / 2
     step_bytes = roofline.decode_step_bytes(shape, variant, batch, context) / topo["tensor_parallel"]
     step_s = step_bytes / (bandwidth * 1e9 * config["estimate"]["roofline_efficiency"])
     return cell["users"] / step_s
+
+
+def schedule_s(cell: dict) -> float | None:
+    """An open-loop cell's arrivals span (its requests at its rate, its duration, or its trace
+    window at its speedup), or None: a closed-loop cell, or a trace window counted in requests."""
+    if cell.get("arrival"):
+        a = cell["arrival"]
+        return float(a["duration_s"]) if "duration_s" in a else a["requests"] / a["rate_rps"]
+    if cell.get("trace") and cell["trace"].get("duration_s"):
+        return cell["trace"]["duration_s"] / cell["trace"]["speedup"]
+    return None
 
 
 def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: str = BANDWIDTH) -> list[JobEstimate]:
@@ -157,6 +170,8 @@ def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: 
         if rate is None:
             rate, source = float(est["output_tok_s"][platform]), "configured"
         rest = measured.job_s.get(key) if source == "measured" else None
+        if rest is None and (due := schedule_s(cell)) is not None:  # open loop: as long as its arrivals
+            rest, source = due + float(est["job_overhead_s"]), "schedule"
         if rest is None:
             rest = tokens / rate + float(est["job_overhead_s"])
         start = measured.startup.get((job.model, job.stack, job.topology), float(est["startup_s"][platform]))
