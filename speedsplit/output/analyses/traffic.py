@@ -29,8 +29,9 @@ def build(b: Basis) -> dict[str, pl.DataFrame]:
 def _x(v, lo, hi) -> str:
     if v is None:
         return "—"
-    ci = f" [{value_text(lo, 3)}, {value_text(hi, 3)}]" if lo is not None and hi is not None else ""
-    return f"{value_text(v, 3)}×{ci}"
+    if lo is None or hi is None or lo == hi:  # one run of a stack: no interval
+        return f"{value_text(v, 3)}× (one run)"
+    return f"{value_text(v, 3)}× [{value_text(lo, 3)}, {value_text(hi, 3)}]"
 
 
 def answer(frames: dict[str, pl.DataFrame]) -> str:
@@ -47,13 +48,20 @@ def answer(frames: dict[str, pl.DataFrame]) -> str:
     ]
     for chain, df in factors.group_by("chain", maintain_order=True):
         rows = []
+        # by rate (a trace's cells last), each step in chain order, the total last
+        df = df.sort(["rate_rps", "cell", pl.col("position").replace(0, 10**6)], nulls_last=True, maintain_order=True)
         for key, g in df.group_by(["model", "topology", "cell", "position", "factor", "step"], maintain_order=True):
+            if g["value"].is_null().all():
+                continue  # a stack of the step did not measure this cell, or failed it: the notes below say which
             by = {r["metric"]: r for r in g.iter_rows(named=True)}
             model, topology, cell, _, factor, step = key
             row = {"cell": cell, "model": model, "topology": topology, "step": step, "factor": factor}
             row |= {m: _x(by[m]["value"], by[m]["lo"], by[m]["hi"]) if m in by else "—" for m in FIRST_SCREEN}
             rows.append(row)
-        table = pl.DataFrame(rows).sort("cell", maintain_order=True)
+        if not rows:
+            parts.append(f"<p><b>{html.escape(chain[0])}</b>: no factor could be computed.</p>")
+            continue
+        table = pl.DataFrame(rows)
         if table["model"].n_unique() == 1 and table["topology"].n_unique() == 1:
             table = table.drop("model", "topology")
         notes = sorted({n for n in df["note"].to_list() if n})
@@ -74,6 +82,8 @@ def factors_chart(factors: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
     df = factors.filter(
         pl.col("rate_rps").is_not_null() & pl.col("metric").is_in(["goodput", "TTFT p50", "TPOT p50", "E2E p50"])
     ).with_columns(pl.format("{}: {}", "step", "factor").alias("series"))
+    steps = pl.col("position").filter(pl.col("position") > 0).n_unique().over("chain")
+    df = df.filter((pl.col("position") > 0) | (steps > 1))  # a one-step chain's total is that step
     base = alt.Chart().encode(
         x=alt.X("rate_rps:Q", scale=alt.Scale(type="log"), title="offered requests/s"),
         color=alt.Color("series:N", title="step"),
