@@ -90,3 +90,38 @@ def test_closed_loop_cells_answer_in_the_headline_open_loop_ones_in_the_traffic_
 
     block = traffic.answer(f)
     assert "Under traffic" in block and "r4-mix-greedy" in block and "runtime" in block
+
+
+def test_the_report_and_the_run_summary_answer_under_traffic_first(tmp_path):
+    """The first screen opens with the traffic block (cells by rate, not as text), and the
+    run's closing summary gives each chain's factors per open-loop cell."""
+    from speedsplit.output import report, summary
+    from speedsplit.output.analyses import answers
+    from speedsplit.planning import config as C
+
+    results = []
+    for rate in (16, 4):  # given out of order
+        for run in range(2):
+            results += [
+                open_loop("hf-fp16", rate, run, ttft=2.0 + run * 0.1, tpot=0.08, goodput=1.0),
+                open_loop("vllm-fp16", rate, run, ttft=0.1, tpot=0.01 + run * 0.001, goodput=rate * 0.9),
+                open_loop("vllm-marlin", rate, run, ttft=0.1, tpot=0.008, goodput=rate * 0.9),
+            ]
+    f = frames(tmp_path, results)
+    out = tmp_path / "report.html"
+    report.build(out, config=C.load(), provenance=None, frames=f, svgs={}, answers=answers(f))
+    page = out.read_text()
+    first = page[page.index("<section id='answer'>") : page.index("</section>")]
+    assert "Under traffic" in first and "No chain has every stack measured" not in first
+    assert first.index("r4-mix-greedy") < first.index("r16-mix-greedy")  # by rate
+    tables = tmp_path / "results" / "tables"
+    aggregate.write_tables(
+        [write_result(tmp_path / "r" / f"{i}.json", r) for i, r in enumerate(results)],
+        tables,
+        chains=CHAINS,
+        steps=STEPS,
+        specs={"traffic": True},
+    )
+    lines = summary.lines(tmp_path / "results")[0]
+    r4 = next(line for line in lines if "study at r4-mix-greedy" in line)
+    assert "goodput: runtime 3.6x, INT4 weights + kernel 1x" in r4 and "TTFT p50: runtime 20.5x" in r4
