@@ -90,7 +90,17 @@ def sentences(attribution: pl.DataFrame, chains: dict[str, list[str]]) -> pl.Dat
         if total["value"] is None:
             if unmeasured(total["note"]):
                 continue  # a chain these results do not cover: one line among the qualifiers
-            text = f"{where}: not decomposable, {total['note'] or 'a stack has no clean run'}."
+            known = [
+                f"{r['step'] or r['factor']} {_x(r['value'])} {_ci(r['lo'], r['hi'])}"
+                for r in factors.iter_rows(named=True)
+                if r["value"] is not None
+            ]
+            why = total["note"] or "a stack has no clean run"
+            text = (
+                f"{where}: partial, {'; '.join(known)} measured; no total ({why})."
+                if known
+                else f"{where}: not decomposable, {why}."
+            )
         else:
             parts = [
                 f"{r['step'] or r['factor']} {_x(r['value'])} {_ci(r['lo'], r['hi'])}"

@@ -94,6 +94,7 @@ def answer_section(
     words, its waterfall, what qualifies it."""
     parts = ["<section id='answer'><h2>The answer</h2>", *answers]
     if sentences.height:
+        parts += ["<h3>The chain</h3>"] if answers else []
         parts += [f"<p class='headline'>{html.escape(t)}</p>" for t in sentences["sentence"].to_list()]
     elif not answers:
         parts.append(

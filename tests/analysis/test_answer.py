@@ -75,7 +75,9 @@ def test_an_undefined_decomposition_has_no_waterfall_and_is_said(tmp_path):
     paths.append(write_result(tmp_path / "m.json", fake_result("vllm-marlin", 8, 0, 90.0, flags=["kernel_mismatch"])))
     frames = aggregate.build_frames(paths, CHAINS, steps=STEPS)
     (sentence,) = frames["answer"]["sentence"].to_list()
-    assert "not decomposable" in sentence and "vllm-marlin: no clean run (run0: kernel_mismatch)" in sentence
+    # the factor both of whose stacks counted is given; the total is not
+    assert "partial, runtime 1× " in sentence and " measured; no total (" in sentence
+    assert "vllm-marlin: no clean run (run0: kernel_mismatch)" in sentence
     lines = A.qualifiers(frames["runs"], frames["attribution"])
     assert any(q.startswith("Not decomposable: chain study") for q in lines)
 

@@ -49,6 +49,25 @@ class Analysis:
     answer: Callable[[dict[str, pl.DataFrame]], str] = lambda frames: ""
 
 
+def times(v, lo=None, hi=None) -> str:
+    """A factor as an answer states it: '1.5× [1.49, 1.52]' (no interval: '1.5×')."""
+    from speedsplit.core.formats import value_text
+
+    if v is None:
+        return "—"
+    ci = f" [{value_text(lo, 3)}, {value_text(hi, 3)}]" if lo is not None and hi is not None and lo != hi else ""
+    return f"{value_text(v, 3)}×{ci}"
+
+
+def answer_block(title: str, lines: list[str]) -> str:
+    """An analysis's block of the report's first screen: a heading and one line per answer."""
+    import html
+
+    if not lines:
+        return ""
+    return f"<h3>{html.escape(title)}</h3>" + "".join(f"<p class='headline'>{html.escape(t)}</p>" for t in lines)
+
+
 def html_section(title: str, note: str, *body: str) -> str:
     """A report section: its heading, what it shows and how to read it, then its tables."""
     return "\n".join([f"<h2>{title}</h2>", f"<p class='note'>{note}</p>", *body])

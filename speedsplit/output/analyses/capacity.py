@@ -7,7 +7,7 @@ import altair as alt
 import polars as pl
 
 from speedsplit.core.formats import flat, html_table
-from speedsplit.output.analyses import Analysis, Basis, html_section
+from speedsplit.output.analyses import Analysis, Basis, answer_block, html_section, times
 from speedsplit.planning.grid import capacity_spec
 
 
@@ -26,8 +26,8 @@ def capacity_chart(cells: pl.DataFrame, capacity: pl.DataFrame) -> alt.Chart:
     at, unit = ("rate_rps", "rps") if by_rate else ("users", "users")
     verdicts = capacity.select(
         "model", "stack", "topology", "workload", "sampling",
-        pl.col(f"passing_{unit}").alias("passing"),
-        pl.col(f"failing_{unit}").alias("failing"),
+        pl.col(f"passing_{unit}").cast(pl.List(pl.Float64)).alias("passing"),
+        pl.col(f"failing_{unit}").cast(pl.List(pl.Float64)).alias("failing"),
         pl.col(f"first_failing_{unit}").alias("cliff"),
     )  # fmt: skip
     levels = (
@@ -107,6 +107,38 @@ def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
     )
 
 
+def answer(frames: dict[str, pl.DataFrame]) -> str:
+    """Per model, topology and workload: each stack's sustainable users (or rate), what broke
+    first above it, and each stack against the reference."""
+    capacity = frames.get("capacity")
+    if capacity is None or not capacity.height:
+        return ""
+    lines = []
+    for (model, topology, workload, sampling), df in capacity.group_by(
+        ["model", "topology", "workload", "sampling"], maintain_order=True
+    ):
+        by_rate = df["sustainable_rps"].is_not_null().any() or df["first_failing_rps"].is_not_null().any()
+        unit, top, cut = ("req/s", "sustainable_rps", "first_failing_rps") if by_rate else (
+            "users", "sustainable_users", "first_failing_users")  # fmt: skip
+        stacks = []
+        for r in df.iter_rows(named=True):
+            held = "none" if r[top] is None else f"{r[top]:g}"
+            broke = f", broke at {r[cut]:g}: {r['first_failing_why']}" if r[cut] is not None else ", no level failed"
+            stacks.append(f"{r['stack']} {held}{broke}")
+        ref = df["reference"][0]
+        versus = [
+            f"{r['stack']} / {ref} {times(r['vs_reference'])}"
+            for r in df.iter_rows(named=True)
+            if r["stack"] != ref and r["vs_reference"] is not None
+        ]
+        lines.append(
+            f"Sustainable {unit} within the objectives ({workload}, {sampling}; {model}, {topology}): "
+            + "; ".join(stacks)
+            + (f". {'; '.join(versus)}." if versus else ".")
+        )
+    return answer_block("Capacity", lines)
+
+
 ANALYSIS = Analysis(
     "capacity",
     order=50,
@@ -116,4 +148,5 @@ ANALYSIS = Analysis(
     spec=capacity_spec,
     charts=charts,
     section=section,
+    answer=answer,
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import polars as pl
 
 from speedsplit.core.formats import html_table
-from speedsplit.output.analyses import Analysis, Basis, html_section
+from speedsplit.output.analyses import Analysis, Basis, answer_block, html_section, times
 from speedsplit.planning.grid import factorial_spec
 
 
@@ -29,6 +29,26 @@ def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
     )
 
 
+def answer(frames: dict[str, pl.DataFrame]) -> str:
+    """The operational runtime factor as the product of its parts, per cell."""
+    fa = frames.get("factorial")
+    if fa is None or not fa.height:
+        return ""
+    lines = []
+    for (users, workload), df in fa.filter(pl.col("kind") == "decomposition").group_by(
+        ["users", "workload"], maintain_order=True
+    ):
+        rows = {r["name"]: r for r in df.iter_rows(named=True)}
+        op = rows.get("operational")
+        parts = [f"{n} {times(r['value'], r['lo'], r['hi'])}" for n, r in rows.items() if n != "operational"]
+        if op is not None:
+            lines.append(
+                f"At {users} users ({workload}): operational runtime factor "
+                f"{times(op['value'], op['lo'], op['hi'])} = " + " × ".join(parts)
+            )
+    return answer_block("The operational number, decomposed", lines)
+
+
 ANALYSIS = Analysis(
     "factorial",
     order=40,
@@ -37,4 +57,5 @@ ANALYSIS = Analysis(
     build=build,
     spec=factorial_spec,
     section=section,
+    answer=answer,
 )

@@ -7,7 +7,7 @@ import altair as alt
 import polars as pl
 
 from speedsplit.core.formats import flat, html_table
-from speedsplit.output.analyses import Analysis, Basis
+from speedsplit.output.analyses import Analysis, Basis, answer_block, times
 from speedsplit.output.plots import RATIO_TIPS, ratios_vs_users, title
 
 
@@ -96,6 +96,26 @@ def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
     return "\n".join(parts)
 
 
+def answer(frames: dict[str, pl.DataFrame]) -> str:
+    """Per model, stack and cell: how each multi-card topology scales over one card (with its
+    efficiency), and which of sharding or independent instances won."""
+    scaling = frames.get("scaling")
+    if scaling is None or not scaling.height:
+        return ""
+    lines = []
+    for (model, stack, cell), df in scaling.group_by(["model", "stack", "cell"], maintain_order=True):
+        parts = []
+        for r in df.filter(pl.col("kind") != "instances_vs_tensor_parallel").iter_rows(named=True):
+            eff = f" (efficiency {r['efficiency']:.2f})" if r["efficiency"] is not None else ""
+            parts.append(f"{r['numerator']} {times(r['value'], r['lo'], r['hi'])} one card{eff}")
+        for r in df.filter(pl.col("kind") == "instances_vs_tensor_parallel").iter_rows(named=True):
+            won = "a tie" if r["winner"] == "tie" else f"{r['winner']} wins" if r["winner"] else "undecided"
+            parts.append(f"{won} ({r['comparison']} {times(r['value'], r['lo'], r['hi'])})")
+        if parts:
+            lines.append(f"{stack} at {cell} ({model}): " + "; ".join(parts))
+    return answer_block("Topologies: does sharding pay?", lines)
+
+
 ANALYSIS = Analysis(
     "topologies",
     order=20,
@@ -104,4 +124,5 @@ ANALYSIS = Analysis(
     build=build,
     charts=charts,
     section=section,
+    answer=answer,
 )

@@ -1,0 +1,42 @@
+"""Each experiment answers its own question on the report's first screen: the blocks the
+analyses give (capacity, factorial, topologies, traffic), read from committed evidence."""
+
+import pytest
+from conftest import REPO
+
+from speedsplit.output import analyses
+from speedsplit.output.aggregate import read_tables
+
+EVIDENCE = REPO / "docs" / "evidence"
+
+
+@pytest.mark.parametrize(
+    "folder, heading, says",
+    [
+        (
+            "h200-2026-11-30-capacity",
+            "Capacity",
+            ["hf-fp16 32, broke at 64", "vllm-fp16 96, broke at 128", "vllm-marlin / vllm-fp16 0.667×"],
+        ),
+        (
+            "h200x2-2026-11-30-factorial",
+            "The operational number, decomposed",
+            ["operational runtime factor 25.3× [21.4, 30.9] = matched 8.08×", "batch ceiling 3.14×"],
+        ),
+        (
+            "h200x2-2026-11-30-topologies",
+            "Topologies: does sharding pay?",
+            ["vllm-marlin at u64-h200-wide-greedy (llama-3.1-8b): 2x1 1.64×", "2x1 wins (2x1 / tp2 1.1×"],
+        ),
+        ("h200-2026-12-01-traffic", "Under traffic", ["r8-mix-greedy", "prefix caching", "Sustainable req/s"]),
+    ],
+)
+def test_an_experiments_first_screen_answers_its_question(folder, heading, says):
+    block = "".join(analyses.answers(read_tables(EVIDENCE / folder / "tables")))
+    assert heading in block
+    for text in says:
+        assert text in block, text
+
+
+def test_a_plain_chain_run_has_no_block_of_its_own():
+    assert analyses.answers(read_tables(EVIDENCE / "h200-2026-11-30-chain" / "tables")) == []
