@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from collections.abc import Callable
 
 RESULTS_HELP = "the workflow's results folder (default: results)"
@@ -85,6 +86,25 @@ def _aggregate(args) -> int:
     folders = args.results or ["results"]
     out = aggregate.aggregate_folders(_load_config(args.configfile), folders, args.out or folders[0])
     print(f"report: {out.resolve()}")
+    return 0
+
+
+def _compare_args(p):
+    _configfile(p)
+    p.add_argument("a", metavar="A", help="the baseline: a results folder (bench/ inside) or an evidence folder")
+    p.add_argument("b", metavar="B", help="the one set against it")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for tables/ and compare.html")
+
+
+def _compare(args) -> int:
+    from speedsplit.output import compare
+
+    config = _load_config(args.configfile)
+    for line in compare.compare(
+        args.a, args.b, config["chains"], args.out, tuple(config["analysis"]["tolerate_flags"])
+    ):
+        print(line)
+    print(f"report: {(Path(args.out) / 'compare.html').resolve()}")
     return 0
 
 
@@ -214,6 +234,11 @@ COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
         "Where did the speedup come from, for results measured elsewhere? (tables, plots, report)",
         _aggregate_args,
         _aggregate,
+    ),
+    "compare": (
+        "Did B get faster than A, and where? (two result sets side by side, ratios with intervals)",
+        _compare_args,
+        _compare,
     ),
     "check-report": (
         "Does the report's first screen render every figure? (headless Chromium)",

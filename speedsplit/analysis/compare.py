@@ -1,0 +1,105 @@
+"""Two result sets side by side ("did the new vLLM, GPU or driver make it faster, and where?"):
+for every stack and cell both measured, its throughput and latency on each side and the ratio
+B / A; for every chain factor both sides defined, the factor on each side and its ratio B / A.
+Intervals resample runs within each side and stack (95% bootstrap of the ratio of medians).
+The two sides may come from different hardware: nothing is pooled, only ratios are taken.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from speedsplit.analysis import attribution as attr
+from speedsplit.analysis.chains import clean_runs
+
+STACK_KEYS = ["model", "stack", "topology", "cell"]
+# column: higher is better (a latency's ratio is B / A too: below 1 B is faster)
+METRICS = {"output_tok_s": True, "ttft_s_median": False, "tpot_s_median": False, "e2e_s_p99": False}
+N_BOOT = attr.N_BOOT
+
+
+def _median_ratio(a: list[float], b: list[float], rng: np.random.Generator) -> tuple[float, float | None, float | None]:
+    """median(b) / median(a) with its bootstrap interval."""
+    value = float(np.median(b) / np.median(a))
+    boot = attr.bootstrap_medians(b, N_BOOT, rng) / attr.bootstrap_medians(a, N_BOOT, rng)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return value, float(lo), float(hi)
+
+
+def _clean(runs: pl.DataFrame, tolerate_flags) -> pl.DataFrame:
+    return clean_runs(runs, tolerate_flags)[0] if runs.height else runs
+
+
+def stacks_frame(a: pl.DataFrame, b: pl.DataFrame, tolerate_flags=(), seed: int = 0) -> pl.DataFrame:
+    """One row per (model, stack, topology, cell, metric) both sides measured cleanly: the
+    median on each side and B / A with its interval."""
+    rng = np.random.default_rng(seed)
+    ca, cb = _clean(a, tolerate_flags), _clean(b, tolerate_flags)
+    rows = []
+    for key, da in ca.group_by(STACK_KEYS, maintain_order=True):
+        db = cb.filter(pl.all_horizontal([pl.col(k) == v for k, v in zip(STACK_KEYS, key)]))
+        for metric in METRICS:
+            va, vb = da[metric].drop_nulls().to_list(), db[metric].drop_nulls().to_list() if db.height else []
+            if not va or not vb:
+                continue
+            ratio, lo, hi = _median_ratio(va, vb, rng)
+            rows.append(
+                {
+                    **dict(zip(STACK_KEYS, key)),
+                    "metric": metric,
+                    "a": float(np.median(va)),
+                    "b": float(np.median(vb)),
+                    "b_over_a": ratio,
+                    "lo": lo,
+                    "hi": hi,
+                    "runs_a": len(va),
+                    "runs_b": len(vb),
+                }
+            )
+    schema = {**{k: pl.Utf8 for k in STACK_KEYS}, "metric": pl.Utf8, "a": pl.Float64, "b": pl.Float64}
+    schema |= {"b_over_a": pl.Float64, "lo": pl.Float64, "hi": pl.Float64, "runs_a": pl.Int64, "runs_b": pl.Int64}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def factors_frame(
+    a: pl.DataFrame, b: pl.DataFrame, chains: dict[str, list[str]], tolerate_flags=(), seed: int = 0
+) -> pl.DataFrame:
+    """One row per (chain, model, topology, cell, factor) both sides can compute from clean
+    runs of its two stacks: the factor on each side and B / A, resampling all four run lists."""
+    rng = np.random.default_rng(seed)
+    ca, cb = _clean(a, tolerate_flags), _clean(b, tolerate_flags)
+    rows = []
+    keys = ["model", "topology", "cell"]
+    for key, da in ca.group_by(keys, maintain_order=True):
+        db = cb.filter(pl.all_horizontal([pl.col(k) == v for k, v in zip(keys, key)]))
+        for name, chain in chains.items():
+            for frm, to in zip(chain, chain[1:]):
+                t = {
+                    (side, s): df.filter(pl.col("stack") == s)["output_tok_s"].drop_nulls().to_list()
+                    for side, df in (("a", da), ("b", db))
+                    for s in (frm, to)
+                }
+                if not all(t.values()):
+                    continue
+                fa = float(np.median(t["a", to]) / np.median(t["a", frm]))
+                fb = float(np.median(t["b", to]) / np.median(t["b", frm]))
+                boot = [
+                    attr.bootstrap_medians(t[k], N_BOOT, rng) for k in (("a", frm), ("a", to), ("b", frm), ("b", to))
+                ]
+                lo, hi = np.percentile((boot[3] / boot[2]) / (boot[1] / boot[0]), [2.5, 97.5])
+                rows.append(
+                    {
+                        **dict(zip(keys, key)),
+                        "chain": name,
+                        "factor": f"{to}/{frm}",
+                        "a": fa,
+                        "b": fb,
+                        "b_over_a": fb / fa,
+                        "lo": float(lo),
+                        "hi": float(hi),
+                    }
+                )
+    schema = {**{k: pl.Utf8 for k in keys}, "chain": pl.Utf8, "factor": pl.Utf8}
+    schema |= {"a": pl.Float64, "b": pl.Float64, "b_over_a": pl.Float64, "lo": pl.Float64, "hi": pl.Float64}
+    return pl.DataFrame(rows, schema=schema).unique(subset=keys + ["factor"], keep="first", maintain_order=True)

@@ -1,0 +1,104 @@
+"""`speedsplit compare A B`: two result sets side by side, as tables (compare_stacks,
+compare_factors; CSV and parquet) and one HTML page that says first what each side ran on
+(hardware, versions, commit) and then the ratios B / A. A and B are results folders (bench/
+inside) or evidence folders (results/bench/ inside)."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import polars as pl
+
+from speedsplit.analysis import compare as cmp
+from speedsplit.analysis import frames as f
+from speedsplit.core.formats import html_table, value_text, write_frames
+from speedsplit.core.record import Provenance, read_result
+from speedsplit.core.results import write_bytes_atomic
+
+
+def result_paths(folder: str | Path) -> list[Path]:
+    """The run results under a results folder or an evidence folder; one line if none."""
+    folder = Path(folder)
+    for bench in (folder / "bench", folder / "results" / "bench"):
+        paths = sorted(bench.glob("**/run*.json"))
+        if paths:
+            return paths
+    raise SystemExit(f"speedsplit: no result files under {folder}/bench or {folder}/results/bench")
+
+
+def side(folder: str | Path) -> tuple[pl.DataFrame, Provenance]:
+    """One side's runs (one machine: refused otherwise) and the provenance of its first result."""
+    results = [read_result(p) for p in result_paths(folder)]
+    runs = f.runs_frame(results)
+    try:
+        f.check_one_machine(runs)
+    except f.MixedHardware as exc:
+        raise SystemExit(f"speedsplit: {folder}: {exc}") from None
+    return runs, results[0].provenance
+
+
+def describe(name: str, folder: str | Path, prov: Provenance, runs: pl.DataFrame) -> str:
+    """One line: what a side ran on and with what."""
+    hw = sorted(set(runs.filter(pl.col("status") == "ok")["hardware"].to_list())) or ["no run ok"]
+    keep = ("vllm", "torch", "transformers")
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(prov.versions.items()) if k in keep)
+    return (
+        f"{name} = {folder}: {'; '.join(hw)}; {versions or 'versions not recorded'}; "
+        f"workflow {prov.workflow_commit[:10]}; {runs.height} runs"
+    )
+
+
+def _x(v, lo, hi) -> str:
+    return f"{value_text(v, 3)}× [{value_text(lo, 3)}, {value_text(hi, 3)}]"
+
+
+def lines(stacks: pl.DataFrame, factors: pl.DataFrame) -> list[str]:
+    """The comparison in words: each chain factor, then each stack's throughput, B / A."""
+    out = []
+    for r in factors.iter_rows(named=True):
+        out.append(
+            f"{r['factor']} at {r['cell']} ({r['model']}, {r['topology']}): "
+            f"A {value_text(r['a'], 3)}×, B {value_text(r['b'], 3)}×, B/A {_x(r['b_over_a'], r['lo'], r['hi'])}"
+        )
+    for r in stacks.filter(pl.col("metric") == "output_tok_s").iter_rows(named=True):
+        out.append(
+            f"{r['stack']} at {r['cell']} ({r['model']}, {r['topology']}): output tok/s "
+            f"A {value_text(r['a'], 4)}, B {value_text(r['b'], 4)}, B/A {_x(r['b_over_a'], r['lo'], r['hi'])}"
+        )
+    return out
+
+
+def compare(
+    a: str | Path, b: str | Path, chains: dict[str, list[str]], out: str | Path, tolerate_flags=()
+) -> list[str]:
+    """Write the comparison under `out` (tables/, compare.html); its lines, for the terminal."""
+    from speedsplit.output.report import CSS
+
+    (runs_a, prov_a), (runs_b, prov_b) = side(a), side(b)
+    stacks = cmp.stacks_frame(runs_a, runs_b, tolerate_flags)
+    factors = cmp.factors_frame(runs_a, runs_b, chains, tolerate_flags)
+    out = Path(out)
+    write_frames({"compare_stacks": stacks, "compare_factors": factors}, out / "tables")
+    head = [describe("A", a, prov_a, runs_a), describe("B", b, prov_b, runs_b)]
+    said = lines(stacks, factors) or ["nothing to compare: no stack and cell measured cleanly on both sides"]
+    page = "".join(
+        [
+            f"<!doctype html><html><head><meta charset='utf-8'><title>speedsplit compare</title>"
+            f"<style>{CSS}</style></head><body><h1>speedsplit: B against A</h1>",
+            "".join(f"<p>{html.escape(h)}</p>" for h in head),
+            "<section id='answer'><h2>The answer</h2>",
+            "".join(f"<p class='headline'>{html.escape(t)}</p>" for t in said),
+            "</section><p class='note'>Ratios B / A of medians over runs with 95% bootstrap intervals (runs "
+            "resampled within each side and stack). Throughput: above 1 B is faster; latency: below 1 B is "
+            "faster. Only clean runs count (status ok, no flag). Different hardware is allowed here: "
+            "nothing is pooled.</p>",
+            "<h2>Chain factors</h2>",
+            html_table(factors) if factors.height else "<p>—</p>",
+            "<h2>Stacks</h2>",
+            html_table(stacks) if stacks.height else "<p>—</p>",
+            "</body></html>",
+        ]
+    )
+    write_bytes_atomic(out / "compare.html", page.encode())
+    return head + said

@@ -1,0 +1,53 @@
+"""`speedsplit compare A B`: two result sets side by side, ratios B / A with intervals; each
+side on one machine, the two sides on any."""
+
+import pytest
+from conftest import REPO
+from records import fake_result, write_result
+
+from speedsplit.output import compare
+
+CHAINS = {"study": ["hf-fp16", "vllm-fp16", "vllm-marlin"]}
+
+
+def write_side(root, speeds, gpu="Test CPU"):
+    for stack, tok_s in speeds.items():
+        for run in (0, 1):
+            res = fake_result(stack, 8, run, tok_s * (1 + 0.01 * run))
+            res.provenance.hardware.host_cpu = gpu
+            write_result(root / f"bench/tiny/{stack}/tp1/u8-wide-greedy/run{run}.json", res)
+    return root
+
+
+def test_b_against_a_gives_each_stack_and_factor_as_a_ratio(tmp_path):
+    a = write_side(tmp_path / "a", {"hf-fp16": 100.0, "vllm-fp16": 1000.0, "vllm-marlin": 1200.0})
+    b = write_side(tmp_path / "b", {"hf-fp16": 100.0, "vllm-fp16": 1500.0, "vllm-marlin": 1500.0}, gpu="Other CPU")
+    said = compare.compare(a, b, CHAINS, tmp_path / "out")
+    assert said[0].startswith(f"A = {a}: CPU: Test CPU") and said[1].startswith(f"B = {b}: CPU: Other CPU")
+    line = next(s for s in said if s.startswith("vllm-fp16/hf-fp16"))
+    assert "A 10×, B 15×, B/A 1.5× [1.48, 1.52]" in line  # runs 1% apart on each side
+    line = next(s for s in said if s.startswith("vllm-marlin/vllm-fp16"))
+    assert "A 1.2×, B 1×, B/A 0.833×" in line
+    assert any(s.startswith("vllm-fp16 at u8-wide-greedy (tiny, tp1): output tok/s A 1005, B 1508") for s in said)
+    page = (tmp_path / "out" / "compare.html").read_text()
+    assert "Test CPU" in page and "Other CPU" in page and (tmp_path / "out/tables/compare_factors.csv").is_file()
+
+
+def test_a_side_mixing_machines_or_holding_no_result_is_one_line(tmp_path):
+    a = write_side(tmp_path / "a", {"hf-fp16": 100.0})
+    write_side(tmp_path / "a2", {"vllm-fp16": 100.0}, gpu="Other CPU")
+    (tmp_path / "a2/bench/tiny/vllm-fp16").rename(tmp_path / "a/bench/tiny/vllm-fp16")
+    with pytest.raises(SystemExit, match=r"a: results measured on 2 kinds of hardware"):
+        compare.compare(a, a, CHAINS, tmp_path / "out")
+    with pytest.raises(SystemExit, match=r"no result files under .*empty/bench"):
+        compare.compare(tmp_path / "empty", a, CHAINS, tmp_path / "out")
+
+
+def test_the_committed_comparison_rebuilds(tmp_path):
+    from speedsplit.planning import config as C
+
+    ev, done = REPO / "docs/evidence", REPO / "docs/comparisons/h200-chain-11-29-vs-11-30"
+    cfg = C.load(REPO / "config/h200-smoke.yaml")
+    compare.compare(ev / "h200-2026-11-29-remeasured", ev / "h200-2026-11-30-chain", cfg["chains"], tmp_path)
+    for name in ("compare_factors", "compare_stacks"):
+        assert (tmp_path / "tables" / f"{name}.csv").read_text() == (done / "tables" / f"{name}.csv").read_text()
