@@ -47,12 +47,20 @@ def _load_config(paths: list[str]) -> dict:
 def _estimate_args(p):
     _configfile(p)
     _results(p, "take measured rates from this results folder's runs (default: results)")
+    p.add_argument(
+        "--platform",
+        choices=["cpu", "cuda"],
+        help="where the jobs will run (default: the config's platform; 'auto' asks this machine, "
+        "so on a login host without GPUs price a GPU grid with --platform cuda, as profiles/slurm sets)",
+    )
 
 
 def _estimate(args) -> int:
     from speedsplit.planning import estimate
 
     config = _load_config(args.configfile)
+    if args.platform:
+        config["platform"] = args.platform
     print(
         estimate.report(
             config,

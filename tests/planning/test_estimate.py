@@ -109,3 +109,19 @@ def test_warming_up_only_at_a_sessions_start_counts_the_warm_up_once(ci, tmp_pat
         warm_up = cell["users"] * cell["warmup_requests"] * cell["output_tokens"] / 20
         saved = 0.0 if e.start_s else warm_up  # the session's first job still warms up
         assert e.load_s == pytest.approx(every[e.job].load_s - saved)
+
+
+def test_the_estimate_is_told_the_platform_and_an_open_loop_job_lasts_its_arrivals(tmp_path, capsys):
+    """A CPU login host prices a GPU grid with --platform cuda (the GPU's start-up and roofline,
+    not the CPU's rate); an open-loop job takes as long as its schedule on any platform."""
+    from speedsplit import cli
+
+    args = ["estimate", "--configfile", str(REPO / "config/h200-traffic.yaml"), "--results", str(tmp_path)]
+    minutes = {}
+    for platform in ("cpu", "cuda"):
+        assert cli.main(args + ["--platform", platform]) == 0
+        out = capsys.readouterr().out
+        job = next(line for line in out.splitlines() if "vllm-fp16/tp1/r4-mix-greedy/run1" in line)
+        assert "30.0" in job.split() and job.split()[-1] == "schedule"  # 100 requests at 4/s + 5 s overhead
+        minutes[platform] = float(out.split("about ")[1].split(" min")[0])
+    assert minutes["cuda"] != minutes["cpu"]  # start-ups priced per platform
