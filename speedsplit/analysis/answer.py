@@ -210,6 +210,11 @@ def qualifiers(runs: pl.DataFrame, attribution: pl.DataFrame) -> list[str]:
             ("kernel_mismatch", "ran another kernel than the one asked for"),
             ("short_measurement", "measured for less than benchmark.min_measured_s"),
             ("request_failures", "had failed requests"),
+            ("client_lag", "fell behind their arrival schedule (the client, not the server)"),
+            (
+                "over_memory_cap",
+                "held more than the memory cap (a KV cache above the engine's fit: stacks.*.kv_cache_gib)",
+            ),
         ):
             hit = runs.filter(pl.col("flags").list.contains(flag))
             if hit.height:
@@ -223,8 +228,15 @@ def qualifiers(runs: pl.DataFrame, attribution: pl.DataFrame) -> list[str]:
                 )
         skipped = runs.filter(pl.col("status") == "skipped")
         if skipped.height:
-            per_stack = skipped.group_by("stack", maintain_order=True).agg(pl.col("users").unique().sort())
-            levels = "; ".join(f"{r['stack']}: {', '.join(map(str, r['users']))} users" for r in per_stack.to_dicts())
+            per_stack = skipped.group_by("stack", maintain_order=True).agg(
+                pl.col("users").unique().sort(), pl.col("rate_rps").unique().sort()
+            )
+            levels = "; ".join(
+                f"{r['stack']}: {', '.join(f'{x:g}' for x in r['rate_rps'] if x is not None)} req/s"
+                if any(x is not None for x in r["rate_rps"])
+                else f"{r['stack']}: {', '.join(map(str, r['users']))} users"
+                for r in per_stack.to_dicts()
+            )
             out.append(f"{skipped.height} capacity level(s) not measured, past the cliff (skipped): {levels}")
         failed = runs.filter(~pl.col("status").is_in(["ok", "skipped"]))
         if failed.height:

@@ -31,6 +31,7 @@ Flag = Literal[
     "kernel_mismatch",
     "platform_mismatch",
     "client_lag",
+    "over_memory_cap",
 ]
 
 

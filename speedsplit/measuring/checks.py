@@ -99,6 +99,15 @@ def server_log_cause(state: dict) -> str:
     return serverlog.log_cause("\n".join(serverlog.launch_output(path, offset) for path, offset in logs))
 
 
+def over_memory_cap(result: RunResult) -> bool:
+    """Whether a capped engine gave its KV cache more than it said would fit the cap (vLLM:
+    its CUDA graphs sit outside --gpu-memory-utilization): the card held more than the
+    emulated one has, so the run did not measure the small card."""
+    cap = result.server.memory_cap if result.server else None
+    kv, fit = result.engine.kv_cache_gib, result.engine.kv_cache_fit_gib
+    return bool(cap and cap.applied and kv is not None and fit is not None and kv > fit * 1.01)
+
+
 def honesty_flags(result: RunResult, stack: dict, cell: dict) -> list[str]:
     """Reasons not to take a run's numbers at face value; also sets result.kernel_ok."""
     s, flags = result.summary, []
@@ -113,6 +122,8 @@ def honesty_flags(result: RunResult, stack: dict, cell: dict) -> list[str]:
     lag = s.lag_s.p99 if s.lag_s else None
     if lag is not None and cell.get("max_client_lag_s") is not None and lag > cell["max_client_lag_s"]:
         flags.append("client_lag")  # the server was not offered the schedule's rate
+    if over_memory_cap(result):
+        flags.append("over_memory_cap")  # the engine held more than the emulated card has
     ok = serverlog.kernel_matches(stack["expect_kernel"], result.engine.linear_kernel)
     result.kernel_ok = ok
     if ok is False:

@@ -28,6 +28,7 @@ from speedsplit.planning.grid import (  # noqa: F401 (re-exported: callers read 
     check_cluster_platform,
     coordination_cell,
     factorial_spec,
+    family,
     grid_cells,
     has_int4_stack,
     headline,
@@ -153,6 +154,10 @@ def _check_references(config: dict) -> None:
                         f"config error at stacks.{stack}.{prefix}args[{n}]: {arg.split('=')[0]} would put a secret "
                         "into the config; give it to the server through the environment"
                     )
+        if entry["kv_cache_gib"] is not None and family(entry) != "vllm":
+            raise ConfigError(
+                f"config error at stacks.{stack}.kv_cache_gib: only a vLLM stack sizes its KV cache by a flag"
+            )
     for chain, members in config["chains"].items():
         for i, stack in enumerate(members):
             if stack not in stacks:

@@ -26,7 +26,7 @@ def kernel_reference(config: dict) -> str | None:
     return None
 
 
-def _family(entry: dict) -> str:
+def family(entry: dict) -> str:
     """'vllm' for a stack that runs vLLM, else 'hf' (transformers serve, stock generate())."""
     return "vllm" if any("vllm" in arg for arg in entry["args"]) else "hf"
 
@@ -52,9 +52,9 @@ def chain_steps(config: dict) -> dict[str, list[str]]:
                 )
             elif b["variant"] == "gptq":
                 steps.append("kernel")
-            elif _family(a) != _family(b):
+            elif family(a) != family(b):
                 steps.append("runtime")
-            elif _family(b) == "hf":
+            elif family(b) == "hf":
                 steps.append("scheduler")
             else:
                 steps.append("prefix caching" if _only_prefix_caching(a, b) else "configuration")
@@ -294,6 +294,7 @@ def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[st
         "cpu_isolation": plat == "cuda" and config["benchmark"]["cpu_isolation"],
         "card_memory_gib": entry["card_memory_gib"] or config["card_memory_gib"],
         "memory_cap_args": list(entry["memory_cap_args"]),
+        "kv_cache_gib": entry["kv_cache_gib"],
         "host_cache_cap": plat == "cpu" and entry["on_cpu"]["host_cache_cap"],
     }
 

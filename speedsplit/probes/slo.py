@@ -53,7 +53,13 @@ def assess(records: list[RequestRecord], summary: Summary, ttft_p99_s: float, tp
 
 # A run with one of these flags did not measure what its level asks (another kernel, another
 # platform, other lengths): it cannot show that the stack sustains the level.
-INVALIDATING_FLAGS = ("kernel_mismatch", "platform_mismatch", "output_length_mismatch", "prompt_length_mismatch")
+INVALIDATING_FLAGS = (
+    "kernel_mismatch",
+    "platform_mismatch",
+    "output_length_mismatch",
+    "prompt_length_mismatch",
+    "over_memory_cap",
+)
 
 
 def level_failure(status: str, met: bool | None, violations: list[str], flags: list[str] = ()) -> str | None:

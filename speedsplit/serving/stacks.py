@@ -92,7 +92,10 @@ def memory_cap(stack: dict, argv: list[str], card_total_gib: float | None) -> tu
 
     A stack caps itself through its own flag where it has one (memory_cap_args, with
     {memory_fraction} = cap / the card's memory, e.g. vLLM's --gpu-memory-utilization);
-    otherwise its Python server runs under speedsplit.serving.memcap. Only a CUDA card is capped."""
+    otherwise its Python server runs under speedsplit.serving.memcap. Only a CUDA card is capped.
+    A vLLM stack's kv_cache_gib sizes its cache explicitly (--kv-cache-memory-bytes), cap or not."""
+    if stack.get("kv_cache_gib") and stack["platform"] == "cuda":  # the cache sized by hand (vLLM)
+        argv = argv + ["--kv-cache-memory-bytes", str(int(stack["kv_cache_gib"] * GIB))]
     gib = stack.get("card_memory_gib")
     if not gib:
         return argv, None

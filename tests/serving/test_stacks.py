@@ -77,6 +77,50 @@ def test_a_cap_the_card_cannot_emulate_is_refused_and_a_cpu_records_it_unapplied
     assert stacks.memory_cap(_capped(card_memory_gib=None), ["x"], 80.0) == (["x"], None)
 
 
+def test_a_vllm_cache_sized_by_hand_is_passed_in_bytes_and_a_capped_cache_above_its_fit_is_flagged():
+    """kv_cache_gib: vLLM's --kv-cache-memory-bytes (CUDA only); a capped run whose engine gave
+    its cache more than it said would fit the cap is flagged over_memory_cap, and that flag
+    fails a capacity level like a wrong kernel does."""
+    from records import fake_result
+
+    from speedsplit.core.record import MemoryCap
+    from speedsplit.measuring import checks
+    from speedsplit.planning import config as C
+    from speedsplit.probes import slo
+
+    flag = ["--gpu-memory-utilization", "{memory_fraction}"]
+    argv, cap = stacks.memory_cap(_capped(memory_cap_args=flag, kv_cache_gib=6.5), ["vllm", "serve"], 139.8)
+    assert argv == [
+        "vllm",
+        "serve",
+        "--kv-cache-memory-bytes",
+        str(int(6.5 * 2**30)),
+        "--gpu-memory-utilization",
+        "0.1716",
+    ]
+    assert stacks.memory_cap(_capped(platform="cpu", kv_cache_gib=6.5), ["x"], None)[0] == ["x"]
+
+    res = fake_result("vllm-fp16", 8, 0, 100.0)
+    res.server.memory_cap = MemoryCap(
+        card_memory_gib=24,
+        applied=True,
+        card_total_gib=139.8,
+        fraction=0.1716,
+        how="--gpu-memory-utilization",
+        reason=None,
+    )
+    res.engine.kv_cache_gib, res.engine.kv_cache_fit_gib = 7.9, 5.2  # graphs outside the fraction
+    assert checks.over_memory_cap(res)
+    res.engine.kv_cache_gib = 5.2  # sized to the fit
+    assert not checks.over_memory_cap(res)
+    assert slo.level_failure("ok", True, [], ["over_memory_cap"]) == "flagged over_memory_cap"
+
+    cfg = C.load()
+    cfg["stacks"]["hf-fp16"]["kv_cache_gib"] = 4
+    with pytest.raises(C.ConfigError, match=r"^config error at stacks.hf-fp16.kv_cache_gib: only a vLLM stack"):
+        C.validate(cfg)
+
+
 def test_render_args_names_an_unknown_placeholder():
     assert stacks.render_args(["--port", "{port}"], {"port": 5}) == ["--port", "5"]
     with pytest.raises(ValueError, match="unknown placeholder 'nope'"):
