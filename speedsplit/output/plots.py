@@ -15,6 +15,28 @@ from speedsplit.analysis import answer
 from speedsplit.core.formats import flat
 
 ERRORBARS = "error bars: 95% bootstrap interval over runs"
+# a dash legend drawn as strokes (as points, every entry is the same dot)
+DASH_LEGEND = alt.Legend(symbolType="stroke", symbolStrokeWidth=2, symbolSize=300, symbolStrokeColor="#333")
+# the workload: a dash along its line and a shape at its points (one legend, of shapes: a cell
+# alone on its line has no dash to show)
+DASHED_WORKLOAD = alt.StrokeDash("workload:N", legend=None)
+WORKLOAD_SHAPE = alt.Shape("workload:N")
+
+
+def log_ticks(low: float, high: float) -> list[float]:
+    """1-2-5 ticks between low and high, 1 always among them: a log axis a reader can place 1 on."""
+    out = []
+    for exp in range(-3, 5):
+        for m in (1, 2, 5):
+            v = m * 10.0**exp
+            if low <= v <= high:
+                out.append(v)
+    return sorted(set(out) | {1.0})
+
+
+def cell_label(users: int, workload: str, topology: str) -> str:
+    """A cell as a panel title says it: '64 users, h200-wide (tp1)'."""
+    return f"{users} users, {workload} ({topology})"
 
 
 def title(text: str, cells: pl.DataFrame, intervals: bool = True) -> alt.TitleParams:
@@ -82,7 +104,9 @@ def waterfall_chart(waterfall: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
     to the one after it, then the total from 1; on the log axis the factor bars add up to the
     total bar."""
     df = waterfall.with_columns(
-        pl.format("{} ({})", "cell", "topology").alias("where"),
+        pl.struct("users", "workload", "topology")
+        .map_elements(lambda r: cell_label(r["users"], r["workload"], r["topology"]), return_dtype=pl.Utf8)
+        .alias("where"),
         pl.format("{}: {}", "chain", "model").alias("chain_model"),
         pl.format("{}x", pl.col("value").round_sig_figs(3)).alias("label"),
         pl.max_horizontal("start", "end").alias("top"),
@@ -96,6 +120,7 @@ def waterfall_chart(waterfall: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
         y=alt.Y(
             "start:Q",
             scale=alt.Scale(type="log", domain=[low, high], nice=False),
+            axis=alt.Axis(values=log_ticks(low, high)),
             title="speedup (log; bars add up to the total)",
         ),
         y2="end:Q",
@@ -180,7 +205,7 @@ def _throughput_vs_users(df: pl.DataFrame, channels: dict, tooltip: list, size: 
 def throughput_chart(cells: pl.DataFrame) -> alt.Chart:
     return _throughput_vs_users(
         cells.filter(pl.col("output_tok_s").is_not_null()),
-        dict(color=alt.Color("stack:N"), strokeDash=alt.StrokeDash("topology:N")),
+        dict(color=alt.Color("stack:N"), strokeDash=alt.StrokeDash("topology:N", legend=DASH_LEGEND)),
         ["stack", "topology", "cell", alt.Tooltip("output_tok_s:Q", format=".1f"), "linear_kernel"],
         (260, 220),
     ).properties(title=title("Throughput per stack vs concurrent users", cells))
@@ -211,12 +236,13 @@ def latency_chart(cells: pl.DataFrame) -> alt.Chart:
             x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"),
             y=alt.Y("seconds:Q", scale=alt.Scale(type="log"), title="seconds (log; median over runs)"),
             color="stack:N",
-            strokeDash="workload:N",
+            strokeDash=DASHED_WORKLOAD,
+            shape=WORKLOAD_SHAPE,
             tooltip=["stack", "workload", "users", "metric", alt.Tooltip("seconds:Q", format=".4f")],
         )
         .properties(width=220, height=180)
         .facet(column=alt.Column("metric:N"), row=alt.Row("model:N"))
-        .properties(title=title("Latency percentiles vs concurrent users", cells))
+        .properties(title=title("Latency percentiles vs concurrent users (medians over runs)", cells, intervals=False))
     )
 
 
@@ -237,7 +263,8 @@ def server_chart(cells: pl.DataFrame) -> alt.Chart:
             x=alt.X("users:Q", scale=alt.Scale(type="log"), title="concurrent users"),
             y=alt.Y("value:Q", title=None),
             color="stack:N",
-            strokeDash="workload:N",
+            strokeDash=DASHED_WORKLOAD,
+            shape=WORKLOAD_SHAPE,
             tooltip=["stack", "workload", "users", "metric", alt.Tooltip("value:Q", format=".3f")],
         )
         .properties(width=220, height=170)
@@ -283,11 +310,15 @@ def core_charts(
     charts = {}
     if waterfall.height:
         charts["waterfall"] = waterfall_chart(waterfall, cells)
-    charts |= {"throughput": throughput_chart(cells), "latency": latency_chart(cells)}
+    closed = cells.filter(pl.col("users") > 0)  # open-loop cells have a rate, not users: plots/traffic
+    if closed.height:
+        charts |= {"throughput": throughput_chart(closed), "latency": latency_chart(closed)}
     if kernel_reference and kernel_sweep_ran(cells, kernel_reference):
         charts["kernels"] = kernels_chart(cells, kernel_reference)
-    if cells.filter(pl.col("kv_cache_peak").is_not_null()).height:
-        charts["server"] = server_chart(cells)
+    if closed.filter(pl.col("kv_cache_peak").is_not_null()).height:
+        charts["server"] = server_chart(closed)
+    if attribution.height:
+        attribution = attribution.filter(pl.col("users") > 0)  # against users: the closed loop's cells
     for chain in chains:
         # a chart only where it has something to draw: no factor measured, or every total
         # within 5% of 1 (shares undefined), would leave an empty frame

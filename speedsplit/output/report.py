@@ -22,7 +22,7 @@ from speedsplit.core.results import redact, write_bytes_atomic
 CSS = """
 body{font-family:system-ui,sans-serif;margin:2rem;max-width:1400px;color:#222}
 table{border-collapse:collapse;font-size:12px;margin:1rem 0}
-td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}
+td,th{border:1px solid #ccc;padding:3px 6px;text-align:right;max-width:22em;overflow-wrap:anywhere}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
 .bad{background:#fde8e8}.note{color:#666;font-size:13px}
 #answer{border-bottom:2px solid #ddd;margin-bottom:1rem}
@@ -154,7 +154,9 @@ def build(
         memory_cap_note(runs),
         "<p class='note'>Throughput = output tokens / wall time of the measured phase. Factors are "
         "ratios of median throughput between neighbouring stacks of a chain; they multiply to the "
-        "total exactly. Intervals: 95% bootstrap over runs. Log share = ln(factor) / ln(total).</p>",
+        "total exactly. Intervals: 95% bootstrap over runs. Log share = ln(factor) / ln(total). "
+        "runs_used: the clean runs of the factor's two stacks together (2 runs each make 4; a total "
+        "counts every stack of its chain).</p>",
     ]
     fact = attribution.filter(pl.col("position") > 0) if attribution.height else attribution
     parts += [
