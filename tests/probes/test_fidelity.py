@@ -1,5 +1,5 @@
 """The fidelity check's arithmetic, and that this vLLM's benchmark takes the arguments it is given
-(`speedsplit fidelity` itself was run against vLLM's CPU server: see the README)."""
+(`speedsplit fidelity` itself was run against vLLM's CPU server: see docs/how-it-works.md, "Traffic")."""
 
 import pytest
 
