@@ -15,6 +15,7 @@ import polars as pl
 from speedsplit.analysis import answer
 from speedsplit.analysis import chains as ch
 from speedsplit.analysis import frames as f
+from speedsplit.analysis import timeline as tl
 from speedsplit.core import formats
 from speedsplit.core.record import read_result
 from speedsplit.core.results import atomic_dir
@@ -43,7 +44,8 @@ def build_frames(
     """Every analysis frame from result files: the core ones, then each optional analysis's
     (speedsplit/output/analyses; `specs` by analysis name). Refuses (ResultError) a corrupt
     or truncated result. The keyword arguments after the files' are analyses.analysis_spec's."""
-    runs = f.runs_frame([read_result(p) for p in result_paths])
+    results = [read_result(p) for p in result_paths]
+    runs = f.runs_frame(results)
     f.check_one_machine(runs)
     cells = f.with_mbu(f.cells_frame(runs), bandwidth_gb_s(bandwidth_json))
     by_throughput = ch.attribution_frame(runs, chains, tolerate_flags)
@@ -55,6 +57,10 @@ def build_frames(
         "answer": answer.sentences(attribution, chains),
         "crossover": ch.crossover_frame(attribution),
         "stability": ch.stability_frame(attribution),
+        "timeline": tl.timeline_frame(
+            {(r.model, r.stack, r.topology, r.cell, r.run): Path(p) for r, p in zip(results, result_paths)},
+            tl.choose(attribution, runs, chains),
+        ),
     }
     basis = analyses.Basis(
         runs=runs,

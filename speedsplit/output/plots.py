@@ -278,6 +278,77 @@ def server_chart(cells: pl.DataFrame) -> alt.Chart:
     )
 
 
+def tradeoff_chart(cells: pl.DataFrame) -> alt.Chart:
+    """Each stack's latency against its throughput, one point per level (users, or the offered
+    rate of an open-loop cell) joined in order: up and right is what a stack trades."""
+    df = cells.filter(pl.col("output_tok_s").is_not_null() & pl.col("tpot_s_median").is_not_null()).with_columns(
+        pl.when(pl.col("users") > 0)
+        .then(pl.format("{} users", "users"))
+        .otherwise(pl.format("{} req/s", pl.col("rate_rps").round_sig_figs(3)))
+        .alias("level"),
+        pl.when(pl.col("users") > 0)
+        .then(pl.col("users").cast(pl.Float64))
+        .otherwise(pl.col("rate_rps"))
+        .alias("order"),
+        (pl.col("tpot_s_median") * 1000).alias("tpot_ms"),
+    )
+    return (
+        alt.Chart(df.to_pandas())
+        .mark_line(point=True)
+        .encode(
+            x=alt.X("output_tok_s:Q", scale=alt.Scale(type="log"), title="output tokens/s (log)"),
+            y=alt.Y("tpot_ms:Q", scale=alt.Scale(type="log"), title="TPOT median, ms (log)"),
+            color="stack:N",
+            order="order:Q",
+            shape=WORKLOAD_SHAPE,
+            detail="workload:N",
+            tooltip=[
+                "stack",
+                "workload",
+                "level",
+                alt.Tooltip("output_tok_s:Q", format=".1f"),
+                alt.Tooltip("tpot_ms:Q", format=".2f"),
+            ],
+        )
+        .properties(width=320, height=240)
+        .facet(column=alt.Column("sampling:N"), row=alt.Row("model:N"))
+        .properties(
+            title=title(
+                "Latency against throughput per stack (along users or the offered rate)", cells, intervals=False
+            )
+        )
+    )
+
+
+def timeline_chart(timeline: pl.DataFrame) -> alt.Chart:
+    """One run's requests as bars from sent to end (a tick at the first token; open loop: a
+    dot where it was due), a row per stack."""
+    df = timeline.to_pandas()
+    base = alt.Chart().encode(y=alt.Y("request:O", title="request (by send time)", axis=None))
+    span = base.mark_rule(strokeWidth=2).encode(
+        x=alt.X("sent:Q", title="seconds from the measured phase's start"),
+        x2="end:Q",
+        color=alt.Color("stack:N"),
+        tooltip=["stack", "request", "user", "sent", "first_token", "end", "output_tokens", "error"],
+    )
+    first = base.mark_tick(thickness=2, size=6, color="black").encode(x="first_token:Q")
+    due = base.mark_point(size=10, color="grey", filled=True).encode(x="due:Q")
+    where = timeline.row(0, named=True)
+    return (
+        alt.layer(span, first, due, data=df)
+        .properties(width=700, height=alt.Step(2))
+        .facet(row=alt.Row("stack:N", title=None))
+        .resolve_scale(y="independent")
+        .properties(
+            title=alt.TitleParams(
+                f"Every request of run 0 at {where['cell']} ({where['model']}, {where['topology']})",
+                subtitle=["bar: sent to last token; tick: first token; grey dot: when it was due (open loop)"],
+                anchor="start",
+            )
+        )
+    )
+
+
 def save(chart: alt.Chart, stem: str | Path) -> dict[str, Path]:
     """Write stem.html (JS inlined), stem.svg and stem.png, each atomically."""
     stem = Path(stem)
@@ -319,6 +390,11 @@ def core_charts(
         charts["server"] = server_chart(closed)
     if attribution.height:
         attribution = attribution.filter(pl.col("users") > 0)  # against users: the closed loop's cells
+    if cells.filter(pl.col("tpot_s_median").is_not_null()).height:
+        charts["tradeoff"] = tradeoff_chart(cells)
+    timeline = frames.get("timeline")
+    if timeline is not None and timeline.height:
+        charts["timeline"] = timeline_chart(timeline)
     for chain in chains:
         # a chart only where it has something to draw: no factor measured, or every total
         # within 5% of 1 (shares undefined), would leave an empty frame
