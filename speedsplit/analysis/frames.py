@@ -60,6 +60,12 @@ RUNS_SCHEMA = {
     "kv_cache_fit_gib": pl.Float64,  # what would have kept it inside its memory share (vLLM)
     "kv_cache_tokens": pl.Int64,
     "startup_s": pl.Float64,
+    # where a vLLM start-up went, as its log says (null: another engine, or results from before)
+    "startup_load_s": pl.Float64,
+    "startup_compile_s": pl.Float64,
+    "startup_graphs_s": pl.Float64,
+    "startup_engine_s": pl.Float64,
+    "compile_cache": pl.Utf8,  # warm: compiled graphs read back from the cache; cold: compiled
     "reused": pl.Boolean,
     "platform": pl.Utf8,
     "hardware": pl.Utf8,
@@ -137,6 +143,11 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
             "kv_cache_fit_gib": res.engine.kv_cache_fit_gib,
             "kv_cache_tokens": res.engine.kv_cache_tokens,
             "startup_s": res.server.startup_s if res.server else None,
+            "startup_load_s": res.engine.load_s,
+            "startup_compile_s": res.engine.compile_s,
+            "startup_graphs_s": res.engine.graphs_s,
+            "startup_engine_s": res.engine.engine_init_s,
+            "compile_cache": res.engine.compile_cache,
             "reused": bool(res.server and res.server.reused),
             "platform": res.stack_def.platform,
             "hardware": _gpu_name(res),

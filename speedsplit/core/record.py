@@ -162,6 +162,15 @@ class EngineFacts(_Record):
     max_concurrency: float | None = None
     quantization: str | None = None
     dtype: str | None = None
+    load_s: float | None = Field(default=None, description="start-up: seconds loading the weights (vLLM)")
+    compile_s: float | None = Field(default=None, description="start-up: torch.compile in total (vLLM)")
+    graphs_s: float | None = Field(default=None, description="start-up: capturing CUDA graphs (vLLM)")
+    engine_init_s: float | None = Field(
+        default=None, description="start-up: the engine's profile, KV cache and warm-up, compile and graphs included"
+    )
+    compile_cache: Literal["warm", "cold"] | None = Field(
+        default=None, description="whether vLLM read its compiled graphs back from its cache or compiled them"
+    )
 
 
 class MemoryCap(_Record):

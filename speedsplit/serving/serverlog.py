@@ -81,6 +81,11 @@ _FACTS = {
     # vLLM counts its CUDA graphs outside --gpu-memory-utilization and says what would fit
     "kv_cache_fit_gib": [r"--kv-cache-memory=\d+` \(([\d.]+) GiB\) to fit into requested memory"],
     "max_concurrency": [r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x"],
+    # where a vLLM start-up went (the rest of startup_s: imports, the API server, health polls)
+    "load_s": [r"Model loading took [\d.]+ ?GiB and ([\d.]+) seconds"],
+    "compile_s": [r"torch\.compile took ([\d.]+) s in total"],
+    "graphs_s": [r"Graph capturing finished in ([\d.]+) secs"],
+    "engine_init_s": [r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"],
     "quantization": [r"quantization=(\w+)"],
     "dtype": [r"dtype=(torch\.\w+|\w+)"],
 }
@@ -90,7 +95,14 @@ _NUMBERS = {
     "kv_cache_fit_gib": float,
     "max_concurrency": float,
     "kv_cache_tokens": int,
+    "load_s": float,
+    "compile_s": float,
+    "graphs_s": float,
+    "engine_init_s": float,
 }
+# vLLM's compile cache: read back (warm) or filled (cold) in this launch
+_WARM = re.compile(r"Directly load (?:the compiled graph|AOT compilation)")
+_COLD = re.compile(r"Compiling a graph for compile range|saved AOT compiled function")
 
 
 def engine_facts(log_text: str) -> dict:
@@ -106,6 +118,7 @@ def engine_facts(log_text: str) -> dict:
                 if m.re.groups > 1 and m.group(2) == "MB":
                     facts[key] = round(facts[key] / 1024, 3)
                 break
+    facts["compile_cache"] = "warm" if _WARM.search(log_text) else "cold" if _COLD.search(log_text) else None
     return facts
 
 

@@ -150,7 +150,13 @@ def test_plots_and_report_render_offline(result_files, tmp_path):
         assert "<svg" in out["svg"].read_text()[:500]
         assert "https://cdn" not in out["html"].read_text()  # JavaScript inlined
         svgs[name] = out["svg"]
-    assert set(svgs) == {"throughput", "latency", "factors-study", "shares-study"}
+    assert set(svgs) == {
+        "throughput",
+        "latency",
+        "tradeoff",
+        "factors-study",
+        "shares-study",
+    }  # no request files: no timeline
     # every total within 5% of 1: no shares to draw, so no (empty) shares chart in the report
     flat_totals = frames["attribution"].with_columns(pl.lit(None, dtype=pl.Float64).alias("log_share"))
     assert "shares-study" not in aggregate.charts({**frames, "attribution": flat_totals}, ["study"])

@@ -307,3 +307,19 @@ def test_a_cpu_server_sizes_its_cache_from_its_grid_not_the_host(tiny_model):
     assert stacks.host_cache_gib(stack, tiny_model, 64 * 2048) == round(2 * per_token * 64 * 2048 / 2**30 + 0.25, 3)
     assert stacks.host_cache_gib(stack, tiny_model, 10) == round(2 * per_token * 1024 / 2**30 + 0.25, 3)
     assert stacks.host_cache_gib({"host_cache_cap": False}, tiny_model, 10) is None
+
+
+def test_a_vllm_start_up_is_split_into_weights_compile_graphs_and_engine_from_its_log():
+    """Read from a real H200 engine log (committed evidence): where its 118 s went, and that
+    its compile cache was cold; a launch that read its graphs back says warm."""
+    from conftest import REPO
+
+    from speedsplit.core.record import EngineFacts
+
+    log = REPO / "docs/evidence/h200-2026-12-01-traffic/logs/sessions/llama-3.1-8b__vllm-fp16__tp1__all.server0.log"
+    f = serverlog.engine_facts(log.read_text())
+    assert (f["load_s"], f["compile_s"], f["graphs_s"], f["engine_init_s"]) == (4.757898, 20.35, 8.0, 47.40)
+    assert f["compile_cache"] == "cold" and EngineFacts(**f).compile_cache == "cold"
+    warm = "INFO [backends.py:296] Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 1.2 s"
+    assert serverlog.engine_facts(warm)["compile_cache"] == "warm"
+    assert serverlog.engine_facts("nothing here")["compile_cache"] is None
