@@ -205,6 +205,11 @@ class ServerFacts(_Record):
     host_memory: str | None = Field(
         None, description="a CPU server's host-memory cap (host_cache_cap), in words; None: none"
     )
+    compile_cache_dir: str | None = Field(
+        None,
+        description="the compile cache its servers used: 'shared <key>' (one per model, stack, topology and "
+        "engine version, reused across sessions) or 'private: <why>'; None: results from before it was shared",
+    )
 
 
 class ModelSource(_Record):

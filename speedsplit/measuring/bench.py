@@ -116,6 +116,7 @@ def measure(
                 "model_dir": str(Path(model_dir).resolve()),
                 "model": model_identity(model_dir),
                 "cache_dir": str(Path(session.cache_dir).resolve()),
+                "shared_cache_dir": str(Path(session.shared_cache_dir).resolve()),
                 "kv_tokens": session.kv_tokens,  # what a CPU server sizes its caches for (host_cache_cap)
             }
             skip = capacity_skip(out_json, run, cell)

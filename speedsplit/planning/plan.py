@@ -126,7 +126,7 @@ class SessionPlan:
 
     key: str  # {model}/{stack}/{topology}/{run|all}
     log: str  # the servers' output, appended to by every job of the session
-    cache_dir: str  # the session's own compile caches (two servers starting at once must not share them)
+    cache_dir: str  # the session's own compile caches, where the shared one is busy
     last_job: str  # the session's last job (its result path): it stops the servers
     idle_timeout_s: float  # servers with no cell for this long stop
     lease_timeout_s: float  # the longest wait for free cards and ports
@@ -134,6 +134,7 @@ class SessionPlan:
     request_timeout_s: float  # the longest one request may take (benchmark.request_timeout_s)
     stall_timeout_s: float  # the longest a streaming request may go without a token
     kv_tokens: int = 0  # the most tokens its cells keep in flight at once (users x (prompt + output)); 0: unknown
+    shared_cache_dir: str = "results/cache/shared"  # one cache per model, stack, topology and engine version
 
     # Timeouts change no measurement, so no job file holds them (a changed one reruns no
     # cell): a job's stack and cell get them here.

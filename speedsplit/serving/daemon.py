@@ -46,7 +46,7 @@ def _daemon(launch_path: Path) -> int:
         print(f"[session {key}] superseded before it started", flush=True)
         return 0
     servers: list[stacks.Server] = []
-    held = None
+    held = cache = None
     with stop_on_signals():
         try:
             check_model(launch["model_dir"], stack["variant"])
@@ -61,6 +61,12 @@ def _daemon(launch_path: Path) -> int:
             )
             t_start = time.monotonic()
             log_path = Path(meta["log_path"])
+            cache = stacks.compile_cache(
+                Path(launch.get("shared_cache_dir") or launch["cache_dir"]),
+                Path(launch["cache_dir"]),
+                stack,
+                launch["model"],
+            )
             pinned: list[int] = []
             for i in range(stack["instances"]):
                 devs = held.devices[i * stack["tensor_parallel"] : (i + 1) * stack["tensor_parallel"]]
@@ -77,7 +83,7 @@ def _daemon(launch_path: Path) -> int:
                         held.port(),
                         devs,
                         Path(str(log_path).removesuffix(".log") + f".server{i}.log"),
-                        Path(launch["cache_dir"]) / f"instance{i}",
+                        cache.dir / f"instance{i}",
                         keep_fds=held.fds(),
                         cpus=cpus,
                         card_total_gib=total,
@@ -90,6 +96,7 @@ def _daemon(launch_path: Path) -> int:
                 stacks.wait_ready(srv, stack["ready_path"], stack["startup_timeout_s"])
             for srv in servers:  # a server that cannot serve fails its start, not every cell's timeout
                 preflight(srv, stack)
+            cache.release()
             st = transition(
                 sess,
                 generation,
@@ -106,6 +113,7 @@ def _daemon(launch_path: Path) -> int:
                 log_offsets=[s.log_offset for s in servers],
                 memory_cap=servers[0].memory_cap,
                 host_memory=servers[0].host_memory,
+                compile_cache_dir=cache.how,
                 wide_listeners=sorted({w for s in servers for w in s.wide_listeners}),
                 cells_measured=0,
             )
@@ -136,6 +144,8 @@ def _daemon(launch_path: Path) -> int:
             )
             print(f"[session {key}] startup failed: {exc}", flush=True)
         finally:
+            if cache is not None:  # a start that failed lets the next session have the cache
+                cache.release()
             with signals_held():
                 transition(sess, generation, STOPPING)
                 for srv in servers:

@@ -123,7 +123,8 @@ def parse_cpu_ranges(text: str) -> list[int]:
     return out
 
 
-def _try_lock(path: Path):
+def try_lock(path: Path):
+    """An exclusive flock on path without waiting (its open file), or None when another holds it."""
     f = open_private(path)
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -188,7 +189,7 @@ def acquire_gpus(
     while True:
         taken = []
         for dev in devices:
-            f = _try_lock(locks / f"gpu-{dev}.lock")
+            f = try_lock(locks / f"gpu-{dev}.lock")
             if f is not None:
                 taken.append((dev, f))
                 if len(taken) == n:
@@ -231,7 +232,7 @@ def free_port(lease: Lease) -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        f = _try_lock(lock_dir() / f"port-{port}.lock")
+        f = try_lock(lock_dir() / f"port-{port}.lock")
         if f is not None:
             lease._files.append(f)
             return port

