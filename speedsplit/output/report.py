@@ -87,15 +87,45 @@ def memory_cap_note(runs: pl.DataFrame) -> str:
     )
 
 
+def headline_stacks(attribution: pl.DataFrame, cells: pl.DataFrame, chains: dict[str, list[str]]) -> pl.DataFrame:
+    """What each stack of a chain served at the headline cells, in absolute terms: throughput
+    with its interval and the latency percentiles a reader weighs against it."""
+    if not attribution.height or "headline" not in attribution.columns:
+        return pl.DataFrame()
+    head = attribution.filter(pl.col("headline")).select("model", "topology", "cell").unique(maintain_order=True)
+    stacks = list(dict.fromkeys(s for chain in chains.values() for s in chain))
+    df = cells.join(head, on=["model", "topology", "cell"], how="inner").filter(pl.col("stack").is_in(stacks))
+    if not df.height:
+        return df
+    return df.sort(pl.col("stack").replace_strict({s: i for i, s in enumerate(stacks)}, default=len(stacks))).select(
+        "cell",
+        "stack",
+        pl.format(
+            "{} [{}, {}]", *(pl.col(c).round(1) for c in ("output_tok_s", "output_tok_s_lo", "output_tok_s_hi"))
+        ).alias("output tok/s"),
+        (pl.col("ttft_s_median") * 1000).round(1).alias("TTFT p50 ms"),
+        (pl.col("ttft_s_p99") * 1000).round(1).alias("TTFT p99 ms"),
+        (pl.col("tpot_s_median") * 1000).round(2).alias("TPOT p50 ms"),
+        (pl.col("e2e_s_p99")).round(2).alias("E2E p99 s"),
+    )
+
+
 def answer_section(
-    sentences: pl.DataFrame, waterfalls: dict[str, str | Path], qualifiers: list[str], answers: list[str] = ()
+    sentences: pl.DataFrame,
+    waterfalls: dict[str, str | Path],
+    qualifiers: list[str],
+    answers: list[str] = (),
+    served: pl.DataFrame | None = None,
 ) -> str:
     """The first screen: the analyses' own answers (traffic first), the decomposition in
-    words, its waterfall, what qualifies it."""
+    words, what each stack served there, its waterfall, what qualifies it."""
     parts = ["<section id='answer'><h2>The answer</h2>", *answers]
     if sentences.height:
         parts += ["<h3>The chain</h3>"] if answers else []
         parts += [f"<p class='headline'>{html.escape(t)}</p>" for t in sentences["sentence"].to_list()]
+        if served is not None and served.height:
+            parts.append("<p class='note'>What each stack served at those cells (medians over runs):</p>")
+            parts.append(html_table(served))
     elif not answers:
         parts.append(
             "<p class='headline'>No chain has every stack measured in these results: nothing to decompose "
@@ -150,7 +180,13 @@ def build(
         f"<!doctype html><html><head><meta charset='utf-8'><title>speedsplit report</title>"
         f"<style>{CSS}</style></head><body>",
         "<h1>speedsplit: where did the serving speedup come from?</h1>",
-        answer_section(frames["answer"], waterfalls, qualifiers(runs, attribution), list(answers)),
+        answer_section(
+            frames["answer"],
+            waterfalls,
+            qualifiers(runs, attribution),
+            list(answers),
+            headline_stacks(attribution, cells, config.get("chains") or {}),
+        ),
         memory_cap_note(runs),
         "<p class='note'>Throughput = output tokens / wall time of the measured phase. Factors are "
         "ratios of median throughput between neighbouring stacks of a chain; they multiply to the "

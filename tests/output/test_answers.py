@@ -29,6 +29,11 @@ EVIDENCE = REPO / "docs" / "evidence"
             ["vllm-marlin at u64-h200-wide-greedy (llama-3.1-8b): 2x1 1.64×", "2x1 wins (2x1 / tp2 1.1×"],
         ),
         ("h200-2026-12-01-traffic", "Under traffic", ["r8-mix-greedy", "prefix caching", "Sustainable req/s"]),
+        (
+            "h200x2-2026-11-30-references",
+            "INT4 kernels against FP16",
+            ["at 64 users (h200-wide; llama-3.1-8b, tp1): MacheteLinearKernel 1.03× [1.02, 1.04]; MarlinLinearKernel"],
+        ),
     ],
 )
 def test_an_experiments_first_screen_answers_its_question(folder, heading, says):
@@ -39,4 +44,4 @@ def test_an_experiments_first_screen_answers_its_question(folder, heading, says)
 
 
 def test_a_plain_chain_run_has_no_block_of_its_own():
-    assert analyses.answers(read_tables(EVIDENCE / "h200-2026-11-30-chain" / "tables")) == []
+    assert analyses.answers(read_tables(EVIDENCE / "h200x2-2026-11-30-energy" / "tables")) == []
