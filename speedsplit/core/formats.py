@@ -80,4 +80,7 @@ def html_table(df: pl.DataFrame, bad_col: str | None = None, max_rows: int = 500
         cls = ' class="bad"' if bad_col and row.get(bad_col) else ""
         rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(value_text(v))}</td>" for v in row.values()) + "</tr>")
     more = f'<p class="note">{df.height - max_rows} more rows in the table files.</p>' if df.height > max_rows else ""
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>{more}"
+    # a table wider than the page scrolls on its own; the page itself never scrolls sideways
+    return (
+        f"<div class='scroll'><table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>{more}"
+    )

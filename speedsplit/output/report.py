@@ -28,7 +28,8 @@ th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
 #answer{border-bottom:2px solid #ddd;margin-bottom:1rem}
 .headline{font-size:17px;line-height:1.45;margin:.4rem 0}
 .flags li{font-size:13px;color:#8a4b00}.clean{font-size:13px;color:#2d6a2d}
-figure{margin:1.5rem 0}figcaption{font-size:13px;color:#555}
+figure{margin:1.5rem 0;overflow-x:auto}figcaption{font-size:13px;color:#555}
+.scroll{overflow-x:auto}
 code,pre{background:#f6f6f6;padding:2px 4px}pre{padding:8px;overflow:auto;font-size:12px}
 """
 
@@ -45,6 +46,7 @@ for (const f of document.querySelectorAll('figure')) {
 const headline = document.querySelector('#answer .headline');
 document.body.dataset.headlineBottom = headline ? Math.round(headline.getBoundingClientRect().bottom) : -1;
 document.body.dataset.viewport = innerWidth + 'x' + innerHeight;
+document.body.dataset.pageWidth = document.documentElement.scrollWidth;
 </script>"""
 
 
@@ -304,18 +306,21 @@ def render(report: str | Path, png: str | Path | None = None, window: tuple[int,
         "figures_in_page": dom.count("<figure"),
         "headline_bottom": int(attrs.get("headline-bottom", -1)),
         "viewport": tuple(int(x) for x in attrs.get("viewport", "0x0").split("x")),
+        "page_width": int(attrs.get("page-width", 0)),
     }
 
 
 def check_first_screen(report: str | Path, png: str | Path | None = None) -> int:
     """Check a report's first screen in headless Chromium (every figure drawn, the first
-    headline on screen), optionally saving it as PNG; print what was seen, 1 when it fails."""
+    headline on screen, no sideways scrolling of the page), optionally saving it as PNG; print
+    what was seen, 1 when it fails."""
     seen = render(report, png)
     blank = [name for name, size in seen["figures"].items() if 0 in size]
     print(
         f"{len(seen['figures'])} of {seen['figures_in_page']} figures rendered"
         + (f" (blank: {', '.join(blank)})" if blank else "")
         + f"; first headline ends at {seen['headline_bottom']} px of a {seen['viewport'][1]} px screen"
+        + f"; the page is {seen['page_width']} px wide on a {seen['viewport'][0]} px screen"
     )
-    ok = len(seen["figures"]) == seen["figures_in_page"] and not blank
+    ok = len(seen["figures"]) == seen["figures_in_page"] and not blank and seen["page_width"] <= seen["viewport"][0]
     return 0 if ok and 0 < seen["headline_bottom"] <= seen["viewport"][1] else 1

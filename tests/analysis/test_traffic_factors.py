@@ -113,7 +113,8 @@ def test_the_report_and_the_run_summary_answer_under_traffic_first(tmp_path):
     page = out.read_text()
     first = page[page.index("<section id='answer'>") : page.index("</section>")]
     assert "Under traffic" in first and "No chain has every stack measured" not in first
-    assert first.index("r4-mix-greedy") < first.index("r16-mix-greedy")  # by rate
+    assert first.index("<td>r4-mix-greedy") < first.index("<td>r16-mix-greedy")  # the tables by rate
+    assert "study at r16-mix-greedy (16 req/s), tiny: goodput: runtime" in first  # the headline: the top rate
     tables = tmp_path / "results" / "tables"
     aggregate.write_tables(
         [write_result(tmp_path / "r" / f"{i}.json", r) for i, r in enumerate(results)],

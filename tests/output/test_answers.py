@@ -28,7 +28,15 @@ EVIDENCE = REPO / "docs" / "evidence"
             "Topologies: does sharding pay?",
             ["vllm-marlin at u64-h200-wide-greedy (llama-3.1-8b): 2x1 1.64×", "2x1 wins (2x1 / tp2 1.1×"],
         ),
-        ("h200-2026-12-01-traffic", "Under traffic", ["r8-mix-greedy", "prefix caching", "Sustainable req/s"]),
+        (
+            "h200-2026-12-01-traffic",
+            "Under traffic",
+            [
+                "study at r16-mix-greedy (16 req/s), llama-3.1-8b: goodput: runtime 20.3×",
+                "prefix caching",
+                "Sustainable req/s",
+            ],
+        ),
         (
             "h200x2-2026-11-30-references",
             "INT4 kernels against FP16",

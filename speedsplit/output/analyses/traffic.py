@@ -34,6 +34,32 @@ def _x(v, lo, hi) -> str:
     return f"{value_text(v, 3)}× [{value_text(lo, 3)}, {value_text(hi, 3)}]"
 
 
+def headlines(factors: pl.DataFrame) -> list[str]:
+    """Per chain, one sentence at its highest offered rate with a total: the steps on goodput
+    and median latencies, e.g. 'study at r16-mix-greedy (16 req/s): goodput 20.3× × 1.07× =
+    21.7×; TTFT p50 ...'."""
+    out = []
+    for (chain,), df in factors.group_by(["chain"], maintain_order=True):
+        done = df.filter((pl.col("position") == 0) & (pl.col("metric") == "goodput") & pl.col("value").is_not_null())
+        if not done.height:
+            continue
+        top = done.sort("rate_rps", descending=True, nulls_last=True).row(0, named=True)
+        at = df.filter((pl.col("cell") == top["cell"]) & (pl.col("model") == top["model"]))
+        parts = []
+        for metric in ("goodput", "TTFT p50", "TPOT p50"):
+            m = at.filter(pl.col("metric") == metric).sort(pl.col("position").replace(0, 10**6))
+            steps = [
+                f"{r['step']} {_x(r['value'], r['lo'], r['hi'])}" for r in m.iter_rows(named=True) if r["position"]
+            ]
+            total = m.filter(pl.col("position") == 0)
+            if len(steps) > 1 and total.height:
+                steps.append(f"= {_x(total['value'][0], total['lo'][0], total['hi'][0])}")
+            parts.append(f"{metric}: {' × '.join(steps[:-1]) + ' ' + steps[-1] if len(steps) > 1 else steps[0]}")
+        rate = f" ({top['rate_rps']:g} req/s)" if top["rate_rps"] is not None else ""
+        out.append(f"{chain} at {top['cell']}{rate}, {top['model']}: " + "; ".join(parts) + ".")
+    return out
+
+
 def answer(frames: dict[str, pl.DataFrame]) -> str:
     """Per chain: its factors at each open-loop cell on goodput, throughput and median
     latencies (speedups: above 1 the later stack is faster), then what each stack served."""
@@ -46,6 +72,7 @@ def answer(frames: dict[str, pl.DataFrame]) -> str:
         "stack is faster; [95% bootstrap interval over runs]. Throughput follows the offered rate while a "
         "stack keeps up; goodput (requests/s that met the objectives) and latency are where stacks part.</p>"
     ]
+    parts += [f"<p class='headline'>{html.escape(t)}</p>" for t in headlines(factors)]
     for chain, df in factors.group_by("chain", maintain_order=True):
         rows = []
         # by rate (a trace's cells last), each step in chain order, the total last
