@@ -65,7 +65,7 @@ def _daemon(launch_path: Path) -> int:
                 Path(launch.get("shared_cache_dir") or launch["cache_dir"]),
                 Path(launch["cache_dir"]),
                 stack,
-                launch["model"],
+                launch.get("model") or {"path": launch["model_dir"]},  # its identity (bench gives it)
             )
             pinned: list[int] = []
             for i in range(stack["instances"]):
