@@ -60,6 +60,13 @@ def bootstrap_medians(values, n_boot: int, rng: np.random.Generator) -> np.ndarr
     return np.median(v[rng.integers(0, v.size, size=(n_boot, v.size))], axis=1)
 
 
+def median_ratio(a, b, rng: np.random.Generator, n_boot: int = N_BOOT) -> tuple[float, float | None, float | None]:
+    """median(b) / median(a) with its 95% bootstrap interval (runs resampled within each side):
+    two result sets compared, or a stack set against a reference."""
+    boot = bootstrap_medians(b, n_boot, rng) / bootstrap_medians(a, n_boot, rng)
+    return float(np.median(b) / np.median(a)), *_pct(boot)
+
+
 def median_ci(values, n_boot: int = N_BOOT, seed: int = 0) -> tuple[float | None, float | None, float | None]:
     """Median of values (None skipped) with its 95% bootstrap interval; Nones if empty."""
     v = [x for x in values if x is not None]

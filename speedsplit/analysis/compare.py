@@ -19,14 +19,6 @@ METRICS = {"output_tok_s": True, "ttft_s_median": False, "tpot_s_median": False,
 N_BOOT = attr.N_BOOT
 
 
-def _median_ratio(a: list[float], b: list[float], rng: np.random.Generator) -> tuple[float, float | None, float | None]:
-    """median(b) / median(a) with its bootstrap interval."""
-    value = float(np.median(b) / np.median(a))
-    boot = attr.bootstrap_medians(b, N_BOOT, rng) / attr.bootstrap_medians(a, N_BOOT, rng)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return value, float(lo), float(hi)
-
-
 def _clean(runs: pl.DataFrame, tolerate_flags) -> pl.DataFrame:
     return clean_runs(runs, tolerate_flags)[0] if runs.height else runs
 
@@ -43,7 +35,7 @@ def stacks_frame(a: pl.DataFrame, b: pl.DataFrame, tolerate_flags=(), seed: int 
             va, vb = da[metric].drop_nulls().to_list(), db[metric].drop_nulls().to_list() if db.height else []
             if not va or not vb:
                 continue
-            ratio, lo, hi = _median_ratio(va, vb, rng)
+            ratio, lo, hi = attr.median_ratio(va, vb, rng)
             rows.append(
                 {
                     **dict(zip(STACK_KEYS, key)),

@@ -43,8 +43,7 @@ def kernels_frame(
             tp = clean["output_tok_s"].drop_nulls().to_list()
             if not tp:
                 continue
-            boot = attr.bootstrap_medians(tp, attr.N_BOOT, rng) / attr.bootstrap_medians(base, attr.N_BOOT, rng)
-            lo, hi = np.percentile(boot, [2.5, 97.5])
+            ratio, lo, hi = attr.median_ratio(base, tp, rng)
             rows.append(
                 {
                     **dict(zip(KEYS, key)),
@@ -52,9 +51,9 @@ def kernels_frame(
                     "kernel": ", ".join(sorted({k for k in clean["linear_kernel"].to_list() if k})) or None,
                     "output_tok_s": float(np.median(tp)),
                     "reference": reference,
-                    "vs_reference": float(np.median(tp) / np.median(base)),
-                    "lo": float(lo),
-                    "hi": float(hi),
+                    "vs_reference": ratio,
+                    "lo": lo,
+                    "hi": hi,
                     "runs_used": len(tp) + len(base),
                 }
             )
