@@ -9,6 +9,7 @@ import math
 
 import polars as pl
 
+from speedsplit.analysis.traffic import OPEN_LOOP
 from speedsplit.core.formats import value_text
 
 GROUP = ["chain", "model", "topology", "cell"]
@@ -45,7 +46,7 @@ def with_headline(attribution: pl.DataFrame, headline: list[dict]) -> pl.DataFra
             hit = hit | one
         return attribution.with_columns(hit.alias("headline"))
     most = pl.col("users").max().over(["chain", "model", "topology", "workload", "sampling"])
-    closed = ~pl.col("cell").str.contains(r"^[rx][0-9]")  # open-loop cells answer under traffic (analysis/traffic.py)
+    closed = ~OPEN_LOOP  # open-loop cells answer under traffic (analysis/traffic.py)
     return attribution.with_columns(((pl.col("users") == most) & closed).alias("headline"))
 
 

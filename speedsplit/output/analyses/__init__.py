@@ -49,14 +49,15 @@ class Analysis:
     answer: Callable[[dict[str, pl.DataFrame]], str] = lambda frames: ""
 
 
-def times(v, lo=None, hi=None) -> str:
-    """A factor as an answer states it: '1.5× [1.49, 1.52]' (no interval: '1.5×')."""
+def times(v, lo=None, hi=None, alone: str = "") -> str:
+    """A factor as an answer states it: '1.5× [1.49, 1.52]' (no interval: '1.5×' and `alone`)."""
     from speedsplit.core.formats import value_text
 
     if v is None:
         return "—"
-    ci = f" [{value_text(lo, 3)}, {value_text(hi, 3)}]" if lo is not None and hi is not None and lo != hi else ""
-    return f"{value_text(v, 3)}×{ci}"
+    if lo is None or hi is None or lo == hi:
+        return f"{value_text(v, 3)}×{alone}"
+    return f"{value_text(v, 3)}× [{value_text(lo, 3)}, {value_text(hi, 3)}]"
 
 
 def answer_block(title: str, lines: list[str]) -> str:

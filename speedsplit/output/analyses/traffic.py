@@ -10,8 +10,8 @@ import altair as alt
 import polars as pl
 
 from speedsplit.analysis import traffic
-from speedsplit.core.formats import flat, html_table, value_text
-from speedsplit.output.analyses import Analysis, Basis, html_section
+from speedsplit.core.formats import flat, html_table
+from speedsplit.output.analyses import Analysis, Basis, html_section, times
 from speedsplit.output.plots import title
 from speedsplit.planning.grid import cells as grid_cells
 
@@ -27,11 +27,7 @@ def build(b: Basis) -> dict[str, pl.DataFrame]:
 
 
 def _x(v, lo, hi) -> str:
-    if v is None:
-        return "—"
-    if lo is None or hi is None or lo == hi:  # one run of a stack: no interval
-        return f"{value_text(v, 3)}× (one run)"
-    return f"{value_text(v, 3)}× [{value_text(lo, 3)}, {value_text(hi, 3)}]"
+    return times(v, lo, hi, alone=" (one run)")  # no interval: one run of a stack
 
 
 def headlines(factors: pl.DataFrame) -> list[str]:
