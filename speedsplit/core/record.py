@@ -171,6 +171,17 @@ class EngineFacts(_Record):
     compile_cache: Literal["warm", "cold"] | None = Field(
         default=None, description="whether vLLM read its compiled graphs back from its cache or compiled them"
     )
+    config_s: float | None = Field(
+        default=None,
+        description="start-up: the API server resolving the model's configuration (vLLM's model inspection; "
+        "whole seconds off the log's clock)",
+    )
+    spawn_s: float | None = Field(
+        default=None, description="start-up: the engine process starting, its imports (vLLM; log clock)"
+    )
+    warmup_s: float | None = Field(
+        default=None, description="start-up: after the CUDA graphs, KV cache set-up and warm-up runs (vLLM; log clock)"
+    )
 
 
 class MemoryCap(_Record):

@@ -119,7 +119,36 @@ def engine_facts(log_text: str) -> dict:
                     facts[key] = round(facts[key] / 1024, 3)
                 break
     facts["compile_cache"] = "warm" if _WARM.search(log_text) else "cold" if _COLD.search(log_text) else None
+    for key, (start, end) in _SPANS.items():
+        facts[key] = _span_s(log_text, start, end)
     return facts
+
+
+# Start-up phases the engine does not time itself, read off its log lines' clocks (whole
+# seconds): (the line it starts at, the line it ends at).
+_SPANS = {
+    # the API server resolving the model's configuration (a cold vLLM cache inspects the
+    # model class in a subprocess here)
+    "config_s": (r"non-default args", r"Resolved architecture"),
+    # the engine process starting: its own imports, until it initialises the engine
+    "spawn_s": (r"Resolved architecture", r"Initializing a V1 LLM engine"),
+    # after the CUDA graphs: the KV cache's set-up and the warm-up runs
+    "warmup_s": (r"Graph capturing finished", r"init engine \(profile, create kv cache, warmup model\) took"),
+}
+_CLOCK = re.compile(r"(?:INFO|WARNING|DEBUG|ERROR) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)")
+
+
+def _span_s(log_text: str, start: str, end: str) -> float | None:
+    """Seconds between the first log line matching start and the first matching end."""
+    times = []
+    for pat in (start, end):
+        line = next((ln for ln in log_text.splitlines() if re.search(pat, ln)), None)
+        m = _CLOCK.search(line) if line else None
+        if m is None:
+            return None
+        mo, d, h, mi, sec = map(int, m.groups())
+        times.append((((mo * 31 + d) * 24 + h) * 60 + mi) * 60 + sec)  # one clock, month lengths aside
+    return float(times[1] - times[0]) if times[1] >= times[0] else None
 
 
 def kernel_matches(expect: str, kernel: str | None) -> bool | None:

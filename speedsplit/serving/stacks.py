@@ -168,7 +168,7 @@ def compile_cache(shared_root: Path, private: Path, stack: dict, model: dict) ->
 
     what = {
         "model": model,
-        "args": stack["args"],
+        "args": cache_args(stack["args"]),
         "env": stack["env"],
         "dtype": stack["dtype"],
         "tensor_parallel": stack["tensor_parallel"],
@@ -180,8 +180,50 @@ def compile_cache(shared_root: Path, private: Path, stack: dict, model: dict) ->
     shared_root.mkdir(parents=True, exist_ok=True)
     lock = try_lock(shared_root / f"{key}.lock")
     if lock is None:
-        return CompileCache(private, "private: another session is filling or reading the shared cache")
-    return CompileCache(shared_root / key, f"shared {key}", lock)
+        cache = CompileCache(private, "private: another session is filling or reading the shared cache")
+    else:
+        cache = CompileCache(shared_root / key, f"shared {key}", lock)
+    _share_model_inspection(cache.dir, shared_root, stack["platform"])
+    return cache
+
+
+# Flags that size memory or switch the scheduler's prefix cache: nothing vLLM compiles depends
+# on them (and vLLM keys its own compiled graphs on a hash of what does), so stacks that differ
+# only in them share one compile cache.
+CACHE_NEUTRAL_FLAGS = {
+    "--gpu-memory-utilization": 1,
+    "--kv-cache-memory-bytes": 1,
+    "--enable-prefix-caching": 0,
+    "--no-enable-prefix-caching": 0,
+}
+
+
+def cache_args(args: list[str]) -> list[str]:
+    """A stack's arguments less the cache-neutral flags (and their values)."""
+    out, skip = [], 0
+    for a in args:
+        if skip:
+            skip -= 1
+        elif a.split("=", 1)[0] in CACHE_NEUTRAL_FLAGS:
+            skip = 0 if "=" in a else CACHE_NEUTRAL_FLAGS[a]
+        else:
+            out.append(a)
+    return out
+
+
+def _share_model_inspection(cache_dir: Path, shared_root: Path, platform: str) -> None:
+    """vLLM's API server inspects the model class in a subprocess (about 20 s on an H200 host)
+    unless its cache holds the answer: modelinfos/, keyed by the model module's hash and written
+    atomically by vLLM, so one folder per engine version serves every cache, private ones too."""
+    import hashlib
+
+    engine = hashlib.sha256(f"{platform} {engine_versions()}".encode()).hexdigest()[:16]
+    common = shared_root / "modelinfos" / engine
+    common.mkdir(parents=True, exist_ok=True)
+    link = cache_dir / "vllm" / "modelinfos"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.exists() and not link.is_symlink():
+        link.symlink_to(common.resolve(), target_is_directory=True)
 
 
 def host_cache_gib(stack: dict, model_dir: str | Path, kv_tokens: int) -> float | None:

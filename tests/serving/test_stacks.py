@@ -320,6 +320,8 @@ def test_a_vllm_start_up_is_split_into_weights_compile_graphs_and_engine_from_it
     f = serverlog.engine_facts(log.read_text())
     assert (f["load_s"], f["compile_s"], f["graphs_s"], f["engine_init_s"]) == (4.757898, 20.35, 8.0, 47.40)
     assert f["compile_cache"] == "cold" and EngineFacts(**f).compile_cache == "cold"
+    # off the log's clock: the model inspection, the engine process's start, the warm-up
+    assert (f["config_s"], f["spawn_s"], f["warmup_s"]) == (23.0, 19.0, 16.0)
     warm = "INFO [backends.py:296] Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 1.2 s"
     assert serverlog.engine_facts(warm)["compile_cache"] == "warm"
     assert serverlog.engine_facts("nothing here")["compile_cache"] is None
@@ -341,9 +343,35 @@ def test_sessions_that_build_the_same_thing_share_one_compile_cache_one_at_a_tim
     again = stacks.compile_cache(shared, tmp_path / "session-c", stack, model)
     assert again.dir == first.dir  # read back what the first one compiled
     again.release()
-    other = stacks.compile_cache(
-        shared, private, {**stack, "args": stack["args"] + ["--no-enable-prefix-caching"]}, model
-    )
+    other = stacks.compile_cache(shared, private, {**stack, "args": stack["args"] + ["--max-num-seqs", "8"]}, model)
     assert other.dir.parent == shared and other.dir != first.dir
     other.release()
     assert stacks.compile_cache(shared, private, stack, {**model, "digest": "new"}).dir != first.dir
+
+
+def test_flags_that_only_size_memory_or_switch_prefix_caching_share_a_compile_cache(tmp_path):
+    """vLLM compiles nothing that depends on its memory share, KV cache size or prefix cache
+    (and keys its own graphs on a hash of what does): such stacks share one folder; and every
+    cache, private or shared, reads one engine-wide model inspection (vLLM's modelinfos)."""
+    base = ["{python}", "-m", "vllm.entrypoints.openai.api_server", "--port", "{port}"]
+    stack = {"args": base, "env": {}, "dtype": "float16", "tensor_parallel": 1, "instances": 1, "platform": "cuda"}
+    model, shared = {"path": "/m"}, tmp_path / "shared"
+    first = stacks.compile_cache(shared, tmp_path / "a", stack, model)
+    first.release()
+    for extra in (
+        ["--no-enable-prefix-caching"],
+        ["--gpu-memory-utilization", "0.5"],
+        ["--kv-cache-memory-bytes=1000", "--enable-prefix-caching"],
+    ):
+        again = stacks.compile_cache(shared, tmp_path / "a", {**stack, "args": base + extra}, model)
+        assert again.dir == first.dir, extra
+        again.release()
+    assert stacks.cache_args(base + ["--gpu-memory-utilization", "0.5", "--seed", "0"]) == base + ["--seed", "0"]
+    held = stacks.compile_cache(shared, tmp_path / "a", stack, model)
+    private = stacks.compile_cache(shared, tmp_path / "b", stack, model)
+    assert private.dir == tmp_path / "b"
+    for cache in (held, private):
+        link = cache.dir / "vllm" / "modelinfos"
+        assert link.is_symlink() and link.resolve().parent == (shared / "modelinfos").resolve()
+    (held.dir / "vllm" / "modelinfos" / "m.json").write_text("{}")
+    assert (private.dir / "vllm" / "modelinfos" / "m.json").read_text() == "{}"
