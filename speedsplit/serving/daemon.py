@@ -83,7 +83,7 @@ def _daemon(launch_path: Path) -> int:
                         held.port(),
                         devs,
                         Path(str(log_path).removesuffix(".log") + f".server{i}.log"),
-                        cache.dir / f"instance{i}",
+                        cache.instance(i),
                         keep_fds=held.fds(),
                         cpus=cpus,
                         card_total_gib=total,

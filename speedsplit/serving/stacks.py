@@ -132,6 +132,18 @@ class CompileCache:
     dir: Path
     how: str  # "shared <key>", or "private: <why>"
     _lock: object | None = None
+    modelinfos: Path | None = None  # vLLM's model inspection, one folder per engine version
+
+    def instance(self, i: int) -> Path:
+        """The cache folder of the session's server instance i (VLLM_CACHE_ROOT is its vllm/),
+        its model inspection read from the engine-wide folder."""
+        folder = self.dir / f"instance{i}"
+        if self.modelinfos is not None:
+            link = folder / "vllm" / "modelinfos"
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if not link.exists() and not link.is_symlink():
+                link.symlink_to(self.modelinfos.resolve(), target_is_directory=True)
+        return folder
 
     def release(self) -> None:
         """Let another session fill or read the shared cache (once this one's servers are ready)."""
@@ -183,7 +195,7 @@ def compile_cache(shared_root: Path, private: Path, stack: dict, model: dict) ->
         cache = CompileCache(private, "private: another session is filling or reading the shared cache")
     else:
         cache = CompileCache(shared_root / key, f"shared {key}", lock)
-    _share_model_inspection(cache.dir, shared_root, stack["platform"])
+    cache.modelinfos = _model_inspection(shared_root, stack["platform"])
     return cache
 
 
@@ -211,19 +223,17 @@ def cache_args(args: list[str]) -> list[str]:
     return out
 
 
-def _share_model_inspection(cache_dir: Path, shared_root: Path, platform: str) -> None:
-    """vLLM's API server inspects the model class in a subprocess (about 20 s on an H200 host)
-    unless its cache holds the answer: modelinfos/, keyed by the model module's hash and written
-    atomically by vLLM, so one folder per engine version serves every cache, private ones too."""
+def _model_inspection(shared_root: Path, platform: str) -> Path:
+    """vLLM's API server inspects the model class in a subprocess (23 s of a cold start on an
+    H200 host, 0 s warm) unless its cache holds the answer: modelinfos/, keyed by the model
+    module's hash and written atomically by vLLM, so one folder per engine version serves every
+    cache, private ones too."""
     import hashlib
 
     engine = hashlib.sha256(f"{platform} {engine_versions()}".encode()).hexdigest()[:16]
     common = shared_root / "modelinfos" / engine
     common.mkdir(parents=True, exist_ok=True)
-    link = cache_dir / "vllm" / "modelinfos"
-    link.parent.mkdir(parents=True, exist_ok=True)
-    if not link.exists() and not link.is_symlink():
-        link.symlink_to(common.resolve(), target_is_directory=True)
+    return common
 
 
 def host_cache_gib(stack: dict, model_dir: str | Path, kv_tokens: int) -> float | None:

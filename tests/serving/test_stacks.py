@@ -370,8 +370,8 @@ def test_flags_that_only_size_memory_or_switch_prefix_caching_share_a_compile_ca
     held = stacks.compile_cache(shared, tmp_path / "a", stack, model)
     private = stacks.compile_cache(shared, tmp_path / "b", stack, model)
     assert private.dir == tmp_path / "b"
-    for cache in (held, private):
-        link = cache.dir / "vllm" / "modelinfos"
+    for cache in (held, private):  # the folder a server instance's VLLM_CACHE_ROOT lies in
+        link = cache.instance(0) / "vllm" / "modelinfos"
         assert link.is_symlink() and link.resolve().parent == (shared / "modelinfos").resolve()
-    (held.dir / "vllm" / "modelinfos" / "m.json").write_text("{}")
-    assert (private.dir / "vllm" / "modelinfos" / "m.json").read_text() == "{}"
+    (held.instance(0) / "vllm" / "modelinfos" / "m.json").write_text("{}")
+    assert (private.instance(1) / "vllm" / "modelinfos" / "m.json").read_text() == "{}"

@@ -58,6 +58,8 @@ def test_every_result_is_complete_and_honest(workdir):
     assert len(caches) == 3 and all(c.startswith("shared ") for c in caches), caches
     folders = {p.name for p in (workdir / "results/cache/shared").iterdir() if p.is_dir()}
     assert folders == {c[7:] for c in caches} | {"modelinfos"}  # + vLLM's model inspection, engine-wide
+    # vLLM wrote its model inspection once, into the engine-wide folder every cache reads
+    assert list((workdir / "results/cache/shared/modelinfos").glob("*/*.json"))
     quant = json.loads((workdir / "results/quantize/tiny/gptq-w4g128.json").read_text())
     assert quant["method"] == "gptqmodel" and quant["quality"]["status"] == "measured"
     q = json.loads((workdir / "resources/models/tiny/gptq-w4g128/config.json").read_text())
