@@ -339,7 +339,7 @@ def _run_load(
     )
     result.timing.load_start = time.time()
     with sampler:
-        result.summary, records = loadgen.run(load, progress=progress)
+        result.summary, records = loadgen.run(load, progress=progress, on_measured=sampler.poke)
     result.timing.load_end = time.time()
     s = result.summary
     result.slo = slo.assess(records, s, cell["slo_ttft_p99_s"], cell["slo_tpot_p99_s"])

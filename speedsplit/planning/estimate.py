@@ -5,7 +5,7 @@ load (every request of its cell, warm-up included) and the job's own overhead. T
 this order, from
 1. results already measured for the same model, stack, topology and cell on this platform:
    the median time their jobs took beyond their servers' start (and the sessions' median
-   start-up),
+   start-up, cold and on a warm compile cache apart),
 2. the load at the decode roofline (cuda, a known model shape, the measured or configured
    copy bandwidth) times `estimate.roofline_efficiency`, plus `estimate.job_overhead_s`,
 3. the load at the configured `estimate.output_tok_s` of the platform, plus the overhead.
@@ -28,6 +28,7 @@ from pathlib import Path
 from speedsplit.core.record import ResultError, read_result
 from speedsplit.models.checkpoint import ModelError, read_model_config, shape_config
 from speedsplit.planning import config as cfgmod
+from speedsplit.planning import grid as gridmod
 from speedsplit.planning import plan as planmod
 from speedsplit.planning import roofline
 
@@ -55,13 +56,15 @@ class Measured:
 
     rate: dict[tuple[str, str, str, str], float]  # median output tok/s of ok runs
     job_s: dict[tuple[str, str, str, str], float]  # median job time beyond its server's start
-    startup: dict[tuple[str, str, str], float]  # median start-up of their sessions
+    startup: dict[tuple[str, str, str], float]  # median start-up of their sessions (compiling, or no cache)
+    startup_warm: dict[tuple[str, str, str], float]  # median start-up of sessions on a warm compile cache
 
     @classmethod
     def read(cls, pattern: str, platform: str) -> Measured:
         rates: dict[tuple, list[float]] = {}
         jobs: dict[tuple, list[float]] = {}
         starts: dict[tuple, list[float]] = {}
+        warm: dict[tuple, list[float]] = {}
         for path in glob.glob(pattern, recursive=True):
             if path.endswith(".requests.jsonl"):
                 continue
@@ -72,8 +75,8 @@ class Measured:
             if r.stack_def.platform != platform:
                 continue
             key = (r.model, r.stack, r.topology)
-            if r.server and r.server.startup_s:
-                starts.setdefault(key, []).append(r.server.startup_s)
+            if r.server and r.server.startup_s and not r.server.reused:  # once per session
+                (warm if r.engine.compile_cache == "warm" else starts).setdefault(key, []).append(r.server.startup_s)
             if r.status == "ok" and r.summary and r.summary.output_tok_s:
                 rates.setdefault((*key, r.cell), []).append(r.summary.output_tok_s)
                 t = r.timing
@@ -84,6 +87,7 @@ class Measured:
             rate={k: statistics.median(v) for k, v in rates.items()},
             job_s={k: statistics.median(v) for k, v in jobs.items()},
             startup={k: statistics.median(v) for k, v in starts.items()},
+            startup_warm={k: statistics.median(v) for k, v in warm.items()},
         )
 
 
@@ -154,6 +158,8 @@ def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: 
     shapes = {model: _model_shape(config, model) for model in cfgmod.bench_models(config)}
     prev = planmod.predecessors(config)
     lanes: dict[planmod.BenchJob, int] = {}
+    clock: dict[int, float] = {}  # each lane's time so far
+    compiled: dict[tuple[str, str, str], float] = {}  # when a vLLM session first filled its compile cache
     out = []
     for job in planmod.bench_jobs(config):
         before = prev[job]
@@ -174,9 +180,25 @@ def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: 
             rest, source = due + float(est["job_overhead_s"]), "schedule"
         if rest is None:
             rest = tokens / rate + float(est["job_overhead_s"])
-        start = measured.startup.get((job.model, job.stack, job.topology), float(est["startup_s"][platform]))
-        out.append(JobEstimate(job, lanes[job], start if first else 0.0, rest, rate, source))
+        start = 0.0
+        if first:
+            start = _startup(config, measured, job, clock.get(lanes[job], 0.0), compiled)
+        out.append(JobEstimate(job, lanes[job], start, rest, rate, source))
+        clock[lanes[job]] = clock.get(lanes[job], 0.0) + start + rest
     return out
+
+
+def _startup(config: dict, measured: Measured, job: planmod.BenchJob, at: float, compiled: dict) -> float:
+    """A session's start-up: warm where a vLLM session of the same model, stack and topology
+    had filled the shared compile cache before this one starts (results/cache/shared), else cold."""
+    platform, est, key = cfgmod.platform_of(config), config["estimate"], (job.model, job.stack, job.topology)
+    cold = measured.startup.get(key, float(est["startup_s"][platform]))
+    if gridmod.family(config["stacks"][job.stack]) != "vllm":
+        return cold  # no compile cache to reuse
+    if key in compiled and compiled[key] <= at:
+        return measured.startup_warm.get(key, min(cold, float(est["startup_warm_s"][platform])))
+    compiled[key] = min(compiled.get(key, math.inf), at + cold)
+    return cold
 
 
 def runtime_minutes(config: dict, estimate: JobEstimate) -> int:

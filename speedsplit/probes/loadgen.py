@@ -139,7 +139,12 @@ async def _one_request(http: aiohttp.ClientSession, spec: LoadSpec, rec: Request
 
 
 async def _phase(
-    spec: LoadSpec, phase: str, per_user: int, records: list[RequestRecord], progress: Callable[[str], None] | None
+    spec: LoadSpec,
+    phase: str,
+    per_user: int,
+    records: list[RequestRecord],
+    progress: Callable[[str], None] | None,
+    on_start: Callable[[], None] | None = None,
 ) -> tuple[float, float]:
     timeout = aiohttp.ClientTimeout(total=None, sock_read=spec.stall_timeout_s, sock_connect=30)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
@@ -147,6 +152,8 @@ async def _phase(
     done = 0
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         t0 = time.perf_counter()
+        if on_start:
+            on_start()
 
         async def user(u: int) -> None:
             nonlocal done
@@ -208,7 +215,7 @@ async def _phase(
 
 
 async def run_async(
-    spec: LoadSpec, progress: Callable[[str], None] | None = None
+    spec: LoadSpec, progress: Callable[[str], None] | None = None, on_measured: Callable[[], None] | None = None
 ) -> tuple[Summary, list[RequestRecord]]:
     warm: list[RequestRecord] = []
     warm_s = 0.0
@@ -216,15 +223,18 @@ async def run_async(
         w0, w1 = await _phase(spec, "warmup", spec.warmup_requests, warm, progress)
         warm_s = w1 - w0
     measured: list[RequestRecord] = []
-    t0, t1 = await _phase(spec, "measured", spec.requests_per_user, measured, progress)
+    t0, t1 = await _phase(spec, "measured", spec.requests_per_user, measured, progress, on_measured)
     summary = summarize(measured, t1 - t0, spec, warm_s, sum(1 for r in warm if not r.ok))
     summary.measured_from = time.time() - (time.perf_counter() - t0)
     return summary, warm + measured
 
 
-def run(spec: LoadSpec, progress: Callable[[str], None] | None = None) -> tuple[Summary, list[RequestRecord]]:
-    """Run warm-up then the measured phase; returns the run summary and every request."""
-    return asyncio.run(run_async(spec, progress))
+def run(
+    spec: LoadSpec, progress: Callable[[str], None] | None = None, on_measured: Callable[[], None] | None = None
+) -> tuple[Summary, list[RequestRecord]]:
+    """Run warm-up then the measured phase; returns the run summary and every request.
+    on_measured is called (it must not block) as the measured phase starts."""
+    return asyncio.run(run_async(spec, progress, on_measured))
 
 
 def _dist(values: list[float]) -> Distribution:

@@ -129,13 +129,16 @@ class GpuProbe:
 
 
 class Sampler:
-    """Samples the probes every interval_s on a thread, from start() to stop()."""
+    """Samples the probes every interval_s on a thread, from start() to stop(), and at once
+    when poked (the measured phase's start: a phase shorter than the interval still has a
+    reading inside it)."""
 
     def __init__(self, server: ServerProbe, gpu: GpuProbe, interval_s: float = 0.5):
         self.server, self.gpu, self.interval_s = server, gpu, interval_s
         self.server_samples: list[tuple[float, dict]] = []
         self.gpu_samples: list[tuple[float, dict]] = []
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="telemetry", daemon=True)
 
     def _sample(self) -> None:
@@ -148,7 +151,12 @@ class Sampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._sample()
-            self._stop.wait(self.interval_s)
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+
+    def poke(self) -> None:
+        """Take a reading now (on the sampler's thread: the caller does not wait)."""
+        self._wake.set()
 
     def __enter__(self) -> Sampler:
         self._thread.start()
@@ -156,6 +164,7 @@ class Sampler:
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=10)
         self._sample()  # one reading after the load, so the window's end is bracketed
 

@@ -76,6 +76,7 @@ _FACTS = {
     "kv_cache_tokens": [r"KV cache size: ([\d,]+) tokens"],
     "kv_cache_gib": [
         r"Available KV cache memory: ([\d.]+) ?GiB",  # vLLM
+        r"reserved ([\d.]+) ?GiB memory for KV Cache as specified by kv_cache_memory_bytes",  # vLLM, sized by hand
         r"Memory available for cache allocation: (\d+) ?(MB)",  # transformers' continuous batching
     ],
     # vLLM counts its CUDA graphs outside --gpu-memory-utilization and says what would fit

@@ -125,3 +125,24 @@ def test_the_estimate_is_told_the_platform_and_an_open_loop_job_lasts_its_arriva
         assert "30.0" in job.split() and job.split()[-1] == "schedule"  # 100 requests at 4/s + 5 s overhead
         minutes[platform] = float(out.split("about ")[1].split(" min")[0])
     assert minutes["cuda"] != minutes["cpu"]  # start-ups priced per platform
+
+
+def test_a_vllm_session_after_one_that_filled_its_compile_cache_starts_warm(tmp_path):
+    """Sessions of one vLLM stack that follow a finished start read the shared compile cache
+    (estimate.startup_warm_s, or what warm results measured); HF has no such cache; two lanes
+    starting the same stack at once both compile."""
+    cfg = C.merge(C.load(REPO / "config/h200-smoke.yaml"), {"benchmark": {"server_reuse": "per_run"}})
+    est = E.job_estimates(cfg, results=str(tmp_path / "*.json"))
+    starts = [(e.job.stack, e.start_s) for e in est if e.start_s]
+    for stack in ("vllm-fp16", "vllm-marlin"):
+        assert [s for st, s in starts if st == stack] == [200, 70]  # run 0 compiles, run 1 reads it back
+    assert [s for st, s in starts if st == "hf-fp16"] == [200, 200]
+    two = E.job_estimates(C.merge(cfg, {"gpus_available": 2}), results=str(tmp_path / "*.json"))
+    first = [e for e in two if e.start_s and e.job.stack == "vllm-fp16" and e.job.run == 0]
+    assert first and all(e.start_s == 200 for e in first)
+    res = fake_result("vllm-fp16", 64, 0, 6000.0, workload="h200-wide")
+    res.model, res.topology, res.stack_def.platform = "llama-3.1-8b", "tp1", "cuda"
+    res.engine.compile_cache, res.server.startup_s = "warm", 64.0
+    write_result(tmp_path / "warm.json", res)
+    est = E.job_estimates(cfg, results=str(tmp_path / "*.json"))
+    assert [e.start_s for e in est if e.start_s and e.job.stack == "vllm-fp16"] == [200, 64.0]

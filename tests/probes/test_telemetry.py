@@ -145,3 +145,30 @@ def test_a_phase_with_few_readings_is_flagged_sparse():
     summary = T.server_summary(samples, 9.5, 19.5, interval_s=0.5)
     assert summary.samples == 2 and summary.sparse is True  # 20 readings were due
     assert T.server_summary(samples, 9.5, 19.5, interval_s=5.0).sparse is False
+
+
+def test_a_measured_phase_shorter_than_the_interval_still_has_a_reading_when_the_sampler_is_poked():
+    """The load generator pokes the sampler as its measured phase starts: a phase of 0.3 s on a
+    10 s interval gets a reading inside it (without the poke it has none and says so)."""
+    body = "vllm:kv_cache_usage_perc 0.25\nvllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"
+
+    async def metrics(_):
+        return web.Response(text=body)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    url, loop = _serve(app)
+    readings = {}
+    for poked in (False, True):
+        sampler = T.Sampler(T.ServerProbe([url]), T.GpuProbe(["cpu"]), interval_s=10.0)
+        with sampler:
+            threading.Event().wait(0.2)  # the first reading, then the warm-up
+            start = time.time()
+            if poked:
+                sampler.poke()
+            threading.Event().wait(0.3)
+            end = time.time()
+        readings[poked] = T.summarize(sampler, start, end, 100, ["cpu"])
+    loop.call_soon_threadsafe(loop.stop)
+    assert readings[False].server is None and readings[False].server_absent.startswith("no sample inside")
+    assert readings[True].server.samples == 1 and readings[True].server.kv_cache_usage_peak == 0.25

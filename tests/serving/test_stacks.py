@@ -327,6 +327,16 @@ def test_a_vllm_start_up_is_split_into_weights_compile_graphs_and_engine_from_it
     assert serverlog.engine_facts("nothing here")["compile_cache"] is None
 
 
+def test_a_kv_cache_sized_by_hand_is_read_from_the_line_vllm_prints_for_it():
+    """With --kv-cache-memory-bytes vLLM skips its profile and prints what it reserved
+    (the capped H200 run's own log) instead of 'Available KV cache memory'."""
+    from conftest import REPO
+
+    log = REPO / "docs/evidence/h200-2026-12-01-traffic-capped/logs/sessions/llama-3.1-8b__vllm-fp16__tp1__all.server0.log"
+    f = serverlog.engine_facts(log.read_text())
+    assert (f["kv_cache_gib"], f["kv_cache_tokens"], f["kv_cache_fit_gib"]) == (4.6, 37680, None)
+
+
 def test_sessions_that_build_the_same_thing_share_one_compile_cache_one_at_a_time(tmp_path):
     """One folder per model identity, stack definition, topology and engine versions: a later
     session reads back what an earlier one compiled; while one holds it, another takes its
