@@ -141,4 +141,5 @@ def model_entry(wc):
 
 
 def quantize_settings(wc):
-    return dict(CFG["quantization"])
+    # a checkpoint of the model already quantized, if the config names one
+    return dict(CFG["quantization"], prequantized=CFG["models"][wc.model]["prequantized"].get("gptq", ""))

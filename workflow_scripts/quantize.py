@@ -1,4 +1,4 @@
-"""Rule quantize: GPTQ INT4 through GPTQModel, with the quality check."""
+"""Rule quantize: GPTQ INT4 through GPTQModel (or a pre-quantized checkpoint checked and linked), with the quality check."""
 
 from _job import to_log
 
@@ -22,5 +22,6 @@ with cuda_devices(1, sm.params.platform):  # GPTQ runs on a leased card, if any
         eval_samples=s["eval_samples"],
         seed=s["seed"],
         calibration_text=s.get("calibration_text", ""),
+        prequantized=s.get("prequantized", ""),
     )
 write_json_atomic(sm.output.report, report)

@@ -227,6 +227,10 @@ def acquire(entry: dict, out_dir: str | Path) -> dict:
     """Acquire one model entry of the config into out_dir."""
     if entry["source"] == "hub":
         return download(entry["repo"], entry["revision"], out_dir)
+    if entry["source"] == "local":
+        from speedsplit.models.local import adopt_local
+
+        return adopt_local(entry, out_dir)
     return synthesize(entry["shape"], out_dir, entry["weights"], entry["seed"])
 
 

@@ -60,10 +60,15 @@ def quantize(
     eval_samples: int = 8,
     seed: int = 0,
     calibration_text: str = "",
+    prequantized: str = "",
 ) -> dict:
-    """Quantize fp16_dir into out_dir; returns the report (time, settings, quality)."""
+    """Quantize fp16_dir into out_dir; returns the report (time, settings, quality). With
+    prequantized (a GPTQ checkpoint folder), that checkpoint is checked against bits and
+    group_size, linked into out_dir and measured against fp16_dir instead."""
     fp16_dir, out_dir = Path(fp16_dir).resolve(), Path(out_dir).resolve()
     read_model_config(fp16_dir)
+    if prequantized:
+        return _adopt(fp16_dir, out_dir, prequantized, bits, group_size, eval_samples, calibration_tokens, seed)
     settings = {
         "bits": bits,
         "group_size": group_size,
@@ -109,6 +114,30 @@ def quantize(
             (tmp / "speedsplit-model.json").write_text(json.dumps({**info, "variant": "gptq"}, indent=2))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    return report
+
+
+def _adopt(fp16_dir: Path, out_dir: Path, path: str, bits, group_size, eval_samples, tokens, seed) -> dict:
+    """A pre-quantized GPTQ checkpoint used as it is: what it holds, and its quality against the
+    FP16 model (when that has real weights)."""
+    from transformers import AutoTokenizer
+
+    from speedsplit.models.local import inspect_quantized, link_files
+
+    info = inspect_quantized(path, "gptq", bits, group_size)
+    settings = {k: info[k] for k in ("bits", "group_size", "desc_act", "sym", "checkpoint_format", "modules")}
+    settings["quantized_layers"] = info["quantized_layers"]
+    with atomic_dir(out_dir) as tmp:
+        link_files(Path(info["path"]), tmp)
+        if is_dummy(fp16_dir):
+            quality = {"status": "not measured: the FP16 model has no weights of its own (dummy)"}
+        else:
+            tok = AutoTokenizer.from_pretrained(str(fp16_dir))
+            quality = quality_check(fp16_dir, tmp, token_samples(tok, eval_samples, tokens, seed + 1))
+        report = {"method": "prequantized", "path": info["path"], "settings": settings, "quantize_s": None}
+        report["quality"] = quality
+        (tmp / "speedsplit-model.json").unlink(missing_ok=True)  # a link to the checkpoint's own, if any
+        (tmp / "speedsplit-model.json").write_text(json.dumps({**model_info(fp16_dir), "variant": "gptq"}, indent=2))
     return report
 
 

@@ -205,6 +205,7 @@ def _check_references(config: dict) -> None:
         entry = config["models"][model]
         if entry["source"] == "hub" and not entry["repo"]:
             raise ConfigError(f"config error at models.{model}.repo: a hub model needs a repo id")
+        _check_own_weights(config, model, entry)
         for wname in {c.workload for c in cells(config) if not c.trace}:
             w = workloads[wname]
             if w["prompt_tokens"] + w["output_tokens"] > entry["max_model_len"]:
@@ -218,6 +219,35 @@ def _check_references(config: dict) -> None:
     _check_factorial(config)
     _check_report(config)
     _check_capacity(config)
+
+
+def _check_own_weights(config: dict, model: str, entry: dict) -> None:
+    """A local folder and pre-quantized checkpoints: there, complete, and what the config says."""
+    from speedsplit.models.checkpoint import ModelError
+    from speedsplit.models.local import inspect_local, inspect_quantized
+
+    if entry["source"] == "local" and not entry["path"]:
+        raise ConfigError(f"config error at models.{model}.path: a local model needs the folder's path")
+    if entry["path"] and entry["source"] != "local":
+        raise ConfigError(f"config error at models.{model}.path: a path is for source local, not {entry['source']}")
+    try:
+        if entry["path"]:
+            inspect_local(entry["path"])
+    except ModelError as exc:
+        raise ConfigError(f"config error at models.{model}.path: {exc}") from None
+    q = config["quantization"]
+    for method, path in entry["prequantized"].items():
+        if not path:
+            continue
+        if q["method"] == "dummy":
+            raise ConfigError(
+                f"config error at models.{model}.prequantized.{method}: quantization.method dummy writes its "
+                "own INT4 config; a checkpoint is used with method gptqmodel"
+            )
+        try:
+            inspect_quantized(path, method, q["bits"], q["group_size"])
+        except ModelError as exc:
+            raise ConfigError(f"config error at models.{model}.prequantized.{method}: {exc}") from None
 
 
 def _check_coordination(config: dict) -> None:

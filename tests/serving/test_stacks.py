@@ -332,7 +332,10 @@ def test_a_kv_cache_sized_by_hand_is_read_from_the_line_vllm_prints_for_it():
     (the capped H200 run's own log) instead of 'Available KV cache memory'."""
     from conftest import REPO
 
-    log = REPO / "docs/evidence/h200-2026-12-01-traffic-capped/logs/sessions/llama-3.1-8b__vllm-fp16__tp1__all.server0.log"
+    log = (
+        REPO
+        / "docs/evidence/h200-2026-12-01-traffic-capped/logs/sessions/llama-3.1-8b__vllm-fp16__tp1__all.server0.log"
+    )
     f = serverlog.engine_facts(log.read_text())
     assert (f["kv_cache_gib"], f["kv_cache_tokens"], f["kv_cache_fit_gib"]) == (4.6, 37680, None)
 
