@@ -34,7 +34,7 @@ wildcard_constraints:
     topology=_alternatives(CFG["topologies"]),
     cell=_alternatives(c.name for c in ss_config.cells(CFG)),
     run=r"\d+",
-    variant=r"fp16|gptq-w\d+g(\d+|pc)",
+    variant=r"fp16|(gptq|awq)-w\d+g(\d+|pc)",
 
 
 def close_run(failed=False):
@@ -141,5 +141,6 @@ def model_entry(wc):
 
 
 def quantize_settings(wc):
-    # a checkpoint of the model already quantized, if the config names one
-    return dict(CFG["quantization"], prequantized=CFG["models"][wc.model]["prequantized"].get("gptq", ""))
+    # the format (gptq, awq) and a checkpoint of the model already quantized, if the config names one
+    fmt = wc.variant.split("-")[0]
+    return dict(CFG["quantization"], fmt=fmt, prequantized=CFG["models"][wc.model]["prequantized"].get(fmt, ""))

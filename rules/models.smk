@@ -24,7 +24,7 @@ rule quantize:
         model=directory("resources/models/{model}/{variant}"),
         report="results/quantize/{model}/{variant}.json",
     wildcard_constraints:
-        variant=r"gptq-w\d+g(\d+|pc)",
+        variant=r"(gptq|awq)-w\d+g(\d+|pc)",
     params:
         settings=quantize_settings,
         platform=PLATFORM,

@@ -23,5 +23,6 @@ with cuda_devices(1, sm.params.platform):  # GPTQ runs on a leased card, if any
         seed=s["seed"],
         calibration_text=s.get("calibration_text", ""),
         prequantized=s.get("prequantized", ""),
+        fmt=s.get("fmt", "gptq"),
     )
 write_json_atomic(sm.output.report, report)

@@ -38,7 +38,9 @@ def kernels_frame(
         base = ref["output_tok_s"].drop_nulls().to_list()
         if not base:
             continue
-        for (stack,), sdf in df.filter(pl.col("variant") == "gptq").group_by(["stack"], maintain_order=True):
+        for (stack,), sdf in df.filter(pl.col("variant").is_in(["gptq", "awq"])).group_by(
+            ["stack"], maintain_order=True
+        ):
             clean, _ = clean_runs(sdf, tolerate_flags)
             tp = clean["output_tok_s"].drop_nulls().to_list()
             if not tp:

@@ -287,16 +287,17 @@ def check_model(model_dir: str | Path, variant: str) -> dict:
     cfg = read_model_config(model_dir)
     model_dir = Path(model_dir)
     qcfg = cfg.get("quantization_config") or {}
-    if variant == "gptq" and qcfg.get("quant_method") != "gptq":
+    if variant in ("gptq", "awq") and qcfg.get("quant_method") != variant:
         raise ModelError(
-            f"model folder {model_dir} is not GPTQ-quantized (config.json has no gptq quantization_config)"
+            f"model folder {model_dir} is not {variant.upper()}-quantized "
+            f"(config.json has no {variant} quantization_config)"
         )
     if is_dummy(model_dir):
         return cfg
     shards = sorted(model_dir.glob("*.safetensors"))
     if not shards:
         raise ModelError(f"model folder {model_dir} has no *.safetensors weights")
-    if variant == "gptq":
+    if variant in ("gptq", "awq"):
         from safetensors import safe_open
 
         try:

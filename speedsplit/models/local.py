@@ -82,8 +82,9 @@ def inspect_quantized(path: str | Path, method: str, bits: int, group_size: int)
     where = info["path"]
     if q.get("quant_method") != QUANT_METHODS[method]:
         raise ModelError(f"{where} is not a {method.upper()} checkpoint (quant_method {q.get('quant_method')!r})")
-    if q.get("bits") != bits:
-        raise ModelError(f"{where} holds {q.get('bits')}-bit weights, not the {bits} bits of quantization.bits")
+    held_bits = q.get("bits", q.get("w_bit"))  # AutoAWQ's checkpoints say w_bit and q_group_size
+    if held_bits != bits:
+        raise ModelError(f"{where} holds {held_bits}-bit weights, not the {bits} bits of quantization.bits")
     if q.get("group_size", q.get("q_group_size")) != group_size:
         found = q.get("group_size", q.get("q_group_size"))
         raise ModelError(f"{where} has group size {found}, not the {group_size} of quantization.group_size")
@@ -99,7 +100,7 @@ def inspect_quantized(path: str | Path, method: str, bits: int, group_size: int)
     return {
         **info,
         "method": method,
-        "bits": q["bits"],
+        "bits": held_bits,
         "group_size": group_size,
         "desc_act": q.get("desc_act"),
         "sym": q.get("sym"),
@@ -110,9 +111,11 @@ def inspect_quantized(path: str | Path, method: str, bits: int, group_size: int)
 
 
 def link_files(src: Path, dst: Path) -> None:
-    """Every file of src's top level as a link in dst (the weights are used in place)."""
+    """Every file of src's top level as a link in dst (the weights are used in place), but
+    speedsplit's own records (speedsplit-*.json): dst gets its own, and nothing written in dst
+    ever reaches the user's folder through a link."""
     for f in sorted(src.iterdir()):
-        if f.is_file():
+        if f.is_file() and not f.name.startswith("speedsplit-"):
             (dst / f.name).symlink_to(f.resolve())
 
 

@@ -61,14 +61,16 @@ def quantize(
     seed: int = 0,
     calibration_text: str = "",
     prequantized: str = "",
+    fmt: str = "gptq",
 ) -> dict:
-    """Quantize fp16_dir into out_dir; returns the report (time, settings, quality). With
-    prequantized (a GPTQ checkpoint folder), that checkpoint is checked against bits and
-    group_size, linked into out_dir and measured against fp16_dir instead."""
+    """Quantize fp16_dir into out_dir in fmt (gptq, or awq: GPTQModel's AWQ runs on a CUDA
+    card only); returns the report (time, settings, quality). With prequantized (a checkpoint
+    folder of that format), that checkpoint is checked against bits and group_size, linked into
+    out_dir and measured against fp16_dir instead."""
     fp16_dir, out_dir = Path(fp16_dir).resolve(), Path(out_dir).resolve()
     read_model_config(fp16_dir)
     if prequantized:
-        return _adopt(fp16_dir, out_dir, prequantized, bits, group_size, eval_samples, calibration_tokens, seed)
+        return _adopt(fp16_dir, out_dir, prequantized, fmt, bits, group_size, eval_samples, calibration_tokens, seed)
     settings = {
         "bits": bits,
         "group_size": group_size,
@@ -80,6 +82,11 @@ def quantize(
         "calibration_source": calibration_text or "random tokens of the vocabulary",
     }
     if method == "dummy" or is_dummy(fp16_dir):
+        if fmt != "gptq":
+            raise ModelError(
+                f"quantization method dummy writes a GPTQ config only; {fmt} needs method gptqmodel "
+                f"or a prequantized.{fmt} checkpoint"
+            )
         if model_info(fp16_dir).get("source") != "synthetic":
             raise ModelError(f"quantization method dummy needs a synthetic model; {fp16_dir} is not one")
         return _dummy_gptq(fp16_dir, out_dir, settings)
@@ -95,7 +102,11 @@ def quantize(
     try:
         with atomic_dir(out_dir) as tmp, contextlib.chdir(scratch):  # GPTQModel writes logs/ into cwd
             t0 = time.perf_counter()
-            qcfg = QuantizeConfig(bits=bits, group_size=group_size, desc_act=desc_act, sym=True)
+            qcfg = (
+                QuantizeConfig(bits=bits, group_size=group_size, desc_act=desc_act, sym=True)
+                if fmt == "gptq"
+                else _awq_config(bits, group_size)
+            )
             model = GPTQModel.load(str(fp16_dir), qcfg)
             model.quantize(
                 [{"input_ids": ids, "attention_mask": [1] * len(ids)} for ids in calib], batch_size=1, tokenizer=tok
@@ -104,27 +115,38 @@ def quantize(
             seconds = time.perf_counter() - t0
             del model
             quality = quality_check(fp16_dir, tmp, held_out)
-            report = {"method": "gptqmodel", "settings": settings, "quantize_s": seconds, "quality": quality}
+            report = {"method": "gptqmodel", "format": fmt, "settings": settings, "quantize_s": seconds}
+            report["quality"] = quality
             (tmp / "speedsplit-quantization.json").write_text(json.dumps(report, indent=2))
             info = (
                 json.loads((fp16_dir / "speedsplit-model.json").read_text())
                 if (fp16_dir / "speedsplit-model.json").exists()
                 else {}
             )
-            (tmp / "speedsplit-model.json").write_text(json.dumps({**info, "variant": "gptq"}, indent=2))
+            (tmp / "speedsplit-model.json").write_text(json.dumps({**info, "variant": fmt}, indent=2))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return report
 
 
-def _adopt(fp16_dir: Path, out_dir: Path, path: str, bits, group_size, eval_samples, tokens, seed) -> dict:
-    """A pre-quantized GPTQ checkpoint used as it is: what it holds, and its quality against the
-    FP16 model (when that has real weights)."""
+def _awq_config(bits: int, group_size: int):
+    """GPTQModel's AWQ (GEMM format, which vLLM serves), on a CUDA card only."""
+    import torch
+    from gptqmodel.quantization.config import FORMAT, AWQConfig
+
+    if not torch.cuda.is_available():
+        raise ModelError("AWQ quantization (GPTQModel) needs a CUDA card; on a CPU give a prequantized.awq checkpoint")
+    return AWQConfig(bits=bits, group_size=group_size, format=FORMAT.GEMM)
+
+
+def _adopt(fp16_dir: Path, out_dir: Path, path: str, fmt, bits, group_size, eval_samples, tokens, seed) -> dict:
+    """A pre-quantized checkpoint (fmt: gptq or awq) used as it is: what it holds, and its
+    quality against the FP16 model (when that has real weights)."""
     from transformers import AutoTokenizer
 
     from speedsplit.models.local import inspect_quantized, link_files
 
-    info = inspect_quantized(path, "gptq", bits, group_size)
+    info = inspect_quantized(path, fmt, bits, group_size)
     settings = {k: info[k] for k in ("bits", "group_size", "desc_act", "sym", "checkpoint_format", "modules")}
     settings["quantized_layers"] = info["quantized_layers"]
     with atomic_dir(out_dir) as tmp:
@@ -134,10 +156,10 @@ def _adopt(fp16_dir: Path, out_dir: Path, path: str, bits, group_size, eval_samp
         else:
             tok = AutoTokenizer.from_pretrained(str(fp16_dir))
             quality = quality_check(fp16_dir, tmp, token_samples(tok, eval_samples, tokens, seed + 1))
-        report = {"method": "prequantized", "path": info["path"], "settings": settings, "quantize_s": None}
+        report = {"method": "prequantized", "format": fmt, "path": info["path"], "settings": settings}
+        report["quantize_s"] = None
         report["quality"] = quality
-        (tmp / "speedsplit-model.json").unlink(missing_ok=True)  # a link to the checkpoint's own, if any
-        (tmp / "speedsplit-model.json").write_text(json.dumps({**model_info(fp16_dir), "variant": "gptq"}, indent=2))
+        (tmp / "speedsplit-model.json").write_text(json.dumps({**model_info(fp16_dir), "variant": fmt}, indent=2))
     return report
 
 

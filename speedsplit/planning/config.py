@@ -214,6 +214,7 @@ def _check_references(config: dict) -> None:
                     f"{w['prompt_tokens'] + w['output_tokens']} exceeds models.{model}.max_model_len "
                     f"({entry['max_model_len']})"
                 )
+    _check_formats(config)
     _check_traffic(config)
     _check_coordination(config)
     _check_factorial(config)
@@ -248,6 +249,34 @@ def _check_own_weights(config: dict, model: str, entry: dict) -> None:
             inspect_quantized(path, method, q["bits"], q["group_size"])
         except ModelError as exc:
             raise ConfigError(f"config error at models.{model}.prequantized.{method}: {exc}") from None
+
+
+def _check_formats(config: dict) -> None:
+    """A weight format the platform cannot make or run: one line at config time."""
+    platform = platform_of(config)
+    for stack in bench_stacks(config):
+        variant = config["stacks"][stack]["variant"]
+        if variant == "fp8" and platform != "cuda":
+            raise ConfigError(
+                f"config error at stacks.{stack}.variant: fp8 (vLLM's dynamic W8A8) needs a CUDA card with FP8 "
+                f"units (Ada, Hopper or newer); this config's platform is {platform}"
+            )
+        if variant != "awq":
+            continue
+        for model in bench_models(config):
+            if config["models"][model]["prequantized"].get("awq"):
+                continue
+            if config["quantization"]["method"] == "dummy":
+                raise ConfigError(
+                    f"config error at quantization.method: dummy writes GPTQ configs only; stack {stack} serves "
+                    f"AWQ (use gptqmodel, or give models.{model}.prequantized.awq)"
+                )
+            if platform != "cuda":
+                raise ConfigError(
+                    f"config error at models.{model}.prequantized.awq: stack {stack} serves AWQ, and GPTQModel's "
+                    f"AWQ quantization needs a CUDA card (this config's platform is {platform}): give an AWQ "
+                    "checkpoint of the model here"
+                )
 
 
 def _check_coordination(config: dict) -> None:

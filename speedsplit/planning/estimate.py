@@ -122,11 +122,11 @@ def roofline_rate(
     if cfgmod.platform_of(config) != "cuda" or not bandwidth or not shape:
         return None
     variant = config["stacks"][stack]["variant"]
-    if variant == "gptq":
+    if variant in ("gptq", "awq"):
         q = config["quantization"]
         shape = {
             **shape,
-            "quantization_config": {"quant_method": "gptq", "bits": q["bits"], "group_size": q["group_size"]},
+            "quantization_config": {"quant_method": variant, "bits": q["bits"], "group_size": q["group_size"]},
         }
     topo = config["topologies"][topology]
     if not cell["users"]:  # open loop: no fixed batch to price

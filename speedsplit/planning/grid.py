@@ -14,6 +14,9 @@ class ConfigError(ValueError):
     """A config value is wrong; the message is one line naming the key."""
 
 
+INT4 = ("gptq", "awq")  # the variants that serve 4-bit weights of a checkpoint
+
+
 def kernel_reference(config: dict) -> str | None:
     """The FP16 stack the kernel plot compares INT4 kernels against (report.kernel_reference,
     else the stack before the first gptq stack of the first chain that has one)."""
@@ -21,7 +24,7 @@ def kernel_reference(config: dict) -> str | None:
         return config["report"]["kernel_reference"]
     for chain in config["chains"].values():
         for before, stack in zip(chain, chain[1:]):
-            if config["stacks"][stack]["variant"] == "gptq":
+            if config["stacks"][stack]["variant"] in INT4:
                 return before
     return None
 
@@ -33,24 +36,24 @@ def family(entry: dict) -> str:
 
 def chain_steps(config: dict) -> dict[str, list[str]]:
     """What each step of each chain changes, in words, from the two stacks' definitions:
-    'runtime' (HF to vLLM, same weights), 'INT4 weights + kernel' (FP16 to GPTQ, when the chain
-    has no later kernel step), 'INT4 format' and 'kernel' (when it has: GPTQ to GPTQ is a
-    kernel change), 'scheduler' (HF to HF), 'prefix caching' (vLLM to vLLM, its prefix-caching
-    switch alone), 'configuration' (vLLM to vLLM otherwise, same weights)."""
+    'runtime' (HF to vLLM, same weights), 'INT4 weights + kernel' (FP16 to GPTQ or AWQ, when
+    the chain has no later kernel step), 'INT4 format' and 'kernel' (when it has: GPTQ to GPTQ
+    is a kernel change; GPTQ to AWQ is a format change), 'FP8 weights + activations' (to vLLM's
+    FP8), 'scheduler' (HF to HF), 'prefix caching' (vLLM to vLLM, its prefix-caching switch
+    alone), 'configuration' (vLLM to vLLM otherwise, same weights)."""
     out = {}
     for name, chain in config["chains"].items():
         entries = [config["stacks"][s] for s in chain]
         pairs = list(zip(entries, entries[1:]))
-        kernel_split = any(a["variant"] == b["variant"] == "gptq" for a, b in pairs)
+        kernel_split = any(a["variant"] == b["variant"] and a["variant"] in INT4 for a, b in pairs)
         steps = []
         for a, b in pairs:
             if a["variant"] != b["variant"]:
-                steps.append(
-                    ("INT4 format" if kernel_split else "INT4 weights + kernel")
-                    if b["variant"] == "gptq"
-                    else "FP16 weights"
-                )
-            elif b["variant"] == "gptq":
+                if b["variant"] in INT4:
+                    steps.append("INT4 format" if kernel_split or a["variant"] in INT4 else "INT4 weights + kernel")
+                else:
+                    steps.append("FP8 weights + activations" if b["variant"] == "fp8" else "FP16 weights")
+            elif b["variant"] in INT4:
                 steps.append("kernel")
             elif family(a) != family(b):
                 steps.append("runtime")
@@ -126,8 +129,8 @@ def bench_models(config: dict) -> list[str]:
 
 
 def has_int4_stack(config: dict) -> bool:
-    """Whether any benchmarked stack serves GPTQ INT4 weights."""
-    return any(config["stacks"][s]["variant"] == "gptq" for s in bench_stacks(config))
+    """Whether any benchmarked stack serves INT4 weights (GPTQ, AWQ)."""
+    return any(config["stacks"][s]["variant"] in INT4 for s in bench_stacks(config))
 
 
 def bench_stacks(config: dict, topology: str | None = None) -> list[str]:

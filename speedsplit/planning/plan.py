@@ -226,11 +226,12 @@ def session_of(plan_path: str | Path, result_path: str) -> SessionPlan:
 
 def variant_dir(config: dict, stack: str) -> str:
     """Folder name under resources/models/{model}/ holding the weights a stack serves."""
-    if config["stacks"][stack]["variant"] == "fp16":
+    variant = config["stacks"][stack]["variant"]
+    if variant in ("fp16", "fp8"):  # vLLM makes FP8 from the FP16 weights as it loads them
         return "fp16"
     q = config["quantization"]
     group = "pc" if q["group_size"] == -1 else q["group_size"]
-    return f"gptq-w{q['bits']}g{group}"
+    return f"{variant}-w{q['bits']}g{group}"
 
 
 def find_job(

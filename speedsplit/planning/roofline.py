@@ -21,11 +21,14 @@ def param_counts(cfg: dict) -> dict[str, int]:
 
 
 def weight_bytes(cfg: dict, variant: str) -> float:
-    """Bytes of weights read per decode step: FP16, or GPTQ (4-bit linear layers with an FP16
-    scale and a packed 4-bit zero per group; embeddings and norms stay FP16)."""
+    """Bytes of weights read per decode step: FP16; GPTQ or AWQ (4-bit linear layers with an
+    FP16 scale and a packed 4-bit zero per group; embeddings and norms stay FP16); FP8 (one
+    byte per linear weight)."""
     p = param_counts(cfg)
     q = cfg.get("quantization_config") or {}
-    if variant == "gptq" or q.get("quant_method") == "gptq":
+    if variant == "fp8":
+        return p["linear"] + 2 * (p["embedding"] + p["norms"])
+    if variant in ("gptq", "awq") or q.get("quant_method") in ("gptq", "awq"):
         bits = q.get("bits", 4)
         group = q.get("group_size", 128)
         group = group if group and group > 0 else cfg["hidden_size"]

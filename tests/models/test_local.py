@@ -125,3 +125,53 @@ def test_a_real_gptq_checkpoint_is_used_as_it_is_and_measured_against_its_fp16_m
     weights = next(out.glob("*.safetensors"))
     assert weights.is_symlink() and weights.resolve().parent == made.resolve()
     check_model(out, "gptq")
+
+
+def test_fp8_and_awq_stacks_say_in_one_line_what_the_platform_cannot_do(tiny_model, tmp_path):
+    """FP8 needs a CUDA card's FP8 units; AWQ quantization (GPTQModel) a CUDA card, so on a CPU
+    an AWQ stack needs a checkpoint; method dummy writes GPTQ only."""
+    chains = {"fmt": ["vllm-fp16", "vllm-fp8"]}
+    with pytest.raises(C.ConfigError) as err:
+        config_with({}, chains=chains, platform="cpu", benchmark={"models": ["mine"], "stacks": []})
+    assert str(err.value) == (
+        "config error at stacks.vllm-fp8.variant: fp8 (vLLM's dynamic W8A8) needs a CUDA card with FP8 units "
+        "(Ada, Hopper or newer); this config's platform is cpu"
+    )
+    cuda = config_with({}, chains=chains, platform="cuda", benchmark={"models": ["mine"], "stacks": []})
+    from speedsplit.planning import grid, plan
+
+    assert grid.chain_steps(cuda)["fmt"] == ["FP8 weights + activations"]
+    assert plan.variant_dir(cuda, "vllm-fp8") == "fp16"  # vLLM quantizes the FP16 weights as it loads them
+    awq = {"awq": ["vllm-fp16", "vllm-awq"]}
+    with pytest.raises(C.ConfigError, match=r"models.mine.prequantized.awq: stack vllm-awq serves AWQ, and GPTQ"):
+        config_with({}, chains=awq, platform="cpu", benchmark={"models": ["mine"], "stacks": []})
+    with pytest.raises(C.ConfigError, match="quantization.method: dummy writes GPTQ configs only"):
+        config_with({}, chains=awq, platform="cuda", quantization={"method": "dummy"}, benchmark={"models": ["mine"]})
+    folder = gptq_folder(tiny_model, tmp_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "awq", "w_bit": 4, "q_group_size": 128, "zero_point": True}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    ok = config_with({"prequantized": {"awq": str(folder)}}, chains=awq, platform="cpu", benchmark={"models": ["mine"]})
+    assert plan.variant_dir(ok, "vllm-awq") == "awq-w4g128"
+    assert grid.chain_steps(ok)["awq"] == ["INT4 weights + kernel"]
+    assert grid.chain_steps(C.merge(ok, {"chains": {"x": ["vllm-marlin", "vllm-awq"]}}))["x"] == ["INT4 format"]
+
+
+def test_awq_quantization_on_a_cpu_is_one_line_and_dummy_writes_gptq_only(tiny_model, tmp_path):
+    from speedsplit.models.checkpoint import ModelError
+    from speedsplit.models.quantize import quantize
+
+    with pytest.raises(ModelError, match="AWQ quantization \\(GPTQModel\\) needs a CUDA card"):
+        quantize(tiny_model, tmp_path / "awq", fmt="awq", calibration_samples=2, calibration_tokens=16)
+    with pytest.raises(ModelError, match="dummy writes a GPTQ config only; awq needs"):
+        quantize(tiny_model, tmp_path / "awq", fmt="awq", method="dummy")
+    assert not (tmp_path / "awq").exists()
+
+
+def test_nothing_is_written_into_the_users_folders(tiny_model, tmp_path):
+    """The linked folders get their own records; the user's files stay byte for byte."""
+    user = copy_without(tiny_model, tmp_path / "user", "nothing")
+    before = {f.name: f.read_bytes() for f in user.iterdir()}
+    acquire({"source": "local", "path": str(user)}, tmp_path / "fp16")
+    assert {f.name: f.read_bytes() for f in user.iterdir()} == before
+    assert not (tmp_path / "fp16" / "speedsplit-model.json").is_symlink()

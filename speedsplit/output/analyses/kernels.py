@@ -59,7 +59,7 @@ def spec(config: dict) -> dict | None:
 
 def enabled(config: dict) -> bool:
     """A sweep: at least two GPTQ stacks benchmarked, and an FP16 stack to set them against."""
-    gptq = [s for s in bench_stacks(config) if config["stacks"][s]["variant"] == "gptq"]
+    gptq = [s for s in bench_stacks(config) if config["stacks"][s]["variant"] in ("gptq", "awq")]
     return len(gptq) >= 2 and kernel_reference(config) is not None
 
 
