@@ -143,8 +143,11 @@ def test_a_cell_with_a_stack_list_is_measured_by_those_stacks_only(cfg):
             ],
             2 * 9,
         ),
+        # the 24 req/s cell twice and five more ladder levels, per stack
+        (["config/h200-smoke.yaml", "config/h200-traffic-capped.yaml"], 2 * (2 + 5)),
+        (["config/h200-smoke.yaml", "config/h200-formats.yaml"], 5 * 2 * 2),  # 5 stacks x 2 cells x 2 runs
     ],
-    ids=["grid", "x4-topologies", "x4-70b", "factorial", "capacity", "capacity-steady"],
+    ids=["grid", "x4-topologies", "x4-70b", "factorial", "capacity", "capacity-steady", "traffic-capped", "formats"],
 )
 def test_each_shipped_config_plans_its_bench_jobs(files, bench):
     """What the dry runs (tests/workflow/test_dry_runs.py) count, counted without Snakemake."""
