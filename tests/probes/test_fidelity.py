@@ -27,3 +27,35 @@ def test_vllms_benchmark_takes_the_arguments(tmp_path):
     args = p.parse_args(fidelity.vllm_bench_args("http://127.0.0.1:1", "m", tmp_path, 4.0, 200, 512, 256, 0, tmp_path))
     assert (args.request_rate, args.num_prompts, args.random_input_len, args.random_output_len) == (4.0, 200, 512, 256)
     assert args.ignore_eos and args.dataset_name == "random" and args.save_result
+
+
+@pytest.mark.slow
+def test_speedsplit_sends_on_the_arrival_times_vllms_benchmark_draws_for_the_seed(monkeypatch):
+    """vLLM's own get_request, run on a clock that only its sleeps advance, after the
+    np.random.seed(seed) its main() does: the sends it makes are the times vllm_arrivals gives
+    speedsplit's load generator for the same rate, count and seed."""
+    import asyncio
+
+    import numpy as np
+    from vllm.benchmarks import serve
+
+    clock = [1000.0]
+
+    async def sleep(s):
+        clock[0] += s
+
+    monkeypatch.setattr(serve.time, "time", lambda: clock[0])
+    monkeypatch.setattr(serve.asyncio, "sleep", sleep)
+
+    async def sends(rate, n):
+        out = []
+        async for _ in serve.get_request(list(range(n)), rate):
+            out.append(clock[0] - 1000.0)
+        return out
+
+    for seed, rate, n in ((0, 8.0, 150), (2, 24.0, 40)):
+        clock[0] = 1000.0
+        np.random.seed(seed)
+        theirs = asyncio.run(sends(rate, n))
+        assert fidelity.vllm_arrivals(rate, n, seed) == pytest.approx(theirs, abs=1e-9)
+        assert theirs[-1] == pytest.approx(n / rate)
