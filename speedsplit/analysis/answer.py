@@ -214,7 +214,7 @@ def qualifiers(runs: pl.DataFrame, attribution: pl.DataFrame) -> list[str]:
             ("client_lag", "fell behind their arrival schedule (the client, not the server)"),
             (
                 "over_memory_cap",
-                "held more than the memory cap (a KV cache above the engine's fit: stacks.*.kv_cache_gib)",
+                "held more than the memory cap (a KV cache above the engine's fit, or the card's peak above the cap: stacks.*.kv_cache_gib)",
             ),
         ):
             hit = runs.filter(pl.col("flags").list.contains(flag))

@@ -99,13 +99,26 @@ def server_log_cause(state: dict) -> str:
     return serverlog.log_cause("\n".join(serverlog.launch_output(path, offset) for path, offset in logs))
 
 
+# How far above a memory cap NVML may see a card before the run did not measure the small
+# card (the issue's band: a capped card's peak within 0.5 GiB of the cap).
+MEMORY_CAP_SLACK_GIB = 0.5
+
+
 def over_memory_cap(result: RunResult) -> bool:
-    """Whether a capped engine gave its KV cache more than it said would fit the cap (vLLM:
-    its CUDA graphs sit outside --gpu-memory-utilization): the card held more than the
-    emulated one has, so the run did not measure the small card."""
+    """Whether a capped run held more than the emulated card has: the engine gave its KV cache
+    more than it said would fit the cap (vLLM: its CUDA graphs sit outside
+    --gpu-memory-utilization), or NVML saw a card of the session above the cap by more than
+    MEMORY_CAP_SLACK_GIB. Either way the run did not measure the small card."""
     cap = result.server.memory_cap if result.server else None
+    if not (cap and cap.applied):
+        return False
     kv, fit = result.engine.kv_cache_gib, result.engine.kv_cache_fit_gib
-    return bool(cap and cap.applied and kv is not None and fit is not None and kv > fit * 1.01)
+    if kv is not None and fit is not None and kv > fit * 1.01:
+        return True
+    gpu = result.telemetry.gpu if result.telemetry else None
+    if gpu and gpu.devices:
+        return gpu.memory_peak_gib / len(gpu.devices) > cap.card_memory_gib + MEMORY_CAP_SLACK_GIB
+    return False
 
 
 def honesty_flags(result: RunResult, stack: dict, cell: dict) -> list[str]:

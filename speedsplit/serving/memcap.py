@@ -29,6 +29,13 @@ import sys
 GIB = 2**30
 
 
+def allocator_fraction(free: int, total: int, cap: int) -> float:
+    """The share of the card PyTorch's allocator may hold so that the card holds at most cap:
+    what is already on it (this process's CUDA context, about 0.5 GiB) counts against the
+    cap, as it would on the small card."""
+    return max(0, cap - (total - free)) / total
+
+
 def capped_info(free: int, total: int, cap: int) -> tuple[int, int]:
     """(free, total) as a card of `cap` bytes would report them: what is in use stays in use."""
     return max(0, free - (total - cap)), cap
@@ -42,11 +49,13 @@ def apply(gib: float) -> str:
         return "no CUDA device: nothing capped"
     cap = int(gib * GIB)
     totals = []
+    fractions = []
     for index in range(torch.cuda.device_count()):
-        _, total = torch.cuda.mem_get_info(index)
+        free, total = torch.cuda.mem_get_info(index)  # after this process's context was made
         if cap >= total:
             raise SystemExit(f"memcap: {gib} GiB is not below card {index}'s {total / GIB:.1f} GiB")
-        torch.cuda.set_per_process_memory_fraction(cap / total, index)
+        fractions.append(allocator_fraction(free, total, cap))
+        torch.cuda.set_per_process_memory_fraction(fractions[-1], index)
         totals.append(total)
     real = torch.cuda.mem_get_info
 
@@ -59,7 +68,10 @@ def apply(gib: float) -> str:
     # transformers' continuous batching says how much it gave its cache at INFO only.
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.INFO)
     cards = ", ".join(f"{t / GIB:.1f}" for t in totals)
-    return f"capped at {gib} GiB per card (allocator fraction {cap / totals[0]:.4f} of {cards} GiB)"
+    return (
+        f"capped at {gib} GiB per card (allocator fraction {fractions[0]:.4f} of {cards} GiB: the cap less "
+        f"{(totals[0] * (cap / totals[0] - fractions[0])) / GIB:.2f} GiB already on the card)"
+    )
 
 
 def apply_host(gib: float) -> str:

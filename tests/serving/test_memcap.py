@@ -12,6 +12,13 @@ from speedsplit.serving import memcap
 GIB = 2**30
 
 
+def test_the_allocator_leaves_room_for_what_is_already_on_the_card():
+    """A CUDA context of 0.5 GiB on an 80 GiB card capped at 24: the allocator may hold 23.5 GiB,
+    so the card (as NVML sees it) holds 24 (an H200's hf-fp16 peaked at 24.6 GiB before)."""
+    assert memcap.allocator_fraction(int(79.5 * GIB), 80 * GIB, 24 * GIB) * 80 * GIB == 23.5 * GIB
+    assert memcap.allocator_fraction(50 * GIB, 80 * GIB, 24 * GIB) == 0  # more in use than the cap
+
+
 def test_the_small_card_keeps_what_is_in_use():
     # an 80 GiB card with 60 GiB free, capped at 24: 20 GiB in use, 4 GiB left
     assert memcap.capped_info(60 * GIB, 80 * GIB, 24 * GIB) == (4 * GIB, 24 * GIB)

@@ -113,6 +113,21 @@ def test_a_vllm_cache_sized_by_hand_is_passed_in_bytes_and_a_capped_cache_above_
     assert checks.over_memory_cap(res)
     res.engine.kv_cache_gib = 5.2  # sized to the fit
     assert not checks.over_memory_cap(res)
+    # what NVML saw on the card: more than 0.5 GiB above the cap is over it, whatever the engine said
+    from speedsplit.core.record import GpuTelemetry, Telemetry
+
+    res.telemetry = Telemetry(interval_s=0.5, server_absent="not read here")
+
+    def seen(peak, devices):
+        return GpuTelemetry(
+            devices=devices, samples=3, energy_j=1.0, energy_per_output_token_j=None, power_mean_w=1.0,
+            power_peak_w=1.0, sm_util_mean_pct=1.0, memory_peak_gib=peak, series={},
+        )  # fmt: skip
+
+    res.engine.kv_cache_gib = res.engine.kv_cache_fit_gib = None  # a cache sized by hand logs no fit
+    for peak, devices, over in ((26.9, ["0"], True), (24.4, ["0"], False), (49.0, ["0", "1"], False)):
+        res.telemetry.gpu = seen(peak, devices)
+        assert checks.over_memory_cap(res) is over, (peak, devices)
     assert slo.level_failure("ok", True, [], ["over_memory_cap"]) == "flagged over_memory_cap"
 
     cfg = C.load()
