@@ -11,6 +11,7 @@ import polars as pl
 
 from speedsplit.analysis import attribution as attr
 from speedsplit.analysis.chains import clean_runs
+from speedsplit.models.checkpoint import INT4_FORMATS
 
 KEYS = ["model", "topology", "cell", "users", "workload", "sampling"]
 SCHEMA = {
@@ -38,9 +39,7 @@ def kernels_frame(
         base = ref["output_tok_s"].drop_nulls().to_list()
         if not base:
             continue
-        for (stack,), sdf in df.filter(pl.col("variant").is_in(["gptq", "awq"])).group_by(
-            ["stack"], maintain_order=True
-        ):
+        for (stack,), sdf in df.filter(pl.col("variant").is_in(INT4_FORMATS)).group_by(["stack"], maintain_order=True):
             clean, _ = clean_runs(sdf, tolerate_flags)
             tp = clean["output_tok_s"].drop_nulls().to_list()
             if not tp:

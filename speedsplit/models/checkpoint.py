@@ -127,6 +127,10 @@ SHAPES: dict[str, dict] = {
 }
 
 
+# the weight variants that hold 4-bit checkpoints (config.json's quant_method is the variant)
+INT4_FORMATS = ("gptq", "awq")
+
+
 class ModelError(RuntimeError):
     """A model cannot be had or is not what it should be; one-line message."""
 
@@ -287,7 +291,7 @@ def check_model(model_dir: str | Path, variant: str) -> dict:
     cfg = read_model_config(model_dir)
     model_dir = Path(model_dir)
     qcfg = cfg.get("quantization_config") or {}
-    if variant in ("gptq", "awq") and qcfg.get("quant_method") != variant:
+    if variant in INT4_FORMATS and qcfg.get("quant_method") != variant:
         raise ModelError(
             f"model folder {model_dir} is not {variant.upper()}-quantized "
             f"(config.json has no {variant} quantization_config)"
@@ -297,7 +301,7 @@ def check_model(model_dir: str | Path, variant: str) -> dict:
     shards = sorted(model_dir.glob("*.safetensors"))
     if not shards:
         raise ModelError(f"model folder {model_dir} has no *.safetensors weights")
-    if variant in ("gptq", "awq"):
+    if variant in INT4_FORMATS:
         from safetensors import safe_open
 
         try:

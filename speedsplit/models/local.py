@@ -17,8 +17,6 @@ from pathlib import Path
 from speedsplit.models.checkpoint import ModelError, read_model_config
 
 TOKENIZERS = ("tokenizer.json", "tokenizer.model")
-# the formats a checkpoint folder may hold, as config.json's quantization_config names them
-QUANT_METHODS = {"gptq": "gptq", "awq": "awq"}
 _LAYER = re.compile(r"^(?:model\.)?layers\.(\d+)\.(.+)\.qweight$")
 
 
@@ -80,14 +78,14 @@ def inspect_quantized(path: str | Path, method: str, bits: int, group_size: int)
     info = inspect_folder(path)
     q = info.pop("quantization_config") or {}
     where = info["path"]
-    if q.get("quant_method") != QUANT_METHODS[method]:
+    if q.get("quant_method") != method:
         raise ModelError(f"{where} is not a {method.upper()} checkpoint (quant_method {q.get('quant_method')!r})")
-    held_bits = q.get("bits", q.get("w_bit"))  # AutoAWQ's checkpoints say w_bit and q_group_size
+    # AutoAWQ's checkpoints say w_bit and q_group_size
+    held_bits, held_group = q.get("bits", q.get("w_bit")), q.get("group_size", q.get("q_group_size"))
     if held_bits != bits:
         raise ModelError(f"{where} holds {held_bits}-bit weights, not the {bits} bits of quantization.bits")
-    if q.get("group_size", q.get("q_group_size")) != group_size:
-        found = q.get("group_size", q.get("q_group_size"))
-        raise ModelError(f"{where} has group size {found}, not the {group_size} of quantization.group_size")
+    if held_group != group_size:
+        raise ModelError(f"{where} has group size {held_group}, not the {group_size} of quantization.group_size")
     modules, layers = set(), set()
     for shard in info["shards"]:
         for key in safetensors_keys(Path(where) / shard):

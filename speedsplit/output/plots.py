@@ -13,6 +13,7 @@ import polars as pl
 
 from speedsplit.analysis import answer
 from speedsplit.core.formats import flat
+from speedsplit.models.checkpoint import INT4_FORMATS
 
 ERRORBARS = "error bars: 95% bootstrap interval over runs"
 # a dash legend drawn as strokes (as points, every entry is the same dot)
@@ -155,8 +156,7 @@ def kernels_chart(cells: pl.DataFrame, reference: str) -> alt.Chart:
     """Every INT4 (gptq) stack's throughput vs users, each labelled with the kernel its engine
     reported, against the FP16 reference stack (dashed)."""
     df = cells.filter(
-        (pl.col("variant").is_in(["gptq", "awq"]) | (pl.col("stack") == reference))
-        & pl.col("output_tok_s").is_not_null()
+        (pl.col("variant").is_in(INT4_FORMATS) | (pl.col("stack") == reference)) & pl.col("output_tok_s").is_not_null()
     ).with_columns(
         pl.when(pl.col("stack") == reference)
         .then(pl.format("{} (FP16 reference)", "stack"))
@@ -180,7 +180,7 @@ def kernels_chart(cells: pl.DataFrame, reference: str) -> alt.Chart:
 def kernel_sweep_ran(cells: pl.DataFrame, reference: str) -> bool:
     """Whether the kernel chart has something to compare: the reference and two gptq stacks."""
     measured = cells.filter(pl.col("output_tok_s").is_not_null())
-    gptq = measured.filter(pl.col("variant").is_in(["gptq", "awq"]))["stack"].n_unique()
+    gptq = measured.filter(pl.col("variant").is_in(INT4_FORMATS))["stack"].n_unique()
     return gptq >= 2 and measured.filter(pl.col("stack") == reference).height > 0
 
 

@@ -122,7 +122,7 @@ def roofline_rate(
     if cfgmod.platform_of(config) != "cuda" or not bandwidth or not shape:
         return None
     variant = config["stacks"][stack]["variant"]
-    if variant in ("gptq", "awq"):
+    if variant in gridmod.INT4:
         q = config["quantization"]
         shape = {
             **shape,

@@ -9,12 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from speedsplit.models.checkpoint import INT4_FORMATS
+
 
 class ConfigError(ValueError):
     """A config value is wrong; the message is one line naming the key."""
 
 
-INT4 = ("gptq", "awq")  # the variants that serve 4-bit weights of a checkpoint
+INT4 = INT4_FORMATS  # the variants that serve 4-bit weights of a checkpoint
 
 
 def kernel_reference(config: dict) -> str | None:

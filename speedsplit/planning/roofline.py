@@ -6,6 +6,8 @@ A decode step reads every weight once and the KV cache of every running sequence
 
 from __future__ import annotations
 
+from speedsplit.models.checkpoint import INT4_FORMATS
+
 GIB = 2**30
 
 
@@ -28,7 +30,7 @@ def weight_bytes(cfg: dict, variant: str) -> float:
     q = cfg.get("quantization_config") or {}
     if variant == "fp8":
         return p["linear"] + 2 * (p["embedding"] + p["norms"])
-    if variant in ("gptq", "awq") or q.get("quant_method") in ("gptq", "awq"):
+    if variant in INT4_FORMATS or q.get("quant_method") in INT4_FORMATS:
         bits = q.get("bits", 4)
         group = q.get("group_size", 128)
         group = group if group and group > 0 else cfg["hidden_size"]

@@ -7,7 +7,7 @@ import polars as pl
 
 from speedsplit.core.formats import html_table
 from speedsplit.output.analyses import Analysis, Basis, answer_block, html_section, times
-from speedsplit.planning.grid import bench_stacks, kernel_reference
+from speedsplit.planning.grid import INT4, bench_stacks, kernel_reference
 
 
 def build(b: Basis) -> dict[str, pl.DataFrame]:
@@ -59,7 +59,7 @@ def spec(config: dict) -> dict | None:
 
 def enabled(config: dict) -> bool:
     """A sweep: at least two GPTQ stacks benchmarked, and an FP16 stack to set them against."""
-    gptq = [s for s in bench_stacks(config) if config["stacks"][s]["variant"] in ("gptq", "awq")]
+    gptq = [s for s in bench_stacks(config) if config["stacks"][s]["variant"] in INT4]
     return len(gptq) >= 2 and kernel_reference(config) is not None
 
 
