@@ -92,8 +92,14 @@ def quantize(
         return _dummy_gptq(fp16_dir, out_dir, settings)
 
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(min(os.cpu_count() or 1, 4)))
+    # On a CUDA card GPTQModel builds a fused block update with nvcc on first use; its torch
+    # path needs nothing built on the host (GPTQMODEL_DISABLE_GPTQ_CUDA=0 builds it).
+    os.environ.setdefault("GPTQMODEL_DISABLE_GPTQ_CUDA", "1")
+    import torch
     from gptqmodel import GPTQModel, QuantizeConfig
     from transformers import AutoTokenizer
+
+    cuda = torch.cuda.is_available()
 
     tok = AutoTokenizer.from_pretrained(str(fp16_dir))
     calib = token_samples(tok, calibration_samples, calibration_tokens, seed, calibration_text)
@@ -101,6 +107,8 @@ def quantize(
     scratch = Path(tempfile.mkdtemp(prefix="speedsplit-gptq-"))
     try:
         with atomic_dir(out_dir) as tmp, contextlib.chdir(scratch):  # GPTQModel writes logs/ into cwd
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
             qcfg = (
                 QuantizeConfig(bits=bits, group_size=group_size, desc_act=desc_act, sym=True)
@@ -113,9 +121,12 @@ def quantize(
             )
             model.save(str(tmp))
             seconds = time.perf_counter() - t0
+            peak = torch.cuda.max_memory_reserved() / 2**30 if cuda else None
             del model
             quality = quality_check(fp16_dir, tmp, held_out)
             report = {"method": "gptqmodel", "format": fmt, "settings": settings, "quantize_s": seconds}
+            report["device"] = torch.cuda.get_device_name() if cuda else "cpu"
+            report["peak_gpu_gib"] = peak  # what torch reserved on the card while quantizing and saving
             report["quality"] = quality
             (tmp / "speedsplit-quantization.json").write_text(json.dumps(report, indent=2))
             info = (
@@ -189,19 +200,25 @@ def _dummy_gptq(fp16_dir: Path, out_dir: Path, settings: dict) -> dict:
 
 
 def quality_check(fp16_dir: Path, gptq_dir: Path, held_out: list[list[int]]) -> dict:
-    """Greedy next-token agreement and perplexity of INT4 against FP16 on held-out tokens."""
+    """Greedy next-token agreement and perplexity of INT4 against FP16 on held-out tokens.
+    On a CUDA card both models sit on it (the reference in FP16) and a GPTQ checkpoint runs
+    on GPTQModel's torch kernel, which needs nothing compiled on the host."""
     import torch
-    from gptqmodel import GPTQModel
+    from gptqmodel import BACKEND, GPTQModel
     from transformers import AutoModelForCausalLM
 
-    ref = AutoModelForCausalLM.from_pretrained(str(fp16_dir), dtype=torch.float32)
-    q = GPTQModel.load(str(gptq_dir))
+    cuda = torch.cuda.is_available()
+    ref = AutoModelForCausalLM.from_pretrained(
+        str(fp16_dir), dtype=torch.float16 if cuda else torch.float32, device_map="cuda" if cuda else None
+    )
+    gptq = read_model_config(gptq_dir).get("quantization_config", {}).get("quant_method") == "gptq"
+    q = GPTQModel.load(str(gptq_dir), **({"backend": BACKEND.GPTQ_TORCH} if cuda and gptq else {}))
     agree = total = 0
     nll_ref = nll_q = 0.0
     with torch.no_grad():
         for ids in held_out:
             x = torch.tensor([ids])
-            lr = ref(x).logits[0, :-1].float()
+            lr = ref(x.to(ref.device)).logits[0, :-1].float().cpu()
             lq = q.model(x.to(q.model.device)).logits[0, :-1].float().cpu()
             target = x[0, 1:]
             agree += int((lr.argmax(-1) == lq.argmax(-1)).sum())

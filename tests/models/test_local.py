@@ -114,7 +114,9 @@ def test_a_real_gptq_checkpoint_is_used_as_it_is_and_measured_against_its_fp16_m
     from speedsplit.models.quantize import quantize
 
     made = tmp_path / "made-elsewhere"
-    quantize(tiny_model, made, calibration_samples=8, calibration_tokens=64, eval_samples=2)
+    made_report = quantize(tiny_model, made, calibration_samples=8, calibration_tokens=64, eval_samples=2)
+    assert made_report["device"] == "cpu" and made_report["peak_gpu_gib"] is None  # card memory on CUDA only
+    assert made_report["quantize_s"] > 0
     out = tmp_path / "resources/models/tiny/gptq-w4g128"
     report = quantize(tiny_model, out, eval_samples=2, calibration_tokens=64, prequantized=str(made))
     assert report["method"] == "prequantized" and report["quantize_s"] is None
