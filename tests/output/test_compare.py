@@ -43,11 +43,28 @@ def test_a_side_mixing_machines_or_holding_no_result_is_one_line(tmp_path):
         compare.compare(tmp_path / "empty", a, CHAINS, tmp_path / "out")
 
 
-def test_the_committed_comparison_rebuilds(tmp_path):
+COMMITTED = {
+    # folder under docs/comparisons: (A, B, config files), as each folder's README builds it
+    "h200-chain-11-29-vs-11-30": ("h200-2026-11-29-remeasured", "h200-2026-11-30-chain", ["config/h200-smoke.yaml"]),
+    "h200-gptq-checkpoint-vs-engine-int4": (
+        "h200-2026-12-01-engine-int4",
+        "h200-2026-12-01-formats",
+        ["config/h200-smoke.yaml", "config/h200-formats.yaml"],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMMITTED))
+def test_the_committed_comparisons_rebuild(name, tmp_path):
     from speedsplit.planning import config as C
 
-    ev, done = REPO / "docs/evidence", REPO / "docs/comparisons/h200-chain-11-29-vs-11-30"
-    cfg = C.load(REPO / "config/h200-smoke.yaml")
-    compare.compare(ev / "h200-2026-11-29-remeasured", ev / "h200-2026-11-30-chain", cfg["chains"], tmp_path)
-    for name in ("compare_factors", "compare_stacks"):
-        assert (tmp_path / "tables" / f"{name}.csv").read_text() == (done / "tables" / f"{name}.csv").read_text()
+    a, b, configs = COMMITTED[name]
+    ev, done = REPO / "docs/evidence", REPO / "docs/comparisons" / name
+    cfg = C.load(*[REPO / c for c in configs])
+    compare.compare(ev / a, ev / b, cfg["chains"], tmp_path)
+    for table in ("compare_factors", "compare_stacks"):
+        assert (tmp_path / "tables" / f"{table}.csv").read_text() == (done / "tables" / f"{table}.csv").read_text()
+
+
+def test_every_committed_comparison_is_rebuilt_here():
+    assert sorted(p.name for p in (REPO / "docs/comparisons").iterdir() if p.is_dir()) == sorted(COMMITTED)

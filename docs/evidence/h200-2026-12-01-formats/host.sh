@@ -45,7 +45,7 @@ fidelity() {
 hf_only() {
   # Step 3 adds hf-fp16 to the finished grid: a dry run must plan hf-fp16's bench jobs only.
   local planned
-  planned=$($SMK -n --configfile $SMOKE config/h200-formats.yaml -- measurements 2>&1 | grep -oE "results/bench/[^ ]+\.json" | sort -u)
+  planned=$($SMK -n --configfile $SMOKE config/h200-formats.yaml -- measurements 2>&1 | grep -E "^\s*output: results/bench/" | grep -oE "results/bench/[^ ,]+\.json" | sort -u)
   echo "$planned" > results/step3-planned.txt
   if echo "$planned" | grep -v "/hf-fp16/" | grep -q .; then
     echo "step 3 skipped: the dry run plans more than hf-fp16's jobs" >> results/all.out; return 1
