@@ -16,6 +16,7 @@ rule tables:
         bandwidth="results/hardware/bandwidth.json",
         link=link_results(),
         profiles=profile_results(),
+        quantize=quantize_results(),
     output:
         # parquet: the typed frames plots and the report read; CSV and markdown: for people
         # (the main CSVs also in `snakemake --report`)

@@ -54,6 +54,10 @@ def bench_results():
     return [job.result for job in JOBS]
 
 
+def quantize_results():
+    return ss_plan.quantize_reports(CFG)
+
+
 def link_results():
     return ["results/hardware/link.json"] if CFG["link_control"]["enabled"] else []
 

@@ -14,5 +14,6 @@ write_tables(
     bandwidth_json=sm.input.bandwidth,
     link_json=sm.input.link[0] if sm.input.link else None,
     profile_paths=list(sm.input.profiles),
+    quantize_paths=list(sm.input.quantize),
     **sm.params.analysis,
 )

@@ -14,7 +14,7 @@ import yaml
 
 from speedsplit.core.formats import write_frames
 from speedsplit.output import analyses
-from speedsplit.output.aggregate import build_frames
+from speedsplit.output.aggregate import QUANTIZE_REPORTS, build_frames
 from speedsplit.planning import config as C
 
 HERE = Path(__file__).resolve().parent
@@ -31,6 +31,7 @@ def rebuild(folder: Path) -> str:
         bandwidth_json=folder / how["bandwidth"],
         link_json=folder / how["link"] if how.get("link") else None,
         profile_paths=sorted(folder.glob(how["profiles"])) if how.get("profiles") else [],
+        quantize_paths=sorted(folder.glob(f"results/{QUANTIZE_REPORTS}")),
         **analyses.analysis_spec(cfg),
     )
     names = analyses.table_names(cfg)

@@ -23,6 +23,10 @@ from speedsplit.output import analyses, plots, report
 from speedsplit.planning import config as cfgmod
 
 
+# The quantize rule's reports under a results folder.
+QUANTIZE_REPORTS = "quantize/*/*.json"
+
+
 def bandwidth_gb_s(path: str | Path | None) -> float | None:
     if not path or not Path(path).is_file():
         return None
@@ -37,6 +41,7 @@ def build_frames(
     tolerate_flags: list[str] | tuple[str, ...] = (),
     link_json: str | Path | None = None,
     profile_paths: list[str | Path] = (),
+    quantize_paths: list[str | Path] = (),
     steps: dict[str, list[str]] | None = None,
     headline: list[dict] = (),
     specs: dict | None = None,
@@ -71,6 +76,7 @@ def build_frames(
         steps=steps or {},
         link_json=Path(link_json) if link_json else None,
         profile_paths=tuple(Path(p) for p in profile_paths),
+        quantize_paths=tuple(Path(p) for p in quantize_paths),
     )
     return frames | analyses.build(basis, specs or {})
 
@@ -148,6 +154,7 @@ def aggregate_folders(config: dict, folders: list[str | Path], out: str | Path) 
             bandwidth_json=first("hardware/bandwidth.json"),
             link_json=link,
             profile_paths=sorted({str(p) for d in folders for p in d.glob("profile/**/*.json")}),
+            quantize_paths=sorted({str(p) for d in folders for p in d.glob(QUANTIZE_REPORTS)}),
             **analyses.analysis_spec(config),
         )
     except f.MixedHardware as exc:

@@ -234,6 +234,12 @@ def variant_dir(config: dict, stack: str) -> str:
     return f"{variant}-w{q['bits']}g{group}"
 
 
+def quantize_reports(config: dict) -> list[str]:
+    """The quantize rule's reports behind the benchmarked stacks (one per model and INT4 folder)."""
+    dirs = {variant_dir(config, s) for s in cfgmod.bench_stacks(config)} - {"fp16"}
+    return [f"results/quantize/{m}/{d}.json" for m in cfgmod.bench_models(config) for d in sorted(dirs)]
+
+
 def find_job(
     config: dict, model: str, stack: str, topology: str, cell: str, run: int, known: Collection[BenchJob] | None = None
 ) -> BenchJob:

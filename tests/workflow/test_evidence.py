@@ -10,7 +10,7 @@ from conftest import REPO
 from speedsplit.core.record import read_result
 from speedsplit.core.requestlog import requests_path
 from speedsplit.output import analyses
-from speedsplit.output.aggregate import write_tables
+from speedsplit.output.aggregate import QUANTIZE_REPORTS, write_tables
 from speedsplit.planning import config as C
 
 EVIDENCE = sorted(p for p in (REPO / "docs/evidence").iterdir() if p.is_dir())
@@ -61,6 +61,7 @@ def test_tables_rebuild_from_the_committed_raw_results(folder, tmp_path):
         bandwidth_json=folder / how["bandwidth"],
         link_json=link,
         profile_paths=profiles,
+        quantize_paths=sorted(folder.glob(f"results/{QUANTIZE_REPORTS}")),
         **analyses.analysis_spec(cfg),
     )
     names = analyses.table_names(cfg)

@@ -32,6 +32,7 @@ class Basis:
     steps: dict[str, list[str]] = field(default_factory=dict)
     link_json: Path | None = None
     profile_paths: tuple[Path, ...] = ()
+    quantize_paths: tuple[Path, ...] = ()  # the quantize rule's reports
     spec: Any = None
 
 
