@@ -12,6 +12,35 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
+# How `make test`'s two workers (pytest-xdist) share the tests: one test at a time, except
+# modules whose tests share a server or a run made once per worker. The local_run modules use the
+# session fixture local_run (the whole DAG, about 200 s), so they go to one worker together.
+LOCAL_RUN_MODULES = ("tests/workflow/test_workflow.py", "tests/workflow/test_slurm.py")
+SHARED_SERVER_MODULES = ("tests/probes/test_loadgen.py", "tests/serving/test_hf_generate.py")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """(xdist's own xdist_group marks do nothing under pytest 9: xdist 3.8 renames the tests
+    through an attribute pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::")[0]
+            if module in LOCAL_RUN_MODULES:
+                return "local_run"
+            return module if module in SHARED_SERVER_MODULES else nodeid
+
+    return Units(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        if "local_run" in item.fixturenames and module not in LOCAL_RUN_MODULES:
+            raise pytest.UsageError(f"{module} uses local_run: add it to LOCAL_RUN_MODULES in tests/conftest.py")
+
+
 @pytest.fixture(autouse=True, scope="session")
 def private_locks(tmp_path_factory):
     """Leases and sessions of the tests never meet those of a workflow running beside them."""

@@ -119,6 +119,7 @@ def test_ladder_levels_are_cells_of_the_sweeping_stacks_run_zero_only():
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # its levels pass or fail on p99 TTFT: a second worker's load would move the cliff
 def test_a_kv_budget_makes_a_real_cliff_and_an_interrupted_sweep_resumes(tmp_path):
     """vLLM's CPU build with room for 8 requests in its KV cache (tests/config/cliff.yaml):
     Ctrl-C after the first level, then a rerun keeps that level and finds the cliff at 16 users,
