@@ -22,7 +22,7 @@ rule quantize:
         fp16="resources/models/{model}/fp16",
     output:
         model=directory("resources/models/{model}/{variant}"),
-        report="results/quantize/{model}/{variant}.json",
+        report=ss_plan.QUANTIZE_REPORT,
     wildcard_constraints:
         variant=r"(gptq|awq)-w\d+g(\d+|pc)",
     params:

@@ -234,10 +234,14 @@ def variant_dir(config: dict, stack: str) -> str:
     return f"{variant}-w{q['bits']}g{group}"
 
 
+# The quantize rule's report of one model's checkpoint folder (its output; the tables read it).
+QUANTIZE_REPORT = "results/quantize/{model}/{variant}.json"
+
+
 def quantize_reports(config: dict) -> list[str]:
     """The quantize rule's reports behind the benchmarked stacks (one per model and INT4 folder)."""
     dirs = {variant_dir(config, s) for s in cfgmod.bench_stacks(config)} - {"fp16"}
-    return [f"results/quantize/{m}/{d}.json" for m in cfgmod.bench_models(config) for d in sorted(dirs)]
+    return [QUANTIZE_REPORT.format(model=m, variant=d) for m in cfgmod.bench_models(config) for d in sorted(dirs)]
 
 
 def find_job(
