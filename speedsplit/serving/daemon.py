@@ -19,7 +19,7 @@ from speedsplit.core.results import redact
 from speedsplit.models.checkpoint import ModelError, check_model
 from speedsplit.probes import loadgen, telemetry
 from speedsplit.serving import lease as leases
-from speedsplit.serving import serverlog, stacks
+from speedsplit.serving import bytecode, serverlog, stacks
 from speedsplit.serving.session import (
     DIED,
     READY,
@@ -88,6 +88,7 @@ def _daemon(launch_path: Path) -> int:
                         cpus=cpus,
                         card_total_gib=total,
                         host_cache=stacks.host_cache_gib(stack, launch["model_dir"], launch.get("kv_tokens", 0)),
+                        pycache=bytecode.prefix_of(Path(launch.get("shared_cache_dir") or launch["cache_dir"])),
                     )
                 )
                 if transition(sess, generation, STARTING, servers=[s.proc_id.as_record() for s in servers]) is None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from speedsplit.core import procs
 from speedsplit.core.results import redact
+from speedsplit.serving import bytecode
 from speedsplit.models.checkpoint import ModelError, is_dummy, read_model_config
 from speedsplit.serving.serverlog import exit_cause, launch_output, log_cause
 
@@ -265,13 +266,15 @@ def launch(
     cpus: list[int] | tuple[int, ...] = (),
     card_total_gib: float | None = None,
     host_cache: float | None = None,
+    pycache: Path | None = None,
 ) -> Server:
     """Start one server instance in its own process group; returns at once. keep_fds (the
     lease's lock files) stay open in the server so its cards stay locked while it lives;
     cpus, if given, are the only host cores it (and every process it starts) may run on;
     card_total_gib (the smallest of its cards' memory) is what a memory cap is taken from;
     host_cache (GiB, see host_cache_gib) runs a {python} server under speedsplit.serving.memcap so that
-    it sizes its caches from that much host memory."""
+    it sizes its caches from that much host memory; pycache is where a server that would
+    otherwise compile its modules at every start keeps their bytecode (serving/bytecode.py)."""
     values = {
         "python": sys.executable,
         "model_dir": str(model_dir),
@@ -321,8 +324,13 @@ def launch(
     # NVLink multicast (NVLS) is never used: a program that uses it can take a shared host's
     # GPUs out of service.
     env.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+    why_bytecode = None
+    if pycache is not None:
+        env, why_bytecode = bytecode.server_env(argv, env, pycache)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "ab")
+    if why_bytecode:
+        log.write(f"[speedsplit] {why_bytecode}\n".encode())
     log.write(f"[speedsplit] launching: {redact(' '.join(argv))}\n".encode())
     log.flush()
     log_offset = log.tell()  # this launch's own output starts here

@@ -1,0 +1,81 @@
+"""A server whose engine has no bytecode, under PYTHONDONTWRITEBYTECODE, gets a bytecode folder
+of its own: its first start writes there and later starts read it; everything else is left as
+it is (serving/bytecode.py)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from speedsplit.serving import bytecode
+
+
+@pytest.fixture
+def engine(tmp_path, monkeypatch):
+    """A package `fakeengine` with a server module and no bytecode, importable here and in
+    the server's process."""
+    root = tmp_path / "site"
+    pkg = root / "fakeengine"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("VALUE = 1\n")
+    (pkg / "server.py").write_text("import fakeengine\nprint('served', fakeengine.VALUE)\n")
+    monkeypatch.syspath_prepend(str(root))
+    return root
+
+
+def _argv(module="fakeengine.server"):
+    return [sys.executable, "-m", module]
+
+
+def test_an_engine_without_bytecode_gets_a_folder_it_writes_and_reads(engine, tmp_path):
+    prefix = tmp_path / "cache" / "pycache"
+    env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(engine), "KEEP": "x"}
+    out, why = bytecode.server_env(_argv(), env, prefix)
+    assert "PYTHONDONTWRITEBYTECODE" not in out and out["PYTHONPYCACHEPREFIX"] == str(prefix.resolve())
+    assert out["KEEP"] == "x" and "fakeengine has none" in why
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1"  # the caller's mapping is not changed
+
+    run = subprocess.run(_argv(), env=out, capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "served 1"
+    # the folder mirrors the source tree: the engine's modules are there, beside whatever
+    # else the server imported
+    mirrored = prefix / str(engine.resolve()).lstrip("/") / "fakeengine"
+    assert sorted(p.name.split(".")[0] for p in mirrored.glob("*.pyc")) == ["__init__", "server"]
+    assert not list(engine.rglob("__pycache__"))  # the installation itself is never written
+
+    # a later start reads what the first wrote instead of compiling again
+    pyc = next(mirrored.glob("*.pyc"))
+    stamp = pyc.stat().st_mtime_ns
+    subprocess.run(_argv(), env=out, capture_output=True, check=True)
+    assert pyc.stat().st_mtime_ns == stamp
+
+
+def test_nothing_changes_where_bytecode_exists_or_may_be_written(engine, tmp_path):
+    prefix = tmp_path / "pycache"
+    writable = {"PYTHONPATH": str(engine)}
+    assert bytecode.server_env(_argv(), writable, prefix) == (writable, None)
+
+    import py_compile
+
+    py_compile.compile(str(engine / "fakeengine" / "__init__.py"))  # installed with bytecode
+    env = {"PYTHONDONTWRITEBYTECODE": "1"}
+    assert bytecode.server_env(_argv(), env, prefix) == (env, None)
+    assert not prefix.exists()
+
+
+def test_only_this_pythons_module_servers_are_looked_at(engine, tmp_path):
+    env = {"PYTHONDONTWRITEBYTECODE": "1"}
+    prefix = tmp_path / "pycache"
+    for argv in (
+        ["/usr/bin/llama-server", "-m", "model.gguf"],  # not Python: -m is its model
+        ["/other/python3", "-m", "fakeengine.server"],  # another interpreter's modules
+        [sys.executable, "script.py"],  # no module to look at
+        _argv("no_such_engine.server"),
+    ):
+        assert bytecode.server_env(argv, env, prefix) == (env, None), argv
+
+
+def test_the_engine_module_is_the_last_one_run():
+    wrapped = [sys.executable, "-m", "speedsplit.serving.memcap", "--gib", "24", "--", "-m", "vllm.entrypoints.x"]
+    assert bytecode.engine_module(wrapped) == "vllm.entrypoints.x"
+    assert bytecode.engine_module([sys.executable, "x.py"]) is None
