@@ -6,6 +6,9 @@
 #   bash host.sh unpack      # vLLM 0.26.0 (sha256-checked), its wheels and the workflow's; then
 #                            # one import of vLLM's API server timed before and after writing
 #                            # the bytecode of everything installed (results/bytecode.txt)
+#   bash host.sh bytecode    # torch and the installed set compiled into /tmp/pyc, read by every
+#                            # later Python through /tmp/site/sitecustomize.py (run by hand at
+#                            # 23:19:56, 100 s into step 1: the first vllm-fp16 start had begun)
 #   bash host.sh all         # in the background, from a copy of the tree (/tmp/wf), in order:
 #     1. capacity under a 24 GiB cap, rates 48-256 requests/s (config/h200-traffic-cliff.yaml
 #        over config/h200-smoke.yaml and config/h200-traffic-capped.yaml)
@@ -29,7 +32,7 @@ fidelity() {
   # folder step 1's results name), then both load generators alternating, 3 reps each.
   mkdir -p results/fidelity
   local key
-  key=$($PY -c "import glob, json; r = [json.load(open(p))['server']['compile_cache_dir'] for p in sorted(glob.glob('results/bench/llama-3.1-8b/vllm-fp16/*/*/run*.json'))]; print(next(c[7:] for c in r if c and c.startswith('shared ')))")
+  key=$($PY -c "import glob, json; r = [(json.load(open(p)).get('server') or {}).get('compile_cache_dir') for p in sorted(glob.glob('results/bench/llama-3.1-8b/vllm-fp16/*/*/run*.json'))]; print(next(c[7:] for c in r if c and c.startswith('shared ')))")
   echo "compile cache: results/cache/shared/$key" > results/fidelity/cache.txt
   VLLM_CACHE_ROOT=results/cache/shared/$key/instance0/vllm setsid $PY -m vllm.entrypoints.openai.api_server \
     --model $MODEL --served-model-name llama-3.1-8b --host 127.0.0.1 --port 8123 $SERVER_ARGS --seed 0 \
@@ -79,6 +82,12 @@ case "$1" in
       echo "import vllm.entrypoints.openai.api_server, with bytecode: $(import_s) s, again: $(import_s) s"
     } | tee /tmp/bytecode.txt
     ;;
+  bytecode)
+    S=$SECONDS; PYTHONPYCACHEPREFIX=/tmp/pyc python3 -m compileall -q -j 0 /opt/torch/.venv/lib/python3.12/site-packages $SITE > /dev/null 2>&1 || true
+    echo "compileall into /tmp/pyc: $((SECONDS - S)) s, $(find /tmp/pyc -name '*.pyc' | wc -l) pyc"
+    echo "with all bytecode: $(PYTHONPYCACHEPREFIX=/tmp/pyc import_s) s, again: $(PYTHONPYCACHEPREFIX=/tmp/pyc import_s) s"
+    printf 'import sys\nsys.pycache_prefix = "/tmp/pyc"\n' > $SITE/sitecustomize.py
+    ;;
   all)
     : "${SPEEDSPLIT_WORKFLOW_COMMIT:?set it to the commit measured (the copied tree has no .git)}"
     export SPEEDSPLIT_WORKFLOW_COMMIT
@@ -91,7 +100,7 @@ case "$1" in
       date +%s > results/t0-cliff
       $SMK --configfile $CLIFF -- measurements > results/snakemake-cliff.out 2>&1
       cp results/plan.json results/plan-cliff.json; date +%s > results/t0-fidelity
-      bash $0 fidelity-now; date +%s > results/t0-smoke
+      bash $0 fidelity-now; date +%s > results/t0-smoke  # failed here (fixed since); run after step 3
       $SMK --configfile $SMOKE -- measurements > results/snakemake-smoke.out 2>&1
       cp results/plan.json results/plan-smoke.json; date +%s > results/t1" > results/all.out 2>&1 < /dev/null &
     echo "started in /tmp/wf: results/snakemake-cliff.out, results/fidelity/, results/snakemake-smoke.out"
