@@ -226,13 +226,23 @@ class ServerFacts(_Record):
 class ModelSource(_Record):
     """What speedsplit wrote about the served folder (speedsplit-model.json); empty if unreadable."""
 
-    source: Literal["synthetic", "hub"] | None = None
+    source: Literal["synthetic", "hub", "local"] | None = None
     shape: str | None = Field(default=None, description="synthetic: the published shape it copies")
     weights: str | None = Field(default=None, description="synthetic: random (seeded) or dummy (engine-initialised)")
     seed: int | None = None
+    tokenizer: str | None = Field(default=None, description="synthetic: wordlevel, or gpt2 (llama.cpp reads it)")
     repo: str | None = Field(default=None, description="hub: the repository")
     revision: str | None = Field(default=None, description="hub: the pinned revision")
-    variant: str | None = Field(default=None, description="gptq for a quantized folder")
+    path: str | None = Field(default=None, description="local: the user's folder (its files are linked)")
+    architecture: str | None = Field(default=None, description="local: config.json's architecture")
+    dtype: str | None = Field(default=None, description="local: config.json's dtype")
+    size_gib: float | None = Field(default=None, description="local: its weights; gguf: the GGUF file")
+    quantization_config: dict | None = Field(default=None, description="local: config.json's, if any")
+    variant: str | None = Field(default=None, description="gptq, awq or gguf for a converted folder")
+    gguf_type: str | None = Field(default=None, description="gguf: the GGUF tensor type (f16, bf16, q8_0)")
+    method: str | None = Field(default=None, description="gguf: what converted it")
+    convert_s: float | None = Field(default=None, description="gguf: seconds the conversion took")
+    converted_from: str | None = Field(default=None, description="gguf: the FP16 folder it was converted from")
 
 
 class QuantConfig(_Record):

@@ -39,6 +39,11 @@ def test_a_local_folder_is_checked_and_linked_in_place(tiny_model, tmp_path):
     assert weights.is_symlink() and weights.resolve().parent == tiny_model.resolve()  # never copied
     check_model(out, "fp16")
     assert json.loads((out / "speedsplit-model.json").read_text())["path"] == str(tiny_model.resolve())
+    # what a bench result records of the folder it served (it refused "local" until 2026-12-02)
+    from speedsplit.core.record import ModelSource
+    from speedsplit.models.checkpoint import model_info
+
+    assert ModelSource(**model_info(out)).path == str(tiny_model.resolve())
 
 
 @pytest.mark.parametrize(
