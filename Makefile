@@ -7,7 +7,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.speedsplit-installed
 CORES ?= all
 
-.PHONY: setup demo test test-fast lint ceiling clean
+.PHONY: setup demo test test-fast lint ceiling clean llama-cpp
+LLAMA_SERVER := $(BIN)/llama-server
 
 $(STAMP): requirements/cpu.txt requirements/cpu.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,6 +20,13 @@ $(STAMP): requirements/cpu.txt requirements/cpu.lock pyproject.toml
 
 setup: $(STAMP)
 
+# llama.cpp's server and GGUF converter (the llamacpp-* stacks and their tests), built from
+# source into .venv: about 8 minutes on 2 cores, once.
+$(LLAMA_SERVER): envs/llama.cpp.sh | $(STAMP)
+	PYTHON=$(BIN)/python bash envs/llama.cpp.sh $(VENV)
+
+llama-cpp: $(LLAMA_SERVER)
+
 demo: setup
 	$(BIN)/snakemake --cores $(CORES) --resources gpu=1
 	@echo "report: $(CURDIR)/results/report.html"
@@ -27,7 +35,7 @@ demo: setup
 # workers (the tests mostly wait on servers: one at a time they kept 0.58 of 2 cores busy),
 # OpenMP threads sleeping when they wait (spinning, two workers' CPU servers slowed each other
 # 6x), then the tests that hold latency to a bound, alone (marker serial).
-test: setup
+test: setup $(LLAMA_SERVER)
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -n 2 -m "not serial"
 	$(BIN)/python -m pytest -q -m serial
 

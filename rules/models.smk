@@ -1,4 +1,5 @@
-# Model acquisition (hub download or synthesised shape) and GPTQ INT4 quantization.
+# Model acquisition (hub download, local folder or synthesised shape), INT4 quantization
+# (GPTQ, AWQ) and llama.cpp's GGUF conversion.
 
 
 rule model:
@@ -36,3 +37,19 @@ rule quantize:
         "../envs/quantize.yaml"
     script:
         "../workflow_scripts/quantize.py"
+
+
+# llama.cpp's own format (the gguf stacks): the FP16 weights through llama.cpp's converter.
+rule gguf:
+    input:
+        fp16="resources/models/{model}/fp16",
+    output:
+        model=directory("resources/models/{model}/gguf-{gguf_type}"),
+    wildcard_constraints:
+        gguf_type=r"f16|bf16|q8_0",
+    log:
+        "results/logs/gguf/{model}/{gguf_type}.log",
+    conda:
+        "../envs/model.yaml"
+    script:
+        "../workflow_scripts/gguf.py"

@@ -318,6 +318,7 @@ def cell_load(
         top_p=cell["top_p"],
         seed=cell["seed"] + 100003 * run,
         dialect=stack["dialect"],
+        keep_alive=stack.get("keep_alive", True),
         request_timeout_s=cell["request_timeout_s"],
         stall_timeout_s=cell["stall_timeout_s"],
         ramp_s=cell.get("ramp_s", 0.0),  # config.cell_params names a ramp only when there is one

@@ -164,16 +164,26 @@ def build_tokenizer(vocab_size: int, out_dir: Path) -> None:
     fast.save_pretrained(out_dir)
 
 
-def synthesize(shape: str, out_dir: str | Path, weights: str = "random", seed: int = 0) -> dict:
-    """Write a synthetic model (config, tokenizer, and seeded FP16 weights unless dummy)."""
+def synthesize(
+    shape: str, out_dir: str | Path, weights: str = "random", seed: int = 0, tokenizer: str = "wordlevel"
+) -> dict:
+    """Write a synthetic model (config, tokenizer, and seeded FP16 weights unless dummy). The
+    gpt2 tokenizer (llama.cpp's copy of GPT-2's vocabulary) sets the vocabulary size."""
     cfg = shape_config(shape)
     with atomic_dir(out_dir) as tmp:
-        build_tokenizer(cfg["vocab_size"], tmp)
+        if tokenizer == "gpt2":
+            from speedsplit.models.gguf import gpt2_tokenizer
+
+            cfg["vocab_size"] = gpt2_tokenizer(tmp)
+            eot = cfg["vocab_size"] - 1  # <|endoftext|>: GPT-2's only special token
+            cfg.update(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot)
+        else:
+            build_tokenizer(cfg["vocab_size"], tmp)
         if weights == "dummy":
             (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
         else:
             _write_random_weights(cfg, tmp, seed)
-        info = {"source": "synthetic", "shape": shape, "weights": weights, "seed": seed}
+        info = {"source": "synthetic", "shape": shape, "weights": weights, "seed": seed, "tokenizer": tokenizer}
         (tmp / "speedsplit-model.json").write_text(json.dumps(info, indent=2))
     return info
 
@@ -235,7 +245,7 @@ def acquire(entry: dict, out_dir: str | Path) -> dict:
         from speedsplit.models.local import adopt_local
 
         return adopt_local(entry, out_dir)
-    return synthesize(entry["shape"], out_dir, entry["weights"], entry["seed"])
+    return synthesize(entry["shape"], out_dir, entry["weights"], entry["seed"], entry.get("tokenizer", "wordlevel"))
 
 
 def read_model_config(model_dir: str | Path) -> dict:
@@ -288,6 +298,11 @@ def is_dummy(model_dir: str | Path) -> bool:
 
 def check_model(model_dir: str | Path, variant: str) -> dict:
     """Check a model folder is complete and, for gptq, really holds 4-bit weights."""
+    if variant == "gguf":
+        from speedsplit.models.gguf import check_gguf
+
+        check_gguf(model_dir)
+        return {}
     cfg = read_model_config(model_dir)
     model_dir = Path(model_dir)
     qcfg = cfg.get("quantization_config") or {}

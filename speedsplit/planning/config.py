@@ -254,6 +254,7 @@ def _check_own_weights(config: dict, model: str, entry: dict) -> None:
 def _check_formats(config: dict) -> None:
     """A weight format the platform cannot make or run: one line at config time."""
     platform = platform_of(config)
+    _check_llama_cpp(config)
     for stack in bench_stacks(config):
         variant = config["stacks"][stack]["variant"]
         if variant == "fp8" and platform != "cuda":
@@ -277,6 +278,41 @@ def _check_formats(config: dict) -> None:
                     f"AWQ quantization needs a CUDA card (this config's platform is {platform}): give an AWQ "
                     "checkpoint of the model here"
                 )
+
+
+def _check_llama_cpp(config: dict) -> None:
+    """What a llama.cpp stack needs, said when the config is read: the server binary, the
+    converter, and a model whose tokenizer llama.cpp can read."""
+    from speedsplit.models import gguf
+    from speedsplit.models.checkpoint import ModelError
+
+    for stack in bench_stacks(config):
+        st = config["stacks"][stack]
+        for model in bench_models(config) if st["variant"] == "gguf" else ():
+            entry = config["models"][model]
+            if entry["source"] == "synthetic" and entry["tokenizer"] != "gpt2":
+                raise ConfigError(
+                    f"config error at models.{model}.tokenizer: stack {stack} serves it through llama.cpp, "
+                    f"which cannot read the {entry['tokenizer']} tokenizer: set tokenizer: gpt2"
+                )
+        if any("{llama_server}" in a for a in st["args"]) and not gguf.server_binary():
+            raise ConfigError(
+                f"config error at stacks.{stack}.args: llama-server not found ({gguf.BUILD_HINT}, "
+                "or set SPEEDSPLIT_LLAMA_SERVER)"
+            )
+        if st["variant"] != "gguf":
+            continue
+        try:
+            gguf.share()
+        except ModelError as exc:
+            raise ConfigError(f"config error at stacks.{stack}.variant: gguf: {exc}") from None
+    for model in bench_models(config):
+        entry = config["models"][model]
+        if entry["source"] == "synthetic" and entry["tokenizer"] == "gpt2":
+            try:
+                gguf.share()
+            except ModelError as exc:
+                raise ConfigError(f"config error at models.{model}.tokenizer: gpt2: {exc}") from None
 
 
 def _check_coordination(config: dict) -> None:

@@ -32,8 +32,18 @@ def kernel_reference(config: dict) -> str | None:
 
 
 def family(entry: dict) -> str:
-    """'vllm' for a stack that runs vLLM, else 'hf' (transformers serve, stock generate())."""
+    """'vllm' for a stack that runs vLLM, 'llama.cpp' for llama.cpp's server, else 'hf'
+    (transformers serve, stock generate())."""
+    if any("llama_server" in arg or "llama-server" in arg for arg in entry["args"]):
+        return "llama.cpp"
     return "vllm" if any("vllm" in arg for arg in entry["args"]) else "hf"
+
+
+def weights(entry: dict) -> str:
+    """The weights a stack computes with: a 16-bit GGUF file holds the FP16 weights."""
+    if entry["variant"] == "gguf":
+        return "fp16" if entry.get("gguf_type", "q8_0") in ("f16", "bf16") else f"gguf-{entry['gguf_type']}"
+    return entry["variant"]
 
 
 def chain_steps(config: dict) -> dict[str, list[str]]:
@@ -41,8 +51,10 @@ def chain_steps(config: dict) -> dict[str, list[str]]:
     'runtime' (HF to vLLM, same weights), 'INT4 weights + kernel' (FP16 to GPTQ or AWQ, when
     the chain has no later kernel step), 'INT4 format' and 'kernel' (when it has: GPTQ to GPTQ
     is a kernel change; GPTQ to AWQ is a format change), 'FP8 weights + activations' (to vLLM's
-    FP8), 'scheduler' (HF to HF), 'prefix caching' (vLLM to vLLM, its prefix-caching switch
-    alone), 'configuration' (vLLM to vLLM otherwise, same weights)."""
+    FP8), 'GGUF Q8_0 weights' (to a llama.cpp quantized file), 'scheduler' (HF to HF), 'prefix
+    caching' (vLLM to vLLM, its prefix-caching switch alone), 'configuration' (one engine
+    otherwise, same weights); 'runtime' also names a change of engine on the same 16-bit
+    weights (vLLM FP16 to llama.cpp F16)."""
     out = {}
     for name, chain in config["chains"].items():
         entries = [config["stacks"][s] for s in chain]
@@ -50,9 +62,11 @@ def chain_steps(config: dict) -> dict[str, list[str]]:
         kernel_split = any(a["variant"] == b["variant"] and a["variant"] in INT4 for a, b in pairs)
         steps = []
         for a, b in pairs:
-            if a["variant"] != b["variant"]:
+            if weights(a) != weights(b):
                 if b["variant"] in INT4:
                     steps.append("INT4 format" if kernel_split or a["variant"] in INT4 else "INT4 weights + kernel")
+                elif b["variant"] == "gguf":
+                    steps.append(f"GGUF {b['gguf_type'].upper()} weights")
                 else:
                     steps.append("FP8 weights + activations" if b["variant"] == "fp8" else "FP16 weights")
             elif b["variant"] in INT4:
@@ -301,6 +315,8 @@ def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[st
         "memory_cap_args": list(entry["memory_cap_args"]),
         "kv_cache_gib": entry["kv_cache_gib"],
         "host_cache_cap": plat == "cpu" and entry["on_cpu"]["host_cache_cap"],
+        # named only where it is off: every other stack's params (and finished cells) stay as they were
+        **({} if entry["keep_alive"] else {"keep_alive": False}),
     }
 
 

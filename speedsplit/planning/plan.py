@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from speedsplit.models.checkpoint import INT4_FORMATS
 from speedsplit.planning import config as cfgmod
 
 
@@ -229,6 +230,8 @@ def variant_dir(config: dict, stack: str) -> str:
     variant = config["stacks"][stack]["variant"]
     if variant in ("fp16", "fp8"):  # vLLM makes FP8 from the FP16 weights as it loads them
         return "fp16"
+    if variant == "gguf":  # llama.cpp's file, converted from the FP16 weights
+        return f"gguf-{config['stacks'][stack]['gguf_type']}"
     q = config["quantization"]
     group = "pc" if q["group_size"] == -1 else q["group_size"]
     return f"{variant}-w{q['bits']}g{group}"
@@ -240,7 +243,8 @@ QUANTIZE_REPORT = "results/quantize/{model}/{variant}.json"
 
 def quantize_reports(config: dict) -> list[str]:
     """The quantize rule's reports behind the benchmarked stacks (one per model and INT4 folder)."""
-    dirs = {variant_dir(config, s) for s in cfgmod.bench_stacks(config)} - {"fp16"}
+    dirs = {variant_dir(config, s) for s in cfgmod.bench_stacks(config)}
+    dirs = {d for d in dirs if d.split("-")[0] in INT4_FORMATS}
     return [QUANTIZE_REPORT.format(model=m, variant=d) for m in cfgmod.bench_models(config) for d in sorted(dirs)]
 
 

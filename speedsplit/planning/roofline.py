@@ -69,6 +69,8 @@ def mbu(
     is what the engine reported loading (per card), when it did."""
     if not step_s or not bandwidth_gb_s or step_s <= 0:
         return None
+    if variant == "gguf" and not weight_gib:  # llama.cpp's block formats are not priced here
+        return None
     batch = users / instances
     context = prompt_tokens + output_tokens / 2
     if weight_gib:

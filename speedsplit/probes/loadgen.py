@@ -43,6 +43,7 @@ class LoadSpec:
     top_p: float = 1.0
     seed: int = 0
     dialect: str = "vllm"
+    keep_alive: bool = True  # reuse connections (False: one per request, for a server that drops them)
     request_timeout_s: float = 600.0
     stall_timeout_s: float = 120.0
     ramp_s: float = 0.0  # measured phase: user u starts at u * ramp_s / users
@@ -147,7 +148,7 @@ async def _phase(
     on_start: Callable[[], None] | None = None,
 ) -> tuple[float, float]:
     timeout = aiohttp.ClientTimeout(total=None, sock_read=spec.stall_timeout_s, sock_connect=30)
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    connector = aiohttp.TCPConnector(limit=0, force_close=not spec.keep_alive)
     total = len(spec.schedule) if phase == "measured" and spec.schedule is not None else spec.users * per_user
     done = 0
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:

@@ -174,6 +174,7 @@ def preflight(server: stacks.Server, stack: dict) -> float:
         requests_per_user=1,
         warmup_requests=0,
         dialect=stack["dialect"],
+        keep_alive=stack.get("keep_alive", True),
         request_timeout_s=stack["startup_timeout_s"],
         stall_timeout_s=min(120.0, stack["startup_timeout_s"]),
     )

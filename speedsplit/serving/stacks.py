@@ -21,6 +21,7 @@ from pathlib import Path
 from speedsplit.core import procs
 from speedsplit.core.results import redact
 from speedsplit.serving import bytecode
+from speedsplit.models import gguf
 from speedsplit.models.checkpoint import ModelError, is_dummy, read_model_config
 from speedsplit.serving.serverlog import exit_cause, launch_output, log_cause
 
@@ -284,6 +285,7 @@ def launch(
         "tp": stack["tensor_parallel"],
         "max_model_len": stack["max_model_len"],
         "dtype": stack["dtype"],
+        "llama_server": gguf.server_binary() or "llama-server",
     }
     argv, cap = memory_cap(stack, render_args(stack["args"], values), card_total_gib)
     host_memory = None

@@ -13,7 +13,13 @@ def test_tiny_shape_suits_vllm_cpu(tiny_model):
     assert head_dim in (32, 64, 80, 96, 112, 128)
     assert cfg["vocab_size"] == 1024 and cfg["num_key_value_heads"] == 2
     assert (tiny_model / "model.safetensors").is_file()
-    assert M.model_info(tiny_model) == {"source": "synthetic", "shape": "tiny", "weights": "random", "seed": 0}
+    assert M.model_info(tiny_model) == {
+        "source": "synthetic",
+        "shape": "tiny",
+        "weights": "random",
+        "seed": 0,
+        "tokenizer": "wordlevel",
+    }
 
 
 @pytest.mark.parametrize(
