@@ -15,13 +15,13 @@ from conftest import run_snakemake
 
 ENGINES = {
     "models": {"tiny": {"tokenizer": "gpt2"}},
-    "chains": {"engines": ["vllm-fp16", "llamacpp-f16", "llamacpp-q8_0"]},
+    "chains": {"engines": ["hf-generate", "llamacpp-f16", "llamacpp-q8_0"]},
     "workloads": {"eng": {"prompt_tokens": 64, "output_tokens": 32, "requests_per_user": 8, "warmup_requests": 1}},
     "grid": {"users": [4], "workloads": ["eng"], "sampling": ["greedy"], "runs": 2},
     "benchmark": {
-        "stacks": ["vllm-fp16", "llamacpp-f16", "llamacpp-q8_0"],
+        "stacks": ["hf-generate", "llamacpp-f16", "llamacpp-q8_0"],
         "min_measured_s": 0.2,
-        "server_reuse": "per_stack",  # one vLLM start (its 40 s on a CPU), not one per run
+        "server_reuse": "per_stack",  # one start per stack, not one per run
     },
     "platform": "cpu",
 }
@@ -108,7 +108,7 @@ def test_a_chain_crosses_engines_and_is_decomposed(tmp_path):
     steps = dict(zip(att["step"], att["value"], strict=True))
     assert set(steps) == {"runtime", "GGUF Q8_0 weights", "total"}
     assert steps["runtime"] * steps["GGUF Q8_0 weights"] == pytest.approx(steps["total"], rel=1e-9)
-    assert "engines (vllm-fp16 → llamacpp-q8_0)" in out.stdout + out.stderr
+    assert "engines (hf-generate → llamacpp-q8_0)" in out.stdout + out.stderr
 
 
 def test_the_converter_refuses_an_unknown_type(tmp_path):
