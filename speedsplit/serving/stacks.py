@@ -20,9 +20,9 @@ from pathlib import Path
 
 from speedsplit.core import procs
 from speedsplit.core.results import redact
-from speedsplit.serving import bytecode
 from speedsplit.models import gguf
 from speedsplit.models.checkpoint import ModelError, is_dummy, read_model_config
+from speedsplit.serving import bytecode
 from speedsplit.serving.serverlog import exit_cause, launch_output, log_cause
 
 HOST = "127.0.0.1"  # servers never listen beyond loopback
