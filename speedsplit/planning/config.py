@@ -281,38 +281,35 @@ def _check_formats(config: dict) -> None:
 
 
 def _check_llama_cpp(config: dict) -> None:
-    """What a llama.cpp stack needs, said when the config is read: the server binary, the
-    converter, and a model whose tokenizer llama.cpp can read."""
+    """What a llama.cpp stack needs, said when the config is read: a model whose tokenizer
+    llama.cpp can read, the server binary, and the converter (also what a gpt2 tokenizer is
+    read from)."""
     from speedsplit.models import gguf
     from speedsplit.models.checkpoint import ModelError
 
-    for stack in bench_stacks(config):
-        st = config["stacks"][stack]
-        for model in bench_models(config) if st["variant"] == "gguf" else ():
-            entry = config["models"][model]
-            if entry["source"] == "synthetic" and entry["tokenizer"] != "gpt2":
+    stacks = {s: config["stacks"][s] for s in bench_stacks(config)}
+    gguf_stacks = [s for s, st in stacks.items() if st["variant"] == "gguf"]
+    synthetic = {m: config["models"][m] for m in bench_models(config) if config["models"][m]["source"] == "synthetic"}
+    for stack in gguf_stacks:
+        for model, entry in synthetic.items():
+            if entry["tokenizer"] != "gpt2":
                 raise ConfigError(
                     f"config error at models.{model}.tokenizer: stack {stack} serves it through llama.cpp, "
                     f"which cannot read the {entry['tokenizer']} tokenizer: set tokenizer: gpt2"
                 )
+    for stack, st in stacks.items():
         if any("{llama_server}" in a for a in st["args"]) and not gguf.server_binary():
             raise ConfigError(
                 f"config error at stacks.{stack}.args: llama-server not found ({gguf.BUILD_HINT}, "
                 "or set SPEEDSPLIT_LLAMA_SERVER)"
             )
-        if st["variant"] != "gguf":
-            continue
+    needs = [f"stacks.{s}.variant: gguf" for s in gguf_stacks]
+    needs += [f"models.{m}.tokenizer: gpt2" for m, entry in synthetic.items() if entry["tokenizer"] == "gpt2"]
+    if needs:
         try:
             gguf.share()
         except ModelError as exc:
-            raise ConfigError(f"config error at stacks.{stack}.variant: gguf: {exc}") from None
-    for model in bench_models(config):
-        entry = config["models"][model]
-        if entry["source"] == "synthetic" and entry["tokenizer"] == "gpt2":
-            try:
-                gguf.share()
-            except ModelError as exc:
-                raise ConfigError(f"config error at models.{model}.tokenizer: gpt2: {exc}") from None
+            raise ConfigError(f"config error at {needs[0]}: {exc}") from None
 
 
 def _check_coordination(config: dict) -> None:

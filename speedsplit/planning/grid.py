@@ -42,7 +42,7 @@ def family(entry: dict) -> str:
 def weights(entry: dict) -> str:
     """The weights a stack computes with: a 16-bit GGUF file holds the FP16 weights."""
     if entry["variant"] == "gguf":
-        return "fp16" if entry.get("gguf_type", "q8_0") in ("f16", "bf16") else f"gguf-{entry['gguf_type']}"
+        return "fp16" if entry["gguf_type"] in ("f16", "bf16") else f"gguf-{entry['gguf_type']}"
     return entry["variant"]
 
 
