@@ -297,7 +297,7 @@ def is_dummy(model_dir: str | Path) -> bool:
 
 
 def check_model(model_dir: str | Path, variant: str) -> dict:
-    """Check a model folder is complete and, for gptq, really holds 4-bit weights."""
+    """Check a model folder is complete and, for gptq and awq, really holds 4-bit weights."""
     if variant == "gguf":
         from speedsplit.models.gguf import check_gguf
 

@@ -101,7 +101,7 @@ def inspect_quantized(path: str | Path, method: str, bits: int, group_size: int)
         "bits": held_bits,
         "group_size": group_size,
         "desc_act": q.get("desc_act"),
-        "sym": q.get("sym"),
+        "sym": q.get("sym", not q["zero_point"] if "zero_point" in q else None),  # AWQ says zero_point
         "checkpoint_format": q.get("checkpoint_format") or q.get("version"),
         "modules": sorted(modules),
         "quantized_layers": len(layers),

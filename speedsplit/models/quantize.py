@@ -63,8 +63,8 @@ def quantize(
     prequantized: str = "",
     fmt: str = "gptq",
 ) -> dict:
-    """Quantize fp16_dir into out_dir in fmt (gptq, or awq: GPTQModel's AWQ runs on a CUDA
-    card only); returns the report (time, settings, quality). With prequantized (a checkpoint
+    """Quantize fp16_dir into out_dir in fmt (gptq or awq, both with GPTQModel, on a CPU or a
+    CUDA card); returns the report (time, settings, quality). With prequantized (a checkpoint
     folder of that format), that checkpoint is checked against bits and group_size, linked into
     out_dir and measured against fp16_dir instead."""
     fp16_dir, out_dir = Path(fp16_dir).resolve(), Path(out_dir).resolve()
@@ -74,8 +74,8 @@ def quantize(
     settings = {
         "bits": bits,
         "group_size": group_size,
-        "desc_act": desc_act,
-        "sym": True,
+        "desc_act": desc_act if fmt == "gptq" else False,
+        "sym": fmt == "gptq",  # AWQ: asymmetric, with zero points
         "calibration_samples": calibration_samples,
         "calibration_tokens": calibration_tokens,
         "seed": seed,
@@ -110,14 +110,17 @@ def quantize(
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
-            qcfg = (
-                QuantizeConfig(bits=bits, group_size=group_size, desc_act=desc_act, sym=True)
+            qcfg, backend = (
+                (QuantizeConfig(bits=bits, group_size=group_size, desc_act=desc_act, sym=True), None)
                 if fmt == "gptq"
                 else _awq_config(bits, group_size)
             )
             model = GPTQModel.load(str(fp16_dir), qcfg)
             model.quantize(
-                [{"input_ids": ids, "attention_mask": [1] * len(ids)} for ids in calib], batch_size=1, tokenizer=tok
+                [{"input_ids": ids, "attention_mask": [1] * len(ids)} for ids in calib],
+                batch_size=1,
+                tokenizer=tok,
+                **({"backend": backend} if backend else {}),
             )
             model.save(str(tmp))
             seconds = time.perf_counter() - t0
@@ -141,13 +144,14 @@ def quantize(
 
 
 def _awq_config(bits: int, group_size: int):
-    """GPTQModel's AWQ (GEMM format, which vLLM serves), on a CUDA card only."""
-    import torch
+    """GPTQModel's AWQ in the GEMM format (what vLLM serves), packed by its torch kernel: its
+    default packer on a card (AwqGEMMLinear) needs an AWQ extension built with nvcc, and none
+    runs on a CPU; both write the same GEMM layout. Returns (config, backend)."""
     from gptqmodel.quantization.config import FORMAT, AWQConfig
+    from gptqmodel.utils.backend import BACKEND
 
-    if not torch.cuda.is_available():
-        raise ModelError("AWQ quantization (GPTQModel) needs a CUDA card; on a CPU give a prequantized.awq checkpoint")
-    return AWQConfig(bits=bits, group_size=group_size, format=FORMAT.GEMM)
+    # Asymmetric, with zero points, as AutoAWQ's checkpoints are (zero_point: true).
+    return AWQConfig(bits=bits, group_size=group_size, sym=False, format=FORMAT.GEMM), BACKEND.AWQ_TORCH
 
 
 def _adopt(fp16_dir: Path, out_dir: Path, path: str, fmt, bits, group_size, eval_samples, tokens, seed) -> dict:
@@ -199,10 +203,10 @@ def _dummy_gptq(fp16_dir: Path, out_dir: Path, settings: dict) -> dict:
     return report
 
 
-def quality_check(fp16_dir: Path, gptq_dir: Path, held_out: list[list[int]]) -> dict:
+def quality_check(fp16_dir: Path, q_dir: Path, held_out: list[list[int]]) -> dict:
     """Greedy next-token agreement and perplexity of INT4 against FP16 on held-out tokens.
-    On a CUDA card both models sit on it (the reference in FP16) and a GPTQ checkpoint runs
-    on GPTQModel's torch kernel, which needs nothing compiled on the host."""
+    On a CUDA card both models sit on it (the reference in FP16) and a GPTQ or AWQ checkpoint
+    runs on GPTQModel's torch kernel for it, which needs nothing compiled on the host."""
     import torch
     from gptqmodel import BACKEND, GPTQModel
     from transformers import AutoModelForCausalLM
@@ -211,8 +215,9 @@ def quality_check(fp16_dir: Path, gptq_dir: Path, held_out: list[list[int]]) -> 
     ref = AutoModelForCausalLM.from_pretrained(
         str(fp16_dir), dtype=torch.float16 if cuda else torch.float32, device_map="cuda" if cuda else None
     )
-    gptq = read_model_config(gptq_dir).get("quantization_config", {}).get("quant_method") == "gptq"
-    q = GPTQModel.load(str(gptq_dir), **({"backend": BACKEND.GPTQ_TORCH} if cuda and gptq else {}))
+    method = read_model_config(q_dir).get("quantization_config", {}).get("quant_method")
+    torch_kernel = {"gptq": BACKEND.GPTQ_TORCH, "awq": BACKEND.AWQ_TORCH}.get(method)
+    q = GPTQModel.load(str(q_dir), **({"backend": torch_kernel} if cuda and torch_kernel else {}))
     agree = total = 0
     nll_ref = nll_q = 0.0
     with torch.no_grad():

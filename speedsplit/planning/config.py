@@ -272,12 +272,6 @@ def _check_formats(config: dict) -> None:
                     f"config error at quantization.method: dummy writes GPTQ configs only; stack {stack} serves "
                     f"AWQ (use gptqmodel, or give models.{model}.prequantized.awq)"
                 )
-            if platform != "cuda":
-                raise ConfigError(
-                    f"config error at models.{model}.prequantized.awq: stack {stack} serves AWQ, and GPTQModel's "
-                    f"AWQ quantization needs a CUDA card (this config's platform is {platform}): give an AWQ "
-                    "checkpoint of the model here"
-                )
 
 
 def _check_llama_cpp(config: dict) -> None:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from speedsplit.models.checkpoint import acquire, check_model
+from speedsplit.models.checkpoint import GPTQ_MODULES, acquire, check_model
 from speedsplit.models.local import inspect_quantized, safetensors_keys
 from speedsplit.planning import config as C
 
@@ -135,8 +135,8 @@ def test_a_real_gptq_checkpoint_is_used_as_it_is_and_measured_against_its_fp16_m
 
 
 def test_fp8_and_awq_stacks_say_in_one_line_what_the_platform_cannot_do(tiny_model, tmp_path):
-    """FP8 needs a CUDA card's FP8 units; AWQ quantization (GPTQModel) a CUDA card, so on a CPU
-    an AWQ stack needs a checkpoint; method dummy writes GPTQ only."""
+    """FP8 needs a CUDA card's FP8 units; AWQ is made by GPTQModel on a CPU or a card, or given
+    as a checkpoint; method dummy writes GPTQ only."""
     chains = {"fmt": ["vllm-fp16", "vllm-fp8"]}
     with pytest.raises(C.ConfigError) as err:
         config_with({}, chains=chains, platform="cpu", benchmark={"models": ["mine"], "stacks": []})
@@ -150,8 +150,8 @@ def test_fp8_and_awq_stacks_say_in_one_line_what_the_platform_cannot_do(tiny_mod
     assert grid.chain_steps(cuda)["fmt"] == ["FP8 weights + activations"]
     assert plan.variant_dir(cuda, "vllm-fp8") == "fp16"  # vLLM quantizes the FP16 weights as it loads them
     awq = {"awq": ["vllm-fp16", "vllm-awq"]}
-    with pytest.raises(C.ConfigError, match=r"models.mine.prequantized.awq: stack vllm-awq serves AWQ, and GPTQ"):
-        config_with({}, chains=awq, platform="cpu", benchmark={"models": ["mine"], "stacks": []})
+    made_here = config_with({}, chains=awq, platform="cpu", benchmark={"models": ["mine"], "stacks": []})
+    assert made_here["quantization"]["method"] == "gptqmodel"  # the quantize rule makes it
     with pytest.raises(C.ConfigError, match="quantization.method: dummy writes GPTQ configs only"):
         config_with({}, chains=awq, platform="cuda", quantization={"method": "dummy"}, benchmark={"models": ["mine"]})
     folder = gptq_folder(tiny_model, tmp_path)
@@ -164,15 +164,25 @@ def test_fp8_and_awq_stacks_say_in_one_line_what_the_platform_cannot_do(tiny_mod
     assert grid.chain_steps(C.merge(ok, {"chains": {"x": ["vllm-marlin", "vllm-awq"]}}))["x"] == ["INT4 format"]
 
 
-def test_awq_quantization_on_a_cpu_is_one_line_and_dummy_writes_gptq_only(tiny_model, tmp_path):
+@pytest.mark.slow
+def test_awq_is_quantized_by_gptqmodel_on_a_cpu_and_dummy_writes_gptq_only(tiny_model, tmp_path):
+    """AWQ as vLLM serves it: GEMM layout, 4 bit, group 128, zero points, every linear layer of
+    every block; dummy quantization cannot make it."""
     from speedsplit.models.checkpoint import ModelError
     from speedsplit.models.quantize import quantize
 
-    with pytest.raises(ModelError, match="AWQ quantization \\(GPTQModel\\) needs a CUDA card"):
-        quantize(tiny_model, tmp_path / "awq", fmt="awq", calibration_samples=2, calibration_tokens=16)
     with pytest.raises(ModelError, match="dummy writes a GPTQ config only; awq needs"):
-        quantize(tiny_model, tmp_path / "awq", fmt="awq", method="dummy")
-    assert not (tmp_path / "awq").exists()
+        quantize(tiny_model, tmp_path / "dummy", fmt="awq", method="dummy")
+    assert not (tmp_path / "dummy").exists()
+    report = quantize(
+        tiny_model, tmp_path / "awq", fmt="awq", calibration_samples=4, calibration_tokens=64, eval_samples=2
+    )
+    assert report["method"] == "gptqmodel" and report["format"] == "awq" and report["settings"]["sym"] is False
+    assert report["quality"]["status"] == "measured" and report["quality"]["token_agreement"] > 0
+    check_model(tmp_path / "awq", "awq")
+    held = inspect_quantized(tmp_path / "awq", "awq", 4, 128)
+    assert (held["checkpoint_format"], held["sym"]) == ("gemm", False)
+    assert held["modules"] == sorted(GPTQ_MODULES) and held["quantized_layers"] == 2
 
 
 def test_nothing_is_written_into_the_users_folders(tiny_model, tmp_path):
