@@ -10,6 +10,15 @@
 #                            # config/h200-awq.yaml over config/h200-smoke.yaml: the 8B model,
 #                            # GPTQModel's AWQ checkpoint made on the card, vllm-fp16, vllm-awq,
 #                            # vllm-awq-marlin, hf-fp16, two runs of each cell
+#                            # Started 02:04:54; stopped by hand at 02:11:09 (`host.sh stop-awq`)
+#                            # when GPTQModel's AWQ had done 3 of 32 layers in 2:36 (about 50 s a
+#                            # layer: 27 min for the model, more than the device time left)
+#   bash host.sh fp8         # in its place, in /tmp/wf on the same results: config/h200-fp8.yaml
+#                            # over config/h200-smoke.yaml: vllm-fp16 (its four runs already there),
+#                            # vllm-fp8, hf-fp16; started 02:11:25, done 02:17:15
+#   bash host.sh fastpack    # then, for the next session's plan: the same AWQ quantization with a
+#                            # vectorised AWQ packer (awq_fastpack.py, as it ran), stopped by hand
+#                            # after 8 layers (about 34 s a layer)
 #   bash host.sh status      # progress, and the results so far packed into $OUT
 set -euo pipefail
 SITE=/tmp/site
@@ -52,6 +61,23 @@ case "$1" in
       $SMK --configfile $AWQ -- measurements > results/snakemake-awq.out 2>&1
       date +%s > results/t1" > results/all.out 2>&1 < /dev/null &
     echo "started in /tmp/wf: results/snakemake-awq.out"
+    ;;
+  stop-awq)  # the whole Snakemake process group: the quantize job with it
+    cd /tmp/wf; date +%s > results/t-awq-stopped
+    kill -TERM -- "-$(ps -eo pgid,cmd | grep "[s]nakemake --cores" | head -1 | awk '{print $1}')"
+    sleep 10; python3 -m snakemake --unlock --configfile $AWQ
+    ;;
+  fp8)
+    : "${SPEEDSPLIT_WORKFLOW_COMMIT:?set it to the commit measured (the copied tree has no .git)}"
+    export SPEEDSPLIT_WORKFLOW_COMMIT
+    cp config/h200-fp8.yaml /tmp/wf/config/ && cd /tmp/wf
+    setsid nohup bash -c "date +%s > results/t0-fp8
+      $SMK --configfile config/h200-smoke.yaml config/h200-fp8.yaml -- measurements > results/snakemake-fp8.out 2>&1
+      date +%s > results/t1-fp8" > results/all-fp8.out 2>&1 < /dev/null &
+    ;;
+  fastpack)
+    cp docs/evidence/h200-2026-12-02-fp8/awq_fastpack.py /tmp/wf/ && cd /tmp/wf
+    setsid nohup python3 awq_fastpack.py > /tmp/awq-exp.log 2>&1 < /dev/null &
     ;;
   status)
     cd /tmp/wf
