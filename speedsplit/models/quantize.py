@@ -21,9 +21,9 @@ from speedsplit.models.checkpoint import GPTQ_MODULES, ModelError, is_dummy, mod
 # batching changes how many small launches the model makes, not the answer: on the tiny
 # model (128 x 512 tokens, a CPU), 16 at a time wrote the same AWQ checkpoint bit for bit in
 # 14.6 s against 28.8, and a GPTQ checkpoint differing in 8 of 294,912 codes (the Hessian
-# summed in another order; same perplexity to 0.005%) in 3.8 s against 9.8. One at a time,
-# AWQ on the Llama-3.1-8B shape took about 50 s a layer on an H200 with the card 16-24% busy
-# (docs/evidence/h200-2026-12-02-fp8/).
+# summed in another order; same perplexity to 0.005%) in 3.8 s against 9.8. On an H200 the
+# Llama-3.1-8B shape's AWQ gained little (34 -> 32 s a layer with the vectorised packer below,
+# docs/evidence/h200-2026-12-02-fp8/): its time there goes elsewhere.
 CALIBRATION_BATCH = 16
 
 

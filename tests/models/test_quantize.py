@@ -39,3 +39,27 @@ def test_the_vectorised_awq_packer_writes_gptqmodels_bits(bias):
     assert (theirs.bias is None) == (ours.bias is None) == (not bias)
     if bias:
         assert torch.equal(theirs.bias, ours.bias)
+
+
+@pytest.mark.slow
+def test_vllm_serves_the_awq_checkpoint_gptqmodel_makes_on_a_cpu(tiny_model, tmp_path):
+    """The quantize rule's AWQ checkpoint on the vllm-awq stack as a bench job runs it: every
+    request answered, the kernel vLLM reports recorded and matching the stack's expectation
+    (CPUWNA16 where vLLM's CPU build has its INT4 op, AtenInt4 elsewhere), the weights AWQ."""
+    from conftest import REPO, measure_alone
+
+    from speedsplit.models.quantize import quantize
+    from speedsplit.planning import config as C
+
+    awq = tmp_path / "awq-w4g128"
+    quantize(tiny_model, awq, fmt="awq", calibration_samples=4, calibration_tokens=64, eval_samples=1)
+    cfg = C.load(REPO / "config/config.yaml")
+    stack = C.stack_params(cfg, "tiny", "vllm-awq", "tp1")
+    assert stack["expect_kernel"] == "CPUWNA16|AtenInt4"
+    cell = C.cell_params(cfg, C.cell_by_name(cfg, "u2-wide-greedy"))
+    cell.update(min_measured_s=0.0)
+    res, _ = measure_alone(stack, cell, awq, tmp_path / "run", startup_timeout_s=300.0)
+    assert res.status == "ok", res.error
+    assert res.summary.completed == 2 * 8 and res.summary.wrong_output_length == 0
+    assert res.engine.linear_kernel in ("CPUWNA16LinearKernel", "AtenInt4CPULinearKernel") and res.kernel_ok
+    assert res.weights.variant == "awq"

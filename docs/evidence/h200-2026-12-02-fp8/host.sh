@@ -20,6 +20,8 @@
 #                            # vectorised AWQ packer (awq_fastpack.py, as it ran), stopped by hand
 #                            # after 8 layers (about 34 s a layer)
 #   bash host.sh status      # progress, and the results so far packed into $OUT
+# Then, on the machine started again at commit 307ad43: `bash host.sh gather DIR` (each part),
+# `bash host.sh unpack`, `bash docs/evidence/h200-2026-12-02-fp8/awq_probe.sh 285`.
 set -euo pipefail
 SITE=/tmp/site
 export PYTHONPATH=$SITE:. VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_UPDATE_CHECK=1
