@@ -25,7 +25,7 @@ def workdir(local_run):
 def test_every_result_is_complete_and_honest(workdir):
     results = sorted((workdir / "results/bench").rglob("run*.json"))
     assert len(results) == 3 * 2 * 2  # stacks x cells x runs
-    served = []
+    served, unsampled = [], []
     for path in results:
         res = read_result(path)
         assert res.status == "ok", (path, res.server)
@@ -37,7 +37,12 @@ def test_every_result_is_complete_and_honest(workdir):
         assert len(requests) == s.requests + res.params.users * res.params.warmup_requests
         tel = res.telemetry  # vLLM CPU's real /metrics; no GPU here, no /metrics on the HF server
         assert tel.gpu is None and tel.gpu_absent == "no GPU: the run was on the CPU"
-        if res.stack.startswith("vllm"):
+        if res.stack.startswith("vllm") and tel.server is None:
+            # a measured phase of 0.2-0.4 s can pass between two readings when the CPU is busy
+            # (one /metrics answer took longer than the phase); the result then says so
+            assert tel.server_absent.startswith("no sample inside the measured phase"), (path, tel)
+            unsampled.append(res.stack)
+        elif res.stack.startswith("vllm"):
             assert tel.server.samples >= 1 and 0 <= tel.server.kv_cache_usage_peak <= 1, (path, tel)
             assert tel.server.prefix_cache_hits_flagged is False  # distinct prompts reuse nothing
             served.append(tel.server)
@@ -48,6 +53,7 @@ def test_every_result_is_complete_and_honest(workdir):
             # vLLM's CPU build has no Marlin: the GPTQ model runs on its CPU int4 kernel, and the
             # result says so
             assert res.engine.linear_kernel == cpu_int4_route()[0] and res.kernel_ok is True
+    assert len(unsampled) <= 2, unsampled  # of 8 vLLM runs: most have readings
     # a reading can fall before the server took the phase's first requests (KV use 0), but
     # across the runs the counters show requests being served
     assert max(t.kv_cache_usage_peak for t in served) > 0 and max(t.running_mean for t in served) > 0
