@@ -125,6 +125,10 @@ def memory_cap(stack: dict, argv: list[str], card_total_gib: float | None) -> tu
 
 GIB = 2**30
 HOST_CACHE_FLOOR_GIB = 0.25
+# transformers' continuous batching sets aside the LM head's rows (16-bit hidden state, fp32
+# logits) for up to 1024 requests of a batch before it sizes its cache
+# (PagedAttentionMemoryHandler.fixed_overhead_bytes): 206 MB for a 50k vocabulary.
+CB_LOGIT_ROWS = 1024
 
 
 @dataclass
@@ -240,8 +244,9 @@ def _model_inspection(shared_root: Path, platform: str) -> Path:
 
 def host_cache_gib(stack: dict, model_dir: str | Path, kv_tokens: int) -> float | None:
     """Host memory a CPU server with host_cache_cap may size its caches from: twice the KV
-    cache of what its session keeps in flight (at least one full-length sequence) plus 0.25
-    GiB for its other buffers; None where no such cap applies."""
+    cache of what its session keeps in flight (at least one full-length sequence), the logit
+    rows transformers reserves, and 0.25 GiB for its other buffers; None where no such cap
+    applies."""
     if not stack.get("host_cache_cap"):
         return None
     try:
@@ -252,7 +257,8 @@ def host_cache_gib(stack: dict, model_dir: str | Path, kv_tokens: int) -> float 
     kv_heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
     per_token = 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * 2  # K and V, 16-bit
     tokens = max(kv_tokens, stack["max_model_len"])
-    return round(2 * per_token * tokens / GIB + HOST_CACHE_FLOOR_GIB, 3)
+    logit_rows = CB_LOGIT_ROWS * (cfg["hidden_size"] * 2 + cfg["vocab_size"] * 4)
+    return round((2 * per_token * tokens + logit_rows) / GIB + HOST_CACHE_FLOOR_GIB, 3)
 
 
 def launch(

@@ -312,16 +312,41 @@ def test_a_killed_server_says_which_signal_and_what_its_log_names(tmp_path, tiny
 
 def test_a_cpu_server_sizes_its_cache_from_its_grid_not_the_host(tiny_model):
     """host_cache_cap: twice the KV cache of what the session keeps in flight (at least one
-    full-length sequence), plus 0.25 GiB; no cap where the stack does not ask for one."""
+    full-length sequence), the logit rows transformers sets aside for 1024 requests, plus 0.25
+    GiB; no cap where the stack does not ask for one."""
     import json
 
     cfg = json.loads((tiny_model / "config.json").read_text())
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 2
+    rows = 1024 * (cfg["hidden_size"] * 2 + cfg["vocab_size"] * 4)
     stack = {"host_cache_cap": True, "max_model_len": 1024}
-    assert stacks.host_cache_gib(stack, tiny_model, 64 * 2048) == round(2 * per_token * 64 * 2048 / 2**30 + 0.25, 3)
-    assert stacks.host_cache_gib(stack, tiny_model, 10) == round(2 * per_token * 1024 / 2**30 + 0.25, 3)
+    want = round((2 * per_token * 64 * 2048 + rows) / 2**30 + 0.25, 3)
+    assert stacks.host_cache_gib(stack, tiny_model, 64 * 2048) == want
+    assert stacks.host_cache_gib(stack, tiny_model, 10) == round((2 * per_token * 1024 + rows) / 2**30 + 0.25, 3)
     assert stacks.host_cache_gib({"host_cache_cap": False}, tiny_model, 10) is None
+
+
+@pytest.mark.slow
+def test_the_continuous_batching_stack_serves_a_50k_vocabulary_on_a_cpu(tmp_path):
+    """transformers' continuous batching reserves logit rows for 1024 requests (206 MB at
+    GPT-2's 50,257 tokens) before sizing its cache: the host cap leaves room for them (it once
+    did not: every first request failed, 'num_sectors = -25')."""
+    from conftest import REPO, measure_alone
+
+    from speedsplit.models.checkpoint import synthesize
+    from speedsplit.planning import config as C
+
+    model = tmp_path / "gpt2-vocab"
+    synthesize("tiny", model, tokenizer="gpt2")
+    cfg = C.validate(C.merge(C.load(REPO / "config/config.yaml"), {"models": {"tiny": {"tokenizer": "gpt2"}}}))
+    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    assert stack["host_cache_cap"]
+    cell = C.cell_params(cfg, C.cell_by_name(cfg, "u2-wide-greedy"))
+    cell.update(min_measured_s=0.0)
+    res, _ = measure_alone(stack, cell, model, tmp_path / "run", startup_timeout_s=300.0)
+    assert res.status == "ok", res.error
+    assert res.summary.completed == 2 * 8 and res.summary.wrong_output_length == 0
 
 
 def test_a_vllm_start_up_is_split_into_weights_compile_graphs_and_engine_from_its_log():
