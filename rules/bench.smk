@@ -57,7 +57,7 @@ rule bench:
         gpu=bench_gpus,
         runtime=bench_runtime,
     # On a cluster, a session's cells still to run go out as one submission (a group job), so
-    # its server still serves all of them there. Locally, groups are ignored.
+    # its server still serves all of them there. Locally there is no group (rules/common.smk).
     group:
         bench_group
     log:
