@@ -57,6 +57,9 @@ def slurm_run(cluster, tmp_path_factory):
         "squeue",
         "--slurm-init-seconds-before-status-checks",
         "5",
+        # each finished submission was seen up to 10 s late (Snakemake's default): 2 s here
+        "--seconds-between-status-checks",
+        "2",
         "--slurm-keep-successful-logs",
         # this node's memory, not a GPU node's
         "--default-resources",
