@@ -1,5 +1,4 @@
 import subprocess
-import time
 
 import pytest
 import yaml
@@ -111,7 +110,6 @@ def test_misspelled_key_fails_fast_in_snakemake(tmp_path):
     bad["grid"]["userz"] = [1]
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(bad))
-    t0 = time.monotonic()
     out = subprocess.run(
         [snakemake_bin(), "-n", "--configfile", str(path), "--cores", "1"],
         cwd=REPO,
@@ -119,11 +117,11 @@ def test_misspelled_key_fails_fast_in_snakemake(tmp_path):
         text=True,
         timeout=60,
     )
-    elapsed = time.monotonic() - t0
     assert out.returncode != 0
     lines = [ln for ln in (out.stdout + out.stderr).splitlines() if "config error" in ln]
     assert lines and "grid: unknown key 'userz'" in lines[0], out.stderr
-    assert elapsed < 5, f"took {elapsed:.1f} s"
+    # fast: while the Snakefile is read, before any job is planned (not timed: a busy machine)
+    assert "Building DAG of jobs" not in out.stdout + out.stderr, out.stderr
 
 
 def test_cells_and_params_are_plain_builtins():
