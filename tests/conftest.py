@@ -12,9 +12,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-# How `make test`'s two workers (pytest-xdist) share the tests: one test at a time, except
-# modules whose tests share a server or a run made once per worker. The local_run modules use the
-# session fixture local_run (the whole DAG, about 200 s), so they go to one worker together.
+# How `make test`'s workers (pytest-xdist) share the tests: one test at a time, except modules
+# whose tests share a server or a run made once per worker. The local_run modules use the
+# session fixture local_run (the whole DAG, about 200 s), so they go to one worker together; as
+# one of the three units with the most tests it starts at once (xdist hands those out first).
 LOCAL_RUN_MODULES = ("tests/workflow/test_workflow.py", "tests/workflow/test_slurm.py")
 SHARED_SERVER_MODULES = ("tests/probes/test_loadgen.py", "tests/serving/test_hf_generate.py")
 
