@@ -75,6 +75,20 @@ def test_the_capacity_configs_dry_run(tmp_path):
     assert dry_run_counts(base + steady, tmp_path, gpus=2)["bench"] == 2 * 9
 
 
+def test_a_local_run_plans_no_group_jobs(tmp_path):
+    """A session's cells are one group only where jobs are submitted (tests/workflow/
+    test_slurm.py sees a cluster run submit one per session): a local or dry run names no group,
+    which spares it Snakemake's group check (it walks each grouped job's whole lane)."""
+    out = run_snakemake(
+        ["-n", "--configfile", str(REPO / "tests/config/ci.yaml"), "--cores", "2", "--resources", "gpu=1"],
+        tmp_path,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "rule bench:" in out.stdout
+    assert "Group job" not in out.stdout + out.stderr
+
+
 def test_the_shipped_study_config_dry_runs(tmp_path):
     counts = dry_run_counts(REPO / "config/study.yaml", tmp_path, gpus=4)
     assert counts["bench"] > 0 and counts["report"] == 1
