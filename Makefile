@@ -33,7 +33,7 @@ demo: setup
 
 # Everything (what CI runs): real servers, the whole workflow, Slurm, the browser. On three
 # workers (the tests mostly wait on servers: one at a time they kept 0.58 of 2 cores busy; three
-# keep both 94-99% busy: the parallel part took 12:17-14:36 in three runs, 15:10 on two),
+# keep both 94-99% busy: the parallel part took 10:53-14:36 in four runs, 15:10 on two),
 # OpenMP threads sleeping when they wait (spinning, two workers' CPU servers slowed each other
 # 6x), then the tests that hold latency to a bound, alone (marker serial).
 test: setup $(LLAMA_SERVER)
