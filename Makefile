@@ -31,14 +31,20 @@ demo: setup
 	$(BIN)/snakemake --cores $(CORES) --resources gpu=1
 	@echo "report: $(CURDIR)/results/report.html"
 
-# Everything (what CI runs): real servers, the whole workflow, Slurm, the browser. On three
-# workers (the tests mostly wait on servers: one at a time they kept 0.58 of 2 cores busy; three
-# keep both 94-99% busy: the parallel part took 10:53-14:36 in four runs, 15:10 on two),
-# OpenMP threads sleeping when they wait (spinning, two workers' CPU servers slowed each other
-# 6x), then the tests that hold latency to a bound, alone (marker serial).
+# Everything (what CI runs): real servers, the whole workflow, Slurm, the browser. First the
+# tests that hold latency to a bound, alone (marker serial), on a machine nothing else has used
+# yet (after the parallel phase they failed their bounds in two runs of two: the cliff's 8-user
+# level at p99 TTFT 1.09 s > 1 s, a trace TTFT 2.35% off its truth; on that 2-core host they
+# failed alone too: see the truth tier's open issue).
+# Then three workers (the tests mostly wait on servers: one at a time they kept 0.58 of 2 cores
+# busy; three keep both 94-99% busy: 12:47-14:36 here), OpenMP threads sleeping when they wait
+# (spinning, two workers' CPU servers slowed each other 6x). Both phases run whatever the first
+# found, and the last line says how each ended.
 test: setup $(LLAMA_SERVER)
-	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -n 3 -m "not serial"
-	$(BIN)/python -m pytest -q -m serial
+	@$(BIN)/python -m pytest -q -m serial; serial=$$?; \
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -n 3 -m "not serial"; parallel=$$?; \
+	echo "make test: serial tier exit $$serial, three workers exit $$parallel (0: passed)"; \
+	test $$serial -eq 0 && test $$parallel -eq 0
 
 # No real server, no Snakemake run: the library on its own, under 90 s on 2 cores.
 test-fast: setup

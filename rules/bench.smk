@@ -85,12 +85,31 @@ rule bandwidth:
         "../workflow_scripts/bandwidth.py"
 
 
+# The load generator's own offsets on this host, against the reference server of known speed
+# (about 10 s; every bench job waits for it and records it). It holds the one "card" of a CPU
+# run, so no server competes with it for the cores.
+rule calibrate:
+    output:
+        ss_plan.CALIBRATION,
+    params:
+        users=CFG["benchmark"]["calibration_users"],
+    resources:
+        gpu=1,
+    log:
+        "results/logs/calibrate.log",
+    conda:
+        "../envs/serving.yaml"
+    script:
+        "../workflow_scripts/calibrate.py"
+
+
 # Everything measured, nothing aggregated: the target for GPU hosts and cluster runs whose
 # tables are built elsewhere (python -m speedsplit.output.aggregate).
 rule measurements:
     input:
         bench_results(),
         "results/hardware/bandwidth.json",
+        ss_plan.CALIBRATION,
         link_results(),
         profile_results(),
 

@@ -165,10 +165,53 @@ def _ceiling_args(p):
 
 
 def _ceiling(args) -> int:
-    from speedsplit.probes import ceiling
+    from speedsplit.measuring import calibrate
+    from speedsplit.output.compare import highest_measured
+    from speedsplit.serving import reference
 
-    ceiling.report(args.users, args.output_tokens, args.requests_per_user, args.highest_measured, args.results)
+    highest, source = args.highest_measured, "given"
+    if highest is None:
+        source = f"{args.results}/tables/cells.parquet"
+        highest = highest_measured(source)
+    with calibrate.reference_server(reference.Speed(ttft_s=0.0, itl_s=0.0)) as url:
+        top = calibrate.ceiling(url, args.users, args.output_tokens, args.requests_per_user)
+    print(f"load generator ceiling: {top:.0f} output tok/s ({args.users} users x {args.output_tokens} tokens)")
+    if highest:
+        print(f"highest measured cell ({source}): {highest:.0f} tok/s; ceiling / highest = {top / highest:.1f}x")
     return 0
+
+
+def _calibrate_args(p):
+    p.add_argument(
+        "--users", type=int, nargs="+", default=[1, 16], help="numbers of users to measure at (default: 1 16)"
+    )
+    p.add_argument("--out", default=None, metavar="FILE", help="write the calibration here (JSON) as well")
+
+
+def _calibrate(args) -> int:
+    from speedsplit.measuring import calibrate
+
+    calibrate.run(args.out, args.users)
+    return 0
+
+
+def _truth_args(p):
+    _configfile(p)
+    _results(p)
+    p.add_argument("--csv", default=None, metavar="FILE", help="write the table here as well")
+
+
+def _truth(args) -> int:
+    from speedsplit.analysis import truth
+
+    table = truth.compare_results(args.results, args.configfile)
+    if table.is_empty():
+        print(f"speedsplit: no run of a reference stack under {args.results}/bench", file=sys.stderr)
+        return 1
+    print(truth.text(table))
+    if args.csv:
+        table.write_csv(args.csv)
+    return 0 if truth.holds(table) else 1
 
 
 def _schema_args(p):
@@ -254,6 +297,16 @@ COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
         _check_report,
     ),
     "ceiling": ("Can the load generator drive more than the fastest cell measured?", _ceiling_args, _ceiling),
+    "calibrate": (
+        "How much time does the load generator add on this host? (against a server of known speed)",
+        _calibrate_args,
+        _calibrate,
+    ),
+    "truth": (
+        "Did the reference stacks measure as fast as they are? (every run and factor against its truth)",
+        _truth_args,
+        _truth,
+    ),
     "schema": ("What does a result file hold? (its JSON Schema)", _schema_args, _schema),
     "fidelity": (
         "Does speedsplit's Poisson mode agree with `vllm bench serve --request-rate` on a server?",

@@ -13,11 +13,16 @@ sys.path.insert(0, str(REPO))
 
 
 # How `make test`'s workers (pytest-xdist) share the tests: one test at a time, except modules
-# whose tests share a server or a run made once per worker. The local_run modules use the
+# whose tests share a server or a run made once per worker (tests/workflow/test_truth.py shares
+# one too, but it runs alone, after the workers: marker serial). The local_run modules use the
 # session fixture local_run (the whole DAG, about 200 s), so they go to one worker together; as
 # one of the three units with the most tests it starts at once (xdist hands those out first).
 LOCAL_RUN_MODULES = ("tests/workflow/test_workflow.py", "tests/workflow/test_slurm.py")
-SHARED_SERVER_MODULES = ("tests/probes/test_loadgen.py", "tests/serving/test_hf_generate.py")
+SHARED_SERVER_MODULES = (
+    "tests/probes/test_loadgen.py",
+    "tests/serving/test_hf_generate.py",
+    "tests/workflow/test_truth_faults.py",
+)
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -1,13 +1,15 @@
 """Rule bench: measure one cell run on its session's server and write its result.
 
-Reads only its inputs and params: the job file (stack and cell), the model folders, and the
-plan its params name (its server session; written when the workflow starts)."""
+Reads only its inputs and params: the job file (stack and cell), the model folders, the
+client's calibration on this host, and the plan its params name (its server session; written
+when the workflow starts)."""
 
 import json
 from pathlib import Path
 
 from _job import to_log
 
+from speedsplit.measuring import calibrate
 from speedsplit.measuring.bench import finished_line, log_progress, measure
 from speedsplit.planning.plan import session_of
 
@@ -25,5 +27,6 @@ result = measure(
     out_json=sm.output.result,
     out_requests=sm.output.requests,
     progress=log_progress(f"{w.stack} {w.cell} run{w.run}"),
+    calibration=calibrate.read(sm.input.calibration),
 )
 log_progress("speedsplit")(finished_line(result))

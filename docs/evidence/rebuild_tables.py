@@ -1,8 +1,9 @@
 """Rewrite every evidence folder's tables from its raw results, the way
 tests/workflow/test_evidence.py rebuilds and compares them (after a change to what a table
-holds). Plots and reports: each folder's README gives its `speedsplit aggregate` command.
+holds); with --all, its plots and report too (as `speedsplit aggregate`, its README's command).
+Run it from the repository's root (the reports name their folders from there).
 
-    python docs/evidence/rebuild_tables.py [FOLDER ...]
+    python docs/evidence/rebuild_tables.py [--all] [FOLDER ...]
 """
 
 from __future__ import annotations
@@ -14,18 +15,21 @@ import yaml
 
 from speedsplit.core.formats import write_frames
 from speedsplit.output import analyses
-from speedsplit.output.aggregate import QUANTIZE_REPORTS, build_frames
+from speedsplit.output.aggregate import QUANTIZE_REPORTS, aggregate_folders, build_frames
 from speedsplit.planning import config as C
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
 
-def rebuild(folder: Path) -> str:
+def rebuild(folder: Path, everything: bool = False) -> str:
     how = yaml.safe_load((folder / "evidence.yaml").read_text())
     if how.get("rebuild") is False:
         return f"{folder.name}: not rebuilt ({how['why']})"
     cfg = C.load(*[REPO / c for c in how["config"]])
+    if everything:
+        here = folder.relative_to(REPO)
+        aggregate_folders(cfg, [here / "results"], here)
     frames = build_frames(
         sorted(folder.glob(how["results"])),
         bandwidth_json=folder / how["bandwidth"],
@@ -40,6 +44,7 @@ def rebuild(folder: Path) -> str:
 
 
 if __name__ == "__main__":
-    folders = [Path(a) for a in sys.argv[1:]] or sorted(p for p in HERE.iterdir() if (p / "evidence.yaml").is_file())
+    args = [a for a in sys.argv[1:] if a != "--all"]
+    folders = [Path(a) for a in args] or sorted(p for p in HERE.iterdir() if (p / "evidence.yaml").is_file())
     for f in folders:
-        print(rebuild(f.resolve()), flush=True)
+        print(rebuild(f.resolve(), "--all" in sys.argv), flush=True)

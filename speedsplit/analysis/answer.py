@@ -211,6 +211,12 @@ def qualifiers(runs: pl.DataFrame, attribution: pl.DataFrame) -> list[str]:
             ("kernel_mismatch", "ran another kernel than the one asked for"),
             ("short_measurement", "measured for less than benchmark.min_measured_s"),
             ("request_failures", "had failed requests"),
+            ("usage_mismatch", "had requests whose usage reported other tokens than the stream carried"),
+            (
+                "latency_outlier",
+                "had a request far slower than its length predicts (a stall below stall_timeout_s: "
+                "benchmark.outlier_factor)",
+            ),
             ("client_lag", "fell behind their arrival schedule (the client, not the server)"),
             (
                 "over_memory_cap",

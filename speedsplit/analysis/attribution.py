@@ -1,7 +1,8 @@
 """Decompose an end-to-end speedup along a chain of stacks into factors that multiply exactly,
-with bootstrap intervals, log shares, the runtime-share crossover and cross-model spread.
+with 95% intervals (speedsplit/analysis/estimate.py), log shares, the runtime-share crossover
+and cross-model spread.
 
-Pure functions over plain numbers: throughputs per stack, one value per run.
+Pure functions over plain numbers: a speed per stack and run (higher is faster).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from speedsplit.analysis import estimate as est
+
 # Below this |ln total| (a total within about 5% of 1) log shares divide by almost zero.
 MIN_ABS_LOG_TOTAL = math.log(1.05)
-N_BOOT = 2000
 
 
 @dataclass
@@ -27,6 +29,7 @@ class Factor:
     ci: tuple[float | None, float | None] = (None, None)
     share: float | None = None
     share_ci: tuple[float | None, float | None] = (None, None)
+    runs: int = 0  # the fewer runs of its two stacks (paired: the pairs)
 
 
 @dataclass
@@ -39,41 +42,15 @@ class Attribution:
     total_ci: tuple[float | None, float | None] = (None, None)
     share_note: str = ""
     missing: dict[str, str] = field(default_factory=dict)
+    pairs: list[int] | None = None  # paired: the run indices every stack measured cleanly
 
 
-def _median(values) -> float:
-    return float(np.median(np.asarray(values, dtype=float)))
-
-
-def _pct(samples: np.ndarray, level: float = 0.95) -> tuple[float | None, float | None]:
+def _pct(samples: np.ndarray, level: float = est.LEVEL) -> tuple[float | None, float | None]:
     samples = samples[np.isfinite(samples)]
     if samples.size == 0:
         return (None, None)
     lo, hi = np.percentile(samples, [50 * (1 - level), 100 - 50 * (1 - level)])
     return (float(lo), float(hi))
-
-
-def bootstrap_medians(values, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    """Medians of n_boot resamples (with replacement) of values: the one bootstrap of the
-    analysis, for cell intervals and for factors alike."""
-    v = np.asarray(values, dtype=float)
-    return np.median(v[rng.integers(0, v.size, size=(n_boot, v.size))], axis=1)
-
-
-def median_ratio(a, b, rng: np.random.Generator, n_boot: int = N_BOOT) -> tuple[float, float | None, float | None]:
-    """median(b) / median(a) with its 95% bootstrap interval (runs resampled within each side):
-    two result sets compared, or a stack set against a reference."""
-    boot = bootstrap_medians(b, n_boot, rng) / bootstrap_medians(a, n_boot, rng)
-    return float(np.median(b) / np.median(a)), *_pct(boot)
-
-
-def median_ci(values, n_boot: int = N_BOOT, seed: int = 0) -> tuple[float | None, float | None, float | None]:
-    """Median of values (None skipped) with its 95% bootstrap interval; Nones if empty."""
-    v = [x for x in values if x is not None]
-    if not v:
-        return None, None, None
-    lo, hi = _pct(bootstrap_medians(v, n_boot, np.random.default_rng(seed)))
-    return _median(v), lo, hi
 
 
 def log_shares(factors: list[float]) -> tuple[list[float | None], str]:
@@ -87,65 +64,76 @@ def log_shares(factors: list[float]) -> tuple[list[float | None], str]:
     return [math.log(f) / lt for f in factors], ""
 
 
+def _clean(values) -> dict[int, float]:
+    items = values.items() if isinstance(values, dict) else enumerate(values)
+    return {int(r): float(v) for r, v in items if v is not None and v > 0}
+
+
 def attribute(
     chain: list[str],
-    throughput: dict[str, list[float]],
-    n_boot: int = N_BOOT,
-    seed: int = 0,
+    speeds: dict[str, dict[int, float] | list[float]],
     missing: dict[str, str] | None = None,
+    paired: bool = False,
+    without_client: dict[str, dict[int, float] | list[float]] | None = None,
+    seed: int = 0,
 ) -> Attribution:
-    """Factors between neighbours of `chain` from per-run throughputs of each stack.
+    """Factors between neighbours of `chain` from each stack's speed per run (by run index, or
+    a list in run order).
 
-    Factor i is median(T[i+1]) / median(T[i]), so the factors telescope and their product is
-    exactly median(T[last]) / median(T[first]). Intervals resample runs within each stack.
+    Each stack's value is the geometric mean of its runs, so factor i, value[i+1] / value[i],
+    telescopes: the factors multiply exactly to value[last] / value[first]. Paired, every
+    stack's value is taken over the runs all of them measured (an excluded run drops its
+    pair) and each interval from the per-run ratios; unpaired, from each stack's runs apart.
+    `without_client`, the same speeds with the client's calibrated offset taken out, widens
+    every interval to hold both (the offset lies between none and the calibrated one).
     """
     missing = dict(missing or {})
+    values = {s: _clean(speeds.get(s, {})) for s in chain}
     for stack in chain:
-        runs = [t for t in throughput.get(stack, []) if t is not None and t > 0]
-        if not runs and stack not in missing:
+        if not values[stack] and stack not in missing:
             missing[stack] = "no successful run"
+    pairs = est.common_runs(values) if paired and not missing else None
+    if paired and not missing and not pairs:
+        missing = {s: "no run index every stack of the chain measured cleanly" for s in chain}
     if missing:
         # Each factor whose two stacks were measured keeps its value; the total and the shares
         # need every stack.
         factors = [
             Factor(f"{b}/{a}", a, b, None)
             if a in missing or b in missing
-            else attribute([a, b], throughput, n_boot, seed).factors[0]
+            else attribute([a, b], speeds, paired=paired, without_client=without_client, seed=seed).factors[0]
             for a, b in zip(chain, chain[1:])
         ]
         for f in factors:
             f.share, f.share_ci = None, (None, None)
         return Attribution(chain, factors, None, share_note="a stack of the chain has no clean run", missing=missing)
-    med = [_median(throughput[s]) for s in chain]
-    values = [med[i + 1] / med[i] for i in range(len(chain) - 1)]
-    shares, note = log_shares(values)
-    total = med[-1] / med[0]
+    if pairs is not None:
+        values = {s: {r: v[r] for r in pairs} for s, v in values.items()}
+    shifted = {s: _clean(without_client.get(s, {})) for s in chain} if without_client else None
+    if pairs is not None and shifted:
+        shifted = {s: {r: v[r] for r in pairs if r in v} for s, v in shifted.items()}
 
-    rng = np.random.default_rng(seed)
-    boot_med = np.empty((n_boot, len(chain)))
-    for j, stack in enumerate(chain):
-        boot_med[:, j] = bootstrap_medians(throughput[stack], n_boot, rng)
-    boot_f = boot_med[:, 1:] / boot_med[:, :-1]
-    boot_total = boot_med[:, -1] / boot_med[:, 0]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        lt = np.log(boot_total)
-        defined = np.abs(lt) >= MIN_ABS_LOG_TOTAL
-        boot_share = np.where(defined[:, None], np.log(boot_f) / lt[:, None], np.nan)
+    def step(a: str, b: str) -> est.Estimate:
+        weights = {a: -1.0, b: 1.0}
+        e = est.contrast(values, weights, paired)
+        if shifted and all(shifted[s] for s in (a, b)):
+            e = est.hull(e, est.contrast(shifted, weights, paired))
+        return e
 
+    steps = [step(a, b) for a, b in zip(chain, chain[1:])]
+    whole = step(chain[0], chain[-1])
+    shares, note = log_shares([e.value for e in steps])
+    draws = est.mean_log_draws(values, paired, seed=seed)
     factors = []
     for i, (a, b) in enumerate(zip(chain, chain[1:])):
-        factors.append(
-            Factor(
-                name=f"{b}/{a}",
-                frm=a,
-                to=b,
-                value=values[i],
-                ci=_pct(boot_f[:, i]),
-                share=shares[i],
-                share_ci=_pct(boot_share[:, i]) if shares[i] is not None else (None, None),
-            )
-        )
-    return Attribution(chain, factors, total, _pct(boot_total), note)
+        share_ci = (None, None)
+        if shares[i] is not None and draws is not None:
+            lt = draws[chain[-1]] - draws[chain[0]]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                boot = np.where(np.abs(lt) >= MIN_ABS_LOG_TOTAL, (draws[b] - draws[a]) / lt, np.nan)
+            share_ci = _pct(boot)
+        factors.append(Factor(f"{b}/{a}", a, b, steps[i].value, steps[i].interval, shares[i], share_ci, steps[i].runs))
+    return Attribution(chain, factors, whole.value, whole.interval, note, pairs=pairs)
 
 
 def crossover(users: list[int], shares: list[float | None], level: float = 0.5) -> float | None:

@@ -1,5 +1,5 @@
 """The chains as typed frames: which runs may make a factor, each chain's factors per cell
-with bootstrap intervals and log shares (from analysis/attribution.py's arithmetic), the
+with 95% t intervals and log shares (from analysis/attribution.py's arithmetic), the
 runtime-share crossover and the cross-model stability."""
 
 from __future__ import annotations
@@ -9,24 +9,59 @@ from collections.abc import Collection
 import polars as pl
 
 from speedsplit.analysis import attribution as attr
-from speedsplit.analysis.frames import CELL_KEYS, RUNS_SCHEMA
+from speedsplit.analysis.frames import CELL_KEYS, OPEN_LOOP_CELL, RUNS_SCHEMA, clean_runs  # noqa: F401 (re-exported)
+
+# What a factor's interval covers, said in every factor table.
+COVERS = "95% t over runs{pairing}{client}"
 
 
-def clean_runs(df: pl.DataFrame, tolerate_flags: Collection[str] = ()) -> tuple[pl.DataFrame, list[str]]:
-    """The runs that may make a factor (status ok, a throughput, no flag beyond the tolerated
-    ones) and, for each other run, why it was left out ("vllm-marlin run1: kernel_mismatch")."""
-    keep, why = [], []
+def covers(paired: bool, client: bool) -> str:
+    """What a factor's interval covers, in words."""
+    return COVERS.format(
+        pairing=" (paired by run: each run index one arrival schedule)" if paired else "",
+        client=", and the client's calibrated offset" if client else " (no client calibration)",
+    )
+
+
+def _offset(metric: str) -> str | None:
+    """The calibrated client offset a latency metric carries (None: a rate)."""
+    for prefix, column in (("ttft", "client_ttft_s"), ("tpot", "client_tpot_s"), ("itl", "client_itl_s")):
+        if metric.startswith(prefix):
+            return column
+    return "client_e2e_s" if metric.startswith("e2e") else None
+
+
+def run_speeds(
+    df: pl.DataFrame, metric: str, higher_is_better: bool = True, without_client: bool = False
+) -> dict[int, float]:
+    """Each run's speed on a metric by run index: the value, or a latency's reciprocal (so a
+    factor is a speedup either way); values of 0 or less left out (no ratio). without_client:
+    with the run's calibrated client offset taken out (runs without a calibration left out): a
+    latency less the offset; a closed-loop rate as if each request had not waited on the
+    client for the offset of its end-to-end latency (an open-loop rate follows its schedule)."""
+    out = {}
     for row in df.iter_rows(named=True):
-        flags = [f for f in row["flags"] if f not in tolerate_flags]
-        if row["status"] != "ok" or row["output_tok_s"] is None:
-            why.append(f"{row['stack']} run{row['run']}: {row['status']}")
-        elif flags:
-            why.append(f"{row['stack']} run{row['run']}: {'+'.join(flags)}")
-        else:
-            keep.append(True)
+        v = row[metric]
+        if v is None or v <= 0:
             continue
-        keep.append(False)
-    return df.filter(pl.Series(keep, dtype=pl.Boolean)), why
+        if without_client:
+            column = _offset(metric)
+            if column is not None:
+                if row[column] is None:
+                    continue
+                v -= row[column]
+            elif not OPEN_LOOP_CELL.match(row["cell"]):
+                if row["client_e2e_s"] is None or not row["e2e_s_median"]:
+                    continue
+                v /= 1.0 - min(0.5, row["client_e2e_s"] / row["e2e_s_median"])
+            if v <= 0:
+                continue
+        out[int(row["run"])] = v if higher_is_better else 1.0 / v
+    return out
+
+
+def has_calibration(df: pl.DataFrame) -> bool:
+    return "client_e2e_s" in df.columns and df["client_e2e_s"].null_count() < df.height
 
 
 def attribution_frame(
@@ -42,15 +77,18 @@ def attribution_frame(
     keys = CELL_KEYS
     for group, df in runs.group_by(keys, maintain_order=True):
         base = dict(zip(keys, group))
+        paired = bool(OPEN_LOOP_CELL.match(base["cell"]))
         for chain_name, chain in chains.items():
-            tp: dict[str, list[float]] = {}
+            tp: dict[str, dict[int, float]] = {}
+            shifted: dict[str, dict[int, float]] = {}
             missing: dict[str, str] = {}
             used: dict[str, int] = {}
             excluded: dict[str, list[str]] = {}
             for stack in chain:
                 sdf = df.filter(pl.col("stack") == stack)
                 clean, excluded[stack] = clean_runs(sdf, tolerate_flags)
-                tp[stack] = clean[metric].drop_nulls().to_list()
+                tp[stack] = run_speeds(clean, metric)
+                shifted[stack] = run_speeds(clean, metric, without_client=True)
                 used[stack] = len(tp[stack])
                 if sdf.height == 0:
                     missing[stack] = "not measured"
@@ -61,16 +99,17 @@ def attribution_frame(
                     missing[stack] = f"no clean run ({reasons})"
             if all(m == "not measured" for m in missing.values()) and len(missing) == len(chain):
                 continue
-            a = attr.attribute(chain, tp, missing=missing)
-            note = (
-                a.share_note
-                + ("; " if a.share_note and a.missing else "")
-                + ("; ".join(f"{s}: {why}" for s, why in a.missing.items()))
-            )
+            client = all(shifted[s] for s in chain)
+            a = attr.attribute(chain, tp, missing=missing, paired=paired, without_client=shifted if client else None)
+            notes = [a.share_note] + [f"{s}: {why}" for s, why in a.missing.items()]
+            if a.pairs is not None and any(len(tp[s]) > len(a.pairs) for s in chain):
+                notes.append(f"paired on runs {', '.join(map(str, a.pairs))} (the others lack a clean run of a stack)")
+            note = "; ".join(n for n in notes if n)
 
             def counts(stacks: list[str]) -> dict:
                 out = [w for s in stacks for w in excluded[s]]
-                return {"runs_used": sum(used[s] for s in stacks), "runs_excluded": len(out), "excluded": out}
+                n = sum(len(a.pairs) if a.pairs is not None else used[s] for s in stacks)
+                return {"runs_used": n, "runs_excluded": len(out), "excluded": out}
 
             for i, f in enumerate(a.factors):
                 rows.append(
@@ -86,6 +125,7 @@ def attribution_frame(
                         "share_lo": f.share_ci[0],
                         "share_hi": f.share_ci[1],
                         **counts([f.frm, f.to]),
+                        "interval": covers(paired, client),
                         "note": note,
                     }
                 )
@@ -102,6 +142,7 @@ def attribution_frame(
                     "share_lo": None,
                     "share_hi": None,
                     **counts(chain),
+                    "interval": covers(paired, client),
                     "note": note,
                 }
             )
@@ -118,7 +159,7 @@ def attribution_frame(
     }
     if not rows:
         fixed = {**{k: RUNS_SCHEMA[k] for k in keys}, "chain": pl.Utf8, "position": pl.Int64, "factor": pl.Utf8}
-        return pl.DataFrame(schema={**fixed, **schema, "note": pl.Utf8})
+        return pl.DataFrame(schema={**fixed, **schema, "interval": pl.Utf8, "note": pl.Utf8})
     return pl.DataFrame(rows, schema_overrides=schema, infer_schema_length=None)
 
 

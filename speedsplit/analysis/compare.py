@@ -1,32 +1,30 @@
 """Two result sets side by side ("did the new vLLM, GPU or driver make it faster, and where?"):
 for every stack and cell both measured, its throughput and latency on each side and the ratio
 B / A; for every chain factor both sides defined, the factor on each side and its ratio B / A.
-Intervals resample runs within each side and stack (95% bootstrap of the ratio of medians).
+Values over runs are geometric means; intervals are 95% t over each side's runs apart
+(speedsplit/analysis/estimate.py).
 The two sides may come from different hardware: nothing is pooled, only ratios are taken.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import polars as pl
 
-from speedsplit.analysis import attribution as attr
+from speedsplit.analysis import estimate as est
 from speedsplit.analysis.chains import clean_runs
 
 STACK_KEYS = ["model", "stack", "topology", "cell"]
 # column: higher is better (a latency's ratio is B / A too: below 1 B is faster)
 METRICS = {"output_tok_s": True, "ttft_s_median": False, "tpot_s_median": False, "e2e_s_p99": False}
-N_BOOT = attr.N_BOOT
 
 
 def _clean(runs: pl.DataFrame, tolerate_flags) -> pl.DataFrame:
     return clean_runs(runs, tolerate_flags)[0] if runs.height else runs
 
 
-def stacks_frame(a: pl.DataFrame, b: pl.DataFrame, tolerate_flags=(), seed: int = 0) -> pl.DataFrame:
+def stacks_frame(a: pl.DataFrame, b: pl.DataFrame, tolerate_flags=()) -> pl.DataFrame:
     """One row per (model, stack, topology, cell, metric) both sides measured cleanly: the
     median on each side and B / A with its interval."""
-    rng = np.random.default_rng(seed)
     ca, cb = _clean(a, tolerate_flags), _clean(b, tolerate_flags)
     rows = []
     for key, da in ca.group_by(STACK_KEYS, maintain_order=True):
@@ -35,16 +33,16 @@ def stacks_frame(a: pl.DataFrame, b: pl.DataFrame, tolerate_flags=(), seed: int 
             va, vb = da[metric].drop_nulls().to_list(), db[metric].drop_nulls().to_list() if db.height else []
             if not va or not vb:
                 continue
-            ratio, lo, hi = attr.median_ratio(va, vb, rng)
+            e = est.ratio(va, vb)
             rows.append(
                 {
                     **dict(zip(STACK_KEYS, key)),
                     "metric": metric,
-                    "a": float(np.median(va)),
-                    "b": float(np.median(vb)),
-                    "b_over_a": ratio,
-                    "lo": lo,
-                    "hi": hi,
+                    "a": est.over_runs(va).value,
+                    "b": est.over_runs(vb).value,
+                    "b_over_a": e.value,
+                    "lo": e.lo,
+                    "hi": e.hi,
                     "runs_a": len(va),
                     "runs_b": len(vb),
                 }
@@ -54,12 +52,10 @@ def stacks_frame(a: pl.DataFrame, b: pl.DataFrame, tolerate_flags=(), seed: int 
     return pl.DataFrame(rows, schema=schema)
 
 
-def factors_frame(
-    a: pl.DataFrame, b: pl.DataFrame, chains: dict[str, list[str]], tolerate_flags=(), seed: int = 0
-) -> pl.DataFrame:
+def factors_frame(a: pl.DataFrame, b: pl.DataFrame, chains: dict[str, list[str]], tolerate_flags=()) -> pl.DataFrame:
     """One row per (chain, model, topology, cell, factor) both sides can compute from clean
-    runs of its two stacks: the factor on each side and B / A, resampling all four run lists."""
-    rng = np.random.default_rng(seed)
+    runs of its two stacks: the factor on each side and B / A, (b_to / b_frm) / (a_to / a_frm)
+    over the four run lists apart."""
     ca, cb = _clean(a, tolerate_flags), _clean(b, tolerate_flags)
     rows = []
     keys = ["model", "topology", "cell"]
@@ -74,12 +70,8 @@ def factors_frame(
                 }
                 if not all(t.values()):
                     continue
-                fa = float(np.median(t["a", to]) / np.median(t["a", frm]))
-                fb = float(np.median(t["b", to]) / np.median(t["b", frm]))
-                boot = [
-                    attr.bootstrap_medians(t[k], N_BOOT, rng) for k in (("a", frm), ("a", to), ("b", frm), ("b", to))
-                ]
-                lo, hi = np.percentile((boot[3] / boot[2]) / (boot[1] / boot[0]), [2.5, 97.5])
+                fa, fb = est.ratio(t["a", frm], t["a", to]).value, est.ratio(t["b", frm], t["b", to]).value
+                e = est.contrast(t, {("a", frm): 1.0, ("a", to): -1.0, ("b", frm): -1.0, ("b", to): 1.0})
                 rows.append(
                     {
                         **dict(zip(keys, key)),
@@ -87,9 +79,9 @@ def factors_frame(
                         "factor": f"{to}/{frm}",
                         "a": fa,
                         "b": fb,
-                        "b_over_a": fb / fa,
-                        "lo": float(lo),
-                        "hi": float(hi),
+                        "b_over_a": e.value,
+                        "lo": e.lo,
+                        "hi": e.hi,
                     }
                 )
     schema = {**{k: pl.Utf8 for k in keys}, "chain": pl.Utf8, "factor": pl.Utf8}

@@ -17,7 +17,8 @@ and the operational number telescopes exactly into the matched one and two confo
     fast(m) / low(o) = [fast(m) / high(m)] x [high(m) / low(m)] x [low(m) / low(o)]
      operational     =      matched       x   batch ceiling   x      sampling
 
-Intervals: 95% bootstrap, resampling each (stack, sampling) group's runs independently.
+Values are over each group's runs (geometric means); intervals 95% t over each (stack,
+sampling) group's runs apart (speedsplit/analysis/estimate.py: a log-linear contrast).
 """
 
 from __future__ import annotations
@@ -25,10 +26,9 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 
-import numpy as np
 import polars as pl
 
-from speedsplit.analysis import attribution as attr
+from speedsplit.analysis import estimate as est
 from speedsplit.analysis.chains import clean_runs
 
 FACTORIAL_SCHEMA = {
@@ -59,9 +59,9 @@ def _groups(runs: pl.DataFrame, spec: dict, tolerate_flags: Collection[str]) -> 
     return groups, missing
 
 
-def _statistics(med: dict, m: str, o: str) -> dict[str, float]:
-    """Every reported quantity, on the log scale, from one set of medians."""
-    ln = {k: math.log(v) for k, v in med.items()}
+def _statistics(ln: dict, m: str, o: str) -> dict[str, float]:
+    """Every reported quantity, on the log scale, from each group's log throughput: each one a
+    linear combination of them."""
 
     def L(c: str, s: str) -> float:
         return ln[("fast", s)] - ln[(c, s)]
@@ -93,9 +93,7 @@ KINDS = {
 }
 
 
-def factorial_frame(
-    runs: pl.DataFrame, spec: dict, tolerate_flags: Collection[str] = (), n_boot: int = attr.N_BOOT, seed: int = 0
-) -> pl.DataFrame:
+def factorial_frame(runs: pl.DataFrame, spec: dict, tolerate_flags: Collection[str] = ()) -> pl.DataFrame:
     """The runtime factors, effects and decomposition of the config's `factorial` section."""
     m, o = spec["sampling"]
     groups, missing = _groups(runs, spec, tolerate_flags)
@@ -104,23 +102,22 @@ def factorial_frame(
         return pl.DataFrame(
             [{**base, "kind": "undefined", "name": "factorial", "note": "; ".join(missing)}], schema=FACTORIAL_SCHEMA
         )
-    point = _statistics({k: float(np.median(v)) for k, v in groups.items()}, m, o)
-    rng = np.random.default_rng(seed)
-    draws = {k: attr.bootstrap_medians(v, n_boot, rng) for k, v in groups.items()}
-    boot = [_statistics({k: d[i] for k, d in draws.items()}, m, o) for i in range(n_boot)]
+    names = _statistics(dict.fromkeys(groups, 0.0), m, o)
+    # each quantity's weight on each group's mean log throughput (they are linear in them)
+    weights = {n: {g: _statistics({k: float(k == g) for k in groups}, m, o)[n] for g in groups} for n in names}
     rows = []
-    for name, log_value in point.items():
-        lo, hi = np.percentile([b[name] for b in boot], [2.5, 97.5])
+    for name in names:
+        e = est.contrast(groups, weights[name])
         rows.append(
             {
                 **base,
                 "kind": KINDS["R"] if name.startswith("R(") else KINDS[name],
                 "name": name,
-                "value": math.exp(log_value),
-                "lo": math.exp(lo),
-                "hi": math.exp(hi),
-                "log_value": log_value,
-                "note": "",
+                "value": e.value,
+                "lo": e.lo,
+                "hi": e.hi,
+                "log_value": math.log(e.value),
+                "note": "" if e.lo is not None else "a group has one run: no interval",
             }
         )
     return pl.DataFrame(rows, schema=FACTORIAL_SCHEMA)

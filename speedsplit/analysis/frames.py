@@ -1,20 +1,25 @@
 """The analysis as typed polars frames, computed from result records (never from a running
-server): one row per run, one per cell with bootstrap intervals, and the chain attribution,
+server): one row per run, one per cell with 95% t intervals over runs, and the chain attribution,
 crossover and cross-model stability. Numbers and lists only: how they are shown (CSV,
 markdown, HTML, "none in range") is speedsplit/core/formats.py.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import json
+import re
 
 import numpy as np
 import polars as pl
 
-from speedsplit.analysis import attribution as attr
+from speedsplit.analysis import estimate as est
 from speedsplit.core.record import RunResult
 from speedsplit.planning import roofline
 
+# Cell.name of an open-loop cell: r{rate}-... (arrivals at a rate) or x{speedup}-... (a trace)
+OPEN_LOOP_CELL = re.compile(r"^[rx][0-9]")
 CELL_KEYS = ["model", "topology", "cell", "users", "workload", "sampling", "prompt_tokens", "output_tokens"]
 LATENCY = ["ttft_s", "tpot_s", "itl_s", "e2e_s"]
 
@@ -94,6 +99,8 @@ RUNS_SCHEMA = {
     "waiting_mean": pl.Float64,
     "preemptions": pl.Float64,
     "prefix_cache_hit_rate": pl.Float64,
+    "prefix_cache_hits": pl.Float64,
+    "prefix_cache_queries": pl.Float64,
     "energy_j": pl.Float64,
     "energy_per_token_j": pl.Float64,
     "tokens_per_joule": pl.Float64,
@@ -101,6 +108,13 @@ RUNS_SCHEMA = {
     "sm_util_mean_pct": pl.Float64,
     "gpu_memory_peak_gib": pl.Float64,
     "telemetry_absent": pl.List(pl.Utf8),
+    # the client's calibrated offsets on the host that measured (null: no calibration)
+    "client_ttft_s": pl.Float64,
+    "client_itl_s": pl.Float64,
+    "client_tpot_s": pl.Float64,
+    "client_e2e_s": pl.Float64,
+    "usage_mismatch": pl.Int64,  # completed requests whose usage disagreed with the stream
+    "latency_outliers": pl.Int64,  # completed requests far slower than their length predicts
 }
 
 
@@ -174,6 +188,15 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
             for q in LATENCY_Q:
                 row[f"{metric}_{q}"] = getattr(dist, q) if dist else None
         row.update(_slo_and_telemetry(res, ok))
+        cal = res.calibration
+        row.update(
+            client_ttft_s=cal.ttft_s if cal else None,
+            client_itl_s=cal.itl_s if cal else None,
+            client_tpot_s=cal.tpot_s if cal else None,
+            client_e2e_s=cal.e2e_s if cal else None,
+            usage_mismatch=s.usage_mismatch if s else None,
+            latency_outliers=s.latency_outliers if s else None,
+        )
         rows.append(row)
     return pl.DataFrame(rows, schema=RUNS_SCHEMA).sort(
         ["model", "stack", "topology", "users", "workload", "sampling", "run"], maintain_order=True
@@ -196,6 +219,8 @@ def _slo_and_telemetry(res: RunResult, ok: bool) -> dict:
         "waiting_mean": server.waiting_mean if server else None,
         "preemptions": server.preemptions if server else None,
         "prefix_cache_hit_rate": server.prefix_cache_hit_rate if server else None,
+        "prefix_cache_hits": server.prefix_cache_hits if server else None,
+        "prefix_cache_queries": server.prefix_cache_queries if server else None,
         "energy_j": gpu.energy_j if gpu else None,
         "energy_per_token_j": energy,
         "tokens_per_joule": 1.0 / energy if energy else None,
@@ -231,6 +256,8 @@ CELLS_TYPES = {
     "waiting_mean": pl.Float64,
     "preemptions": pl.Float64,
     "prefix_cache_hit_rate": pl.Float64,
+    "prefix_cache_hits": pl.Float64,
+    "prefix_cache_queries": pl.Float64,
     "power_mean_w": pl.Float64,
     "sm_util_mean_pct": pl.Float64,
     "telemetry_absent": pl.List(pl.Utf8),
@@ -247,16 +274,39 @@ CELLS_TYPES = {
 }
 
 
-def cells_frame(runs: pl.DataFrame) -> pl.DataFrame:
-    """One row per (model, stack, topology, cell): medians with 95% bootstrap intervals over runs."""
+def clean_runs(df: pl.DataFrame, tolerate_flags: Collection[str] = ()) -> tuple[pl.DataFrame, list[str]]:
+    """The runs that may make a factor (status ok, a throughput, no flag beyond the tolerated
+    ones) and, for each other run, why it was left out ("vllm-marlin run1: kernel_mismatch")."""
+    keep, why = [], []
+    for row in df.iter_rows(named=True):
+        flags = [f for f in row["flags"] if f not in tolerate_flags]
+        if row["status"] != "ok" or row["output_tok_s"] is None:
+            why.append(f"{row['stack']} run{row['run']}: {row['status']}")
+        elif flags:
+            why.append(f"{row['stack']} run{row['run']}: {'+'.join(flags)}")
+        else:
+            keep.append(True)
+            continue
+        keep.append(False)
+    return df.filter(pl.Series(keep, dtype=pl.Boolean)), why
+
+
+def cells_frame(runs: pl.DataFrame, tolerate_flags: Collection[str] = ()) -> pl.DataFrame:
+    """One row per (model, stack, topology, cell): each measured value over runs (the geometric
+    mean, with its 95% t interval: speedsplit/analysis/estimate.py) from the runs a factor may
+    use (clean_runs), else, where none is clean, from the flagged ones (values_from says which);
+    telemetry as medians over those runs."""
     rows = []
     keys = CELL_KEYS[:3] + ["stack"] + CELL_KEYS[3:]
     for group, df in runs.group_by(keys, maintain_order=True):
         row = dict(zip(keys, group))
-        ok = df.filter(pl.col("status") == "ok")
+        ok, _ = clean_runs(df, tolerate_flags)
+        row["values_from"] = "clean runs" if ok.height else "flagged runs (none clean)"
+        if not ok.height:
+            ok = df.filter(pl.col("status") == "ok")
         for metric in _INTERVALS:
-            med, lo, hi = attr.median_ci(ok[metric].to_list())
-            row[metric], row[f"{metric}_lo"], row[f"{metric}_hi"] = med, lo, hi
+            e = est.over_runs(ok[metric].to_list())
+            row[metric], row[f"{metric}_lo"], row[f"{metric}_hi"] = e.value, e.lo, e.hi
         judged = df["slo_met"].drop_nulls()
         row.update(
             slo_met=None if judged.is_empty() else bool(judged.all() and judged.len() == df.height),
@@ -265,6 +315,9 @@ def cells_frame(runs: pl.DataFrame) -> pl.DataFrame:
             waiting_mean=_median_or_none(ok["waiting_mean"].drop_nulls().to_list()),
             preemptions=ok["preemptions"].sum() if ok["preemptions"].null_count() < ok.height else None,
             prefix_cache_hit_rate=_median_or_none(ok["prefix_cache_hit_rate"].drop_nulls().to_list()),
+            # the counts behind the rate, summed over the runs (null: not read, or results from before)
+            prefix_cache_hits=_sum_or_none(ok["prefix_cache_hits"]),
+            prefix_cache_queries=_sum_or_none(ok["prefix_cache_queries"]),
             power_mean_w=_median_or_none(ok["power_mean_w"].drop_nulls().to_list()),
             sm_util_mean_pct=_median_or_none(ok["sm_util_mean_pct"].drop_nulls().to_list()),
             telemetry_absent=sorted({a for xs in df["telemetry_absent"].to_list() for a in xs}),
@@ -273,6 +326,7 @@ def cells_frame(runs: pl.DataFrame) -> pl.DataFrame:
             rate_rps=df["rate_rps"][0],  # open loop: the cell's arrival rate (null: closed loop or a trace)
             runs=df.height,
             runs_ok=ok.height,
+            interval="95% t over runs",
             statuses=sorted(set(df["status"].to_list())),
             failed_requests=int(df["failed"].sum()),
             failures=_merge_counts(df["failures"].to_list()),
@@ -322,6 +376,10 @@ def with_mbu(cells: pl.DataFrame, bandwidth_gb_s: float | None) -> pl.DataFrame:
     )
 
 
+def _sum_or_none(column: pl.Series) -> float | None:
+    return float(column.sum()) if column.null_count() < column.len() else None
+
+
 def _median_or_none(v: list[float]) -> float | None:
     return float(np.median(v)) if v else None
 
@@ -332,3 +390,53 @@ def _merge_counts(items: list[str]) -> str:
         for k, n in json.loads(item).items():
             total[k] = total.get(k, 0) + n
     return json.dumps(total, sort_keys=True)
+
+
+CALIBRATION_SCHEMA = {
+    "measured_at": pl.Utf8,
+    "host_cpu": pl.Utf8,
+    "reference": pl.Utf8,
+    "users": pl.Int64,
+    "requests": pl.Int64,
+    "ttft_s": pl.Float64,
+    "itl_s": pl.Float64,
+    "tpot_s": pl.Float64,
+    "e2e_s": pl.Float64,
+    "e2e_p90_s": pl.Float64,
+    "throughput_error": pl.Float64,
+    "carried_ttft_s": pl.Float64,
+    "carried_itl_s": pl.Float64,
+    "carried_tpot_s": pl.Float64,
+    "carried_e2e_s": pl.Float64,
+    "ceiling_tok_s": pl.Float64,
+    "runs": pl.Int64,
+}
+
+
+def calibration_frame(results: list[RunResult]) -> pl.DataFrame:
+    """Each client calibration the runs were measured with (speedsplit/measuring/calibrate.py),
+    one row per number of users it measured at, with how many runs carry it; empty where none
+    does (results from before calibration, or measured without the workflow)."""
+    seen: dict[str, tuple] = {}
+    for res in results:
+        c = res.calibration
+        if c is not None:
+            key = c.model_dump_json()
+            seen[key] = (c, seen.get(key, (c, 0))[1] + 1)
+    rows = [
+        {
+            "measured_at": c.measured_at,
+            "host_cpu": c.host_cpu,
+            "reference": c.reference,
+            **lv.model_dump(),
+            "carried_ttft_s": c.ttft_s,
+            "carried_itl_s": c.itl_s,
+            "carried_tpot_s": c.tpot_s,
+            "carried_e2e_s": c.e2e_s,
+            "ceiling_tok_s": c.ceiling_tok_s,
+            "runs": n,
+        }
+        for c, n in sorted(seen.values(), key=lambda cn: cn[0].measured_at)
+        for lv in c.levels
+    ]
+    return pl.DataFrame(rows, schema=CALIBRATION_SCHEMA)

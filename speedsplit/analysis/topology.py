@@ -5,8 +5,8 @@ cells and runs frames:
 - `topology_frame`: throughput per GPU and per user of every topology, with intervals;
 - `scaling_frame`: tp{k} over tp1 (efficiency = factor / k), m instances over tp1
   (efficiency = factor / m), and m instances over tp{m} on the same cards, each a ratio of
-  median throughputs with a bootstrap interval over runs (the attribution's own), and which
-  topology wins (a tie when the interval holds 1).
+  throughputs over runs with a 95% t interval (the attribution's own), and which topology
+  wins (a tie when the interval holds 1).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def scaling_frame(runs: pl.DataFrame, tolerate_flags: Collection[str] = ()) -> p
             missing = {}
             for topo in (den, num):
                 clean, excluded = clean_runs(df.filter(pl.col("topology") == topo), tolerate_flags)
-                tp[topo] = clean["output_tok_s"].to_list()
+                tp[topo] = dict(zip(clean["run"], clean["output_tok_s"]))
                 why += [f"{topo} {w.removeprefix(df['stack'][0] + ' ')}" for w in excluded]
                 used += clean.height
                 if not tp[topo]:
@@ -224,8 +224,8 @@ RUN_GAP_S = 900.0  # no bench job running for this long: the next job belongs to
 def packing_frame(runs: pl.DataFrame) -> pl.DataFrame:
     """How busy each card was over the runs' wall time: the share spent measuring (load running
     on it) and starting servers (from each session's first job: lease wait, then start-up). A
-    last row, device 'all', pools the cards (GPU-busy share of the makespan). Empty for results
-    without timing.
+    last row, device 'all', pools the cards (GPU-busy share of the makespan; a '(none)' row,
+    the runs that held no card, is no card of it). Empty for results without timing.
 
     The wall time is each workflow run's, from its first bench job's start to its last one's
     end, summed over runs; results measured apart (no bench job running for RUN_GAP_S, e.g. a
@@ -259,8 +259,10 @@ def packing_frame(runs: pl.DataFrame) -> pl.DataFrame:
                 "jobs": len(d["jobs"]),
             }
         )
-    n = len(rows)
-    m_all, s_all = sum(r["measuring_s"] for r in rows), sum(r["starting_s"] for r in rows)
+    # the cards pooled: runs that held none (skipped, or failed before a lease) are no card
+    cards = [r for r in rows if r["device"] != "(none)"] or rows
+    n = len(cards)
+    m_all, s_all = sum(r["measuring_s"] for r in cards), sum(r["starting_s"] for r in cards)
     rows.append(
         {
             "device": "all",

@@ -14,7 +14,8 @@ from collections.abc import Collection
 import polars as pl
 
 from speedsplit.analysis import attribution as attr
-from speedsplit.analysis.chains import clean_runs
+from speedsplit.analysis.chains import clean_runs, covers, run_speeds
+from speedsplit.analysis.frames import OPEN_LOOP_CELL
 
 # column: (label, higher is better)
 METRICS = {
@@ -27,7 +28,7 @@ METRICS = {
     "e2e_s_median": ("E2E p50", False),
 }
 KEYS = ["model", "topology", "cell", "workload", "sampling"]
-OPEN_LOOP = pl.col("cell").str.contains(r"^[rx][0-9]")  # Cell.name: r{rate}-... or x{speedup}-...
+OPEN_LOOP = pl.col("cell").str.contains(OPEN_LOOP_CELL.pattern)
 
 FACTORS_SCHEMA = {
     **{k: pl.Utf8 for k in KEYS},
@@ -42,6 +43,7 @@ FACTORS_SCHEMA = {
     "hi": pl.Float64,
     "verdict": pl.Utf8,
     "runs_used": pl.Int64,
+    "interval": pl.Utf8,
     "note": pl.Utf8,
 }
 STACKS_COLUMNS = [
@@ -51,25 +53,18 @@ STACKS_COLUMNS = [
 ]  # fmt: skip
 
 
-def verdict(value: float | None, lo: float | None, hi: float | None, fewest_runs: int = 2) -> str:
-    """Which way is faster, as far as the interval shows (with one run of a stack there is
-    no interval to show it)."""
+def verdict(value: float | None, lo: float | None, hi: float | None) -> str:
+    """Which way is faster, as far as the interval shows (with one run of a stack, or one pair,
+    there is no interval to show it)."""
     if value is None:
         return "undefined"
-    if lo is None or hi is None or fewest_runs < 2:
+    if lo is None or hi is None:
         return ("faster" if value > 1 else "slower" if value < 1 else "the same") + " (one run: no interval)"
     if lo > 1:
         return "faster"
     if hi < 1:
         return "slower"
     return "no difference shown (the interval holds 1)"
-
-
-def _speeds(values: list, higher_is_better: bool) -> list[float]:
-    """Per-run speeds: the value itself, or a latency's reciprocal (zeros left out: a goodput of 0
-    has no ratio)."""
-    out = [v for v in values if v is not None and v > 0]
-    return out if higher_is_better else [1.0 / v for v in out]
 
 
 def stacks_frame(cells: pl.DataFrame) -> pl.DataFrame:
@@ -85,7 +80,7 @@ def factors_frame(
     tolerate_flags: Collection[str] = (),
 ) -> pl.DataFrame:
     """One row per (chain, open-loop cell, metric, factor), plus a 'total' row each: the
-    factor as a speedup with its bootstrap interval, and which way it goes."""
+    factor as a speedup with its 95% t interval (paired by run), and which way it goes."""
     steps = steps or {}
     rows = []
     for key, df in runs.filter(OPEN_LOOP).group_by(KEYS, maintain_order=True):
@@ -95,14 +90,24 @@ def factors_frame(
             if all(c.height == 0 and not why for c, why in clean.values()):
                 continue  # no stack of this chain measured the cell
             for metric, (label, higher) in METRICS.items():
-                speed, missing = {}, {}
+                speed, shifted, missing = {}, {}, {}
                 for s, (c, why) in clean.items():
-                    speed[s] = _speeds(c[metric].to_list(), higher)
+                    speed[s] = run_speeds(c, metric, higher)
+                    shifted[s] = run_speeds(c, metric, higher, without_client=True)
                     if not speed[s]:
                         missing[s] = _why_none(c, why, metric, label)
-                a = attr.attribute(chain, speed, missing=missing)
-                note = "; ".join(f"{s}: {w}" for s, w in a.missing.items())
+                client = all(shifted.values())
+                a = attr.attribute(
+                    chain, speed, missing=missing, paired=True, without_client=shifted if client else None
+                )
+                notes = [f"{s}: {w}" for s, w in a.missing.items()]
+                if a.pairs is not None and any(len(v) > len(a.pairs) for v in speed.values()):
+                    notes.append(
+                        f"paired on runs {', '.join(map(str, a.pairs))} (the others lack a clean run of a stack)"
+                    )
+                note = "; ".join(notes)
                 named = steps.get(chain_name) or []
+                pairs = len(a.pairs) if a.pairs is not None else None
                 for i, f in enumerate(a.factors):
                     rows.append(
                         {
@@ -115,8 +120,9 @@ def factors_frame(
                             "value": f.value,
                             "lo": f.ci[0],
                             "hi": f.ci[1],
-                            "verdict": verdict(f.value, *f.ci, min(len(speed[f.frm]), len(speed[f.to]))),
-                            "runs_used": len(speed[f.frm]) + len(speed[f.to]),
+                            "verdict": verdict(f.value, *f.ci),
+                            "runs_used": 2 * pairs if pairs is not None else len(speed[f.frm]) + len(speed[f.to]),
+                            "interval": covers(True, client),
                             "note": note,
                         }
                     )
@@ -131,8 +137,9 @@ def factors_frame(
                         "value": a.total,
                         "lo": a.total_ci[0],
                         "hi": a.total_ci[1],
-                        "verdict": verdict(a.total, *a.total_ci, min(len(v) for v in speed.values())),
-                        "runs_used": sum(len(v) for v in speed.values()),
+                        "verdict": verdict(a.total, *a.total_ci),
+                        "runs_used": len(chain) * pairs if pairs is not None else sum(len(v) for v in speed.values()),
+                        "interval": covers(True, client),
                         "note": note,
                     }
                 )

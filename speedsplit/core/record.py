@@ -21,6 +21,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 SCHEMA_VERSION = 2
+# A request is a latency outlier when it took this many times what its length predicts, and at
+# least this many seconds more (speedsplit/probes/loadgen.py: latency_outliers).
+OUTLIER_FACTOR = 5.0
+OUTLIER_MIN_S = 1.0
 
 Status = Literal["ok", "startup_failed", "server_died", "server_hung", "server_error", "failed", "error", "skipped"]
 Flag = Literal[
@@ -32,6 +36,8 @@ Flag = Literal[
     "platform_mismatch",
     "client_lag",
     "over_memory_cap",
+    "usage_mismatch",
+    "latency_outlier",
 ]
 
 
@@ -75,10 +81,18 @@ class Summary(_Record):
     request_s: float | None = Field(description="completed requests per second of wall time")
     ttft_s: Distribution = Field(description="time to first token")
     itl_s: Distribution = Field(description="gaps between streamed chunks")
-    tpot_s: Distribution = Field(description="per request: (end - first token) / (output tokens - 1)")
+    tpot_s: Distribution = Field(description="per request: (last token - first token) / (output tokens - 1)")
     e2e_s: Distribution = Field(description="send to last token")
     wrong_output_length: int = Field(description="completed requests whose output length was not the cell's")
     wrong_prompt_length: int = Field(description="completed requests whose prompt the server counted otherwise")
+    usage_mismatch: int = Field(
+        0, description="completed requests whose usage the stream does not bear out (RequestRecord.usage_disagrees)"
+    )
+    latency_outliers: int = Field(
+        0,
+        description="completed requests slower than outlier_factor x what their length predicts from the run's "
+        "median TTFT and TPOT (and outlier_min_s more): a stall below stall_timeout_s",
+    )
     warmup_s: float = Field(description="wall time of the warm-up phase (not measured)")
     warmup_failed: int = Field(description="failed warm-up requests")
     measured_from: float | None = Field(
@@ -124,6 +138,10 @@ class CellParams(_Record):
     seed: int
     request_timeout_s: float | None = Field(None, description="seconds one request may take (null: plan unreadable)")
     stall_timeout_s: float | None = Field(None, description="seconds without a token before a request stalls")
+    outlier_factor: float = Field(
+        OUTLIER_FACTOR, description="a request this many times slower than its length predicts is a latency outlier"
+    )
+    outlier_min_s: float = Field(OUTLIER_MIN_S, description="... and at least this many seconds slower")
     min_measured_s: float = Field(description="a shorter measured phase is flagged short_measurement")
     arrival: dict | None = Field(
         None, description="open loop: pattern, rate_rps, burstiness, requests or duration_s (null: closed loop)"
@@ -139,7 +157,7 @@ class StackDef(_Record):
     """What the stack was asked to be."""
 
     variant: str = Field(description="weights served: fp16 or gptq")
-    dialect: str = Field(description="request dialect: vllm or transformers")
+    dialect: str = Field(description="request dialect: vllm, llamacpp or transformers")
     dtype: str
     platform: str = Field(description="cuda or cpu")
     tensor_parallel: int
@@ -334,6 +352,10 @@ class ServerTelemetry(_Record):
     waiting_peak: float | None
     preemptions: float | None = Field(description="requests preempted during the phase (counter difference)")
     prefix_cache_hit_rate: float | None = Field(description="prefix-cache hits / queries during the phase")
+    prefix_cache_hits: float | None = Field(None, description="prefix-cache hits during the phase (tokens, vLLM)")
+    prefix_cache_queries: float | None = Field(
+        None, description="prefix-cache queries during the phase (tokens looked up, vLLM)"
+    )
     prefix_cache_hits_flagged: bool = Field(
         description="hit rate above 5%: with distinct prompts the server should be reusing almost nothing"
     )
@@ -373,6 +395,38 @@ class Telemetry(_Record):
     gpu_absent: str | None = Field(None, description="why there are no GPU readings")
 
 
+class CalibrationLevel(_Record):
+    """The load generator against the reference server at one number of users: what it saw
+    minus what the server's known speed makes (medians over requests, seconds)."""
+
+    users: int
+    requests: int
+    ttft_s: float = Field(description="measured TTFT less the true one")
+    itl_s: float = Field(description="mean gap between chunks less the true one")
+    tpot_s: float = Field(description="measured TPOT less the true one (the stream's end comes after its last token)")
+    e2e_s: float = Field(description="measured end-to-end latency less the true one")
+    e2e_p90_s: float = Field(description="its 90th percentile over requests")
+    throughput_error: float = Field(description="measured / true output tok/s, less 1")
+
+
+class Calibration(_Record):
+    """The load generator's own offsets on the host that measured, against a server of known
+    speed (speedsplit/serving/reference.py; `speedsplit calibrate`): the time it adds to what it
+    measures, and the highest rate it can measure at all. Every factor's interval carries
+    these offsets (speedsplit/analysis/chains.py: run_speeds)."""
+
+    measured_at: str = Field(description="when (UTC, ISO 8601)")
+    host_cpu: str
+    reference: str = Field(description="the reference server's settings, its flags")
+    levels: list[CalibrationLevel]
+    ttft_s: float = Field(description="the offset carried: the largest level's TTFT offset (0 if negative)")
+    itl_s: float = Field(description="the largest level's ITL offset (0 if negative)")
+    tpot_s: float = Field(description="the largest level's TPOT offset (0 if negative)")
+    e2e_s: float = Field(description="the largest level's end-to-end offset (0 if negative)")
+    ceiling_tok_s: float | None = Field(description="output tok/s against a server that answers at once")
+    ceiling_users: int = Field(description="users of the ceiling's load")
+
+
 class RunResult(_Record):
     """One benchmark run of one cell on one stack: always written, whatever happened."""
 
@@ -404,6 +458,9 @@ class RunResult(_Record):
         default=None, description="server and GPU readings over the measured phase (absent: not sampled)"
     )
     provenance: Provenance | None = None
+    calibration: Calibration | None = Field(
+        default=None, description="the client's offsets on this host, measured before the run (null: none)"
+    )
 
     @property
     def cause(self) -> str | None:

@@ -15,7 +15,11 @@ from pathlib import Path
 from typing import Callable
 
 from speedsplit.core import procs
+from speedsplit.core.loads import ClosedLoop, OpenLoop, TraceReplay, load_of
 from speedsplit.core.record import (
+    OUTLIER_FACTOR,
+    OUTLIER_MIN_S,
+    Calibration,
     CellParams,
     EngineFacts,
     ErrorInfo,
@@ -85,6 +89,7 @@ def measure(
     owner: procs.Proc | None = None,
     workdir: str | Path = ".",
     progress: Callable[[str], None] | None = None,
+    calibration: Calibration | None = None,
 ) -> RunResult:
     """Measure one cell run on its session's server; writes out_json and out_requests
     atomically and returns the result. `session` may be a function that reads the plan.
@@ -99,6 +104,7 @@ def measure(
     except Exception as exc:
         session, plan_error = None, exc
     result = _new_result(stack, cell, run, session.key if session else "")
+    result.calibration = calibration
     records: list[RequestRecord] = []
     # A file-size limit (RLIMIT_FSIZE) must surface as an error we can record, not kill us mid-write.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -118,6 +124,7 @@ def measure(
                 "cache_dir": str(Path(session.cache_dir).resolve()),
                 "shared_cache_dir": str(Path(session.shared_cache_dir).resolve()),
                 "kv_tokens": session.kv_tokens,  # what a CPU server sizes its caches for (host_cache_cap)
+                "cpu_slots": session.cpu_slots,  # how many CPU servers may run at once
             }
             skip = capacity_skip(out_json, run, cell)
             if skip:  # past the cliff: not measured, and a session this job would end is stopped
@@ -174,7 +181,7 @@ def _new_result(stack: dict, cell: dict, run: int, session_key: str) -> RunResul
 def _stripped(result: RunResult) -> RunResult:
     """What is left of a result that could not be written: who, what, when and why."""
     keep = ("model", "stack", "topology", "cell", "run", "params", "session_key", "stack_def", "error")
-    keep += ("started", "finished", "timing", "provenance", "flags")
+    keep += ("started", "finished", "timing", "provenance", "flags", "calibration")
     return RunResult(**{k: getattr(result, k) for k in keep}, status="error")
 
 
@@ -280,31 +287,9 @@ def cell_load(
     cell's own request counts unless others are given; prompts are the run's own."""
     per_user = cell["requests_per_user"] if requests_per_user is None else requests_per_user
     warmup = cell["warmup_requests"] if warmup_requests is None else warmup_requests
-    schedule, fitted, seed = None, None, prompt_seed(cell, run)
-    if cell.get("trace"):  # a trace window: its arrivals, prompts made of its shared blocks
-        window = traffic.TraceWindow(**cell["trace"])
-        schedule, fitted = traffic.read_trace(window, stack["max_model_len"])
-        block = max(1, round(window.block_tokens * window.length_scale))
-        prompts = prompts_of(tokenizer_dir, [cell["prompt_tokens"]] * warmup, seed) + block_prompts(
-            load_tokenizer(tokenizer_dir), [(a.prompt_tokens, a.blocks) for a in schedule], block, seed
-        )
-    elif cell.get("arrival"):  # open loop: the schedule, then one warm-up user; prompts of their own lengths
-        arrival, mix = cell["arrival"], cell.get("lengths") or {}
-        schedule = traffic.schedule(
-            arrival, mix, cell["prompt_tokens"], cell["output_tokens"], seed, stack["max_model_len"]
-        )
-        if mix.get("shared_prefix_tokens"):  # one system prompt (block 0) opens every measured prompt
-            prompts = prompts_of(tokenizer_dir, [cell["prompt_tokens"]] * warmup, seed) + block_prompts(
-                load_tokenizer(tokenizer_dir),
-                [(a.prompt_tokens, (0,)) for a in schedule],
-                mix["shared_prefix_tokens"],
-                seed,
-            )
-        else:
-            lengths = [cell["prompt_tokens"]] * warmup + [a.prompt_tokens for a in schedule]
-            prompts = prompts_of(tokenizer_dir, lengths, seed)
-    else:
-        prompts = build_prompts(tokenizer_dir, cell["users"] * (per_user + warmup), cell["prompt_tokens"], seed)
+    load = load_of(cell)
+    run_load = _RUN_LOAD[type(load)]
+    prompts, schedule, fitted = run_load(load, cell, stack, tokenizer_dir, per_user, warmup, prompt_seed(cell, run))
     return loadgen.LoadSpec(
         urls=state["urls"],
         model=state["model_id"],
@@ -321,10 +306,56 @@ def cell_load(
         keep_alive=stack.get("keep_alive", True),
         request_timeout_s=cell["request_timeout_s"],
         stall_timeout_s=cell["stall_timeout_s"],
-        ramp_s=cell.get("ramp_s", 0.0),  # config.cell_params names a ramp only when there is one
+        outlier_factor=cell.get("outlier_factor", OUTLIER_FACTOR),  # named in a cell only where not the default
+        outlier_min_s=cell.get("outlier_min_s", OUTLIER_MIN_S),
+        ramp_s=load.ramp_s if isinstance(load, ClosedLoop) else 0.0,
         schedule=schedule,
         fitted=fitted,
     )
+
+
+def _closed_loop(load: ClosedLoop, cell: dict, stack: dict, tokenizer_dir, per_user: int, warmup: int, seed: int):
+    """Each user's warm-up and measured requests, a prompt of the cell's length each."""
+    return build_prompts(tokenizer_dir, load.users * (per_user + warmup), cell["prompt_tokens"], seed), None, None
+
+
+def _open_loop(load: OpenLoop, cell: dict, stack: dict, tokenizer_dir, per_user: int, warmup: int, seed: int):
+    """The schedule, then one warm-up user; prompts of their own lengths (with a shared prefix:
+    one system prompt, block 0, opens every measured prompt)."""
+    mix = load.lengths or {}
+    schedule = traffic.schedule(
+        load.arrival, mix, cell["prompt_tokens"], cell["output_tokens"], seed, stack["max_model_len"]
+    )
+    if mix.get("shared_prefix_tokens"):
+        prompts = _warmup_then_blocks(
+            tokenizer_dir, cell, warmup, seed, [(a.prompt_tokens, (0,)) for a in schedule], mix["shared_prefix_tokens"]
+        )
+    else:
+        lengths = [cell["prompt_tokens"]] * warmup + [a.prompt_tokens for a in schedule]
+        prompts = prompts_of(tokenizer_dir, lengths, seed)
+    return prompts, schedule, None
+
+
+def _trace_replay(load: TraceReplay, cell: dict, stack: dict, tokenizer_dir, per_user: int, warmup: int, seed: int):
+    """A trace window: its arrivals, prompts made of its shared blocks."""
+    window = traffic.TraceWindow(**load.trace)
+    schedule, fitted = traffic.read_trace(window, stack["max_model_len"])
+    block = max(1, round(window.block_tokens * window.length_scale))
+    prompts = _warmup_then_blocks(
+        tokenizer_dir, cell, warmup, seed, [(a.prompt_tokens, a.blocks) for a in schedule], block
+    )
+    return prompts, schedule, fitted
+
+
+def _warmup_then_blocks(tokenizer_dir, cell: dict, warmup: int, seed: int, pairs: list, block: int) -> list[str]:
+    """The warm-up's prompts at the cell's length, then measured prompts made of shared blocks."""
+    return prompts_of(tokenizer_dir, [cell["prompt_tokens"]] * warmup, seed) + block_prompts(
+        load_tokenizer(tokenizer_dir), pairs, block, seed
+    )
+
+
+# A cell's prompts, schedule (open loop) and what a trace window fitted, by its kind of load.
+_RUN_LOAD = {ClosedLoop: _closed_loop, OpenLoop: _open_loop, TraceReplay: _trace_replay}
 
 
 def _run_load(

@@ -130,6 +130,10 @@ def honesty_flags(result: RunResult, stack: dict, cell: dict) -> list[str]:
         flags.append("output_length_mismatch")
     if s.wrong_prompt_length:
         flags.append("prompt_length_mismatch")
+    if s.usage_mismatch:
+        flags.append("usage_mismatch")  # the server's usage is not what it streamed
+    if s.latency_outliers:
+        flags.append("latency_outlier")  # a request held far longer than its length predicts
     if s.wall_s < cell["min_measured_s"]:
         flags.append("short_measurement")
     lag = s.lag_s.p99 if s.lag_s else None

@@ -52,7 +52,7 @@ def build_frames(
     results = [read_result(p) for p in result_paths]
     runs = f.runs_frame(results)
     f.check_one_machine(runs)
-    cells = f.with_mbu(f.cells_frame(runs), bandwidth_gb_s(bandwidth_json))
+    cells = f.with_mbu(f.cells_frame(runs, tolerate_flags), bandwidth_gb_s(bandwidth_json))
     by_throughput = ch.attribution_frame(runs, chains, tolerate_flags)
     attribution = answer.with_headline(answer.with_steps(by_throughput, steps or {}), list(headline))
     frames = {
@@ -62,6 +62,7 @@ def build_frames(
         "answer": answer.sentences(attribution, chains),
         "crossover": ch.crossover_frame(attribution),
         "stability": ch.stability_frame(attribution),
+        "calibration": f.calibration_frame(results),
         "timeline": tl.timeline_frame(
             {(r.model, r.stack, r.topology, r.cell, r.run): Path(p) for r, p in zip(results, result_paths)},
             tl.choose(attribution, runs, chains),

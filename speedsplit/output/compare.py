@@ -89,8 +89,8 @@ def compare(
             "".join(f"<p>{html.escape(h)}</p>" for h in head),
             "<section id='answer'><h2>The answer</h2>",
             "".join(f"<p class='headline'>{html.escape(t)}</p>" for t in said),
-            "</section><p class='note'>Ratios B / A of medians over runs with 95% bootstrap intervals (runs "
-            "resampled within each side and stack). Throughput: above 1 B is faster; latency: below 1 B is "
+            "</section><p class='note'>Ratios B / A of geometric means over runs with 95% t intervals (each "
+            "side's and stack's runs apart). Throughput: above 1 B is faster; latency: below 1 B is "
             "faster. Only clean runs count (status ok, no flag). Different hardware is allowed here: "
             "nothing is pooled.</p>",
             "<h2>Chain factors</h2>",
@@ -102,3 +102,12 @@ def compare(
     )
     write_bytes_atomic(out / "compare.html", page.encode())
     return head + said
+
+
+def highest_measured(cells_table: str | Path) -> float | None:
+    """The highest output tok/s a cell of a results folder measured (None: no such table)."""
+    from speedsplit.core.formats import read_frame
+
+    if not Path(cells_table).is_file():
+        return None
+    return read_frame(cells_table)["output_tok_s"].max()

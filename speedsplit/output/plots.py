@@ -15,7 +15,7 @@ from speedsplit.analysis import answer
 from speedsplit.core.formats import flat
 from speedsplit.models.checkpoint import INT4_FORMATS
 
-ERRORBARS = "error bars: 95% bootstrap interval over runs"
+ERRORBARS = "error bars: 95% t interval over runs"
 # a dash legend drawn as strokes (as points, every entry is the same dot)
 DASH_LEGEND = alt.Legend(symbolType="stroke", symbolStrokeWidth=2, symbolSize=300, symbolStrokeColor="#333")
 # the workload: a dash along its line and a shape at its points (one legend, of shapes: a cell

@@ -191,8 +191,9 @@ def build(
         ),
         memory_cap_note(runs),
         "<p class='note'>Throughput = output tokens / wall time of the measured phase. Factors are "
-        "ratios of median throughput between neighbouring stacks of a chain; they multiply to the "
-        "total exactly. Intervals: 95% bootstrap over runs. Log share = ln(factor) / ln(total). "
+        "ratios of throughput over runs (geometric means) between neighbouring stacks of a chain; they "
+        "multiply to the total exactly. Intervals: 95% t over runs (paired by run at open-loop cells), "
+        "widened by the client's calibrated offset (the calibration table). Log share = ln(factor) / ln(total). "
         "runs_used: the clean runs of the factor's two stacks together (2 runs each make 4; a total "
         "counts every stack of its chain).</p>",
     ]

@@ -66,7 +66,7 @@ def bench_jobs(config: dict) -> list[BenchJob]:
 
 def lane_count(config: dict, topology: str) -> int:
     if cfgmod.platform_of(config) != "cuda":
-        return 1  # one server at a time on a CPU
+        return config["benchmark"]["cpu_lanes"]  # one server at a time on a CPU, unless told
     return max(1, config["gpus_available"] // cfgmod.topology_gpus(config, topology))
 
 
@@ -86,11 +86,15 @@ def predecessors(config: dict, finished: Callable[[BenchJob], bool] | None = Non
     prev: dict[BenchJob, BenchJob | None] = {}
     lane_tail: dict[tuple[str, int], BenchJob | None] = {}
     index_in_topology: dict[str, int] = {}
+    # On a CPU every topology's servers share the same cores: its lanes are one pool (lanes per
+    # topology let a job of another topology run between two cells of a session, whose idle
+    # server its lease then stopped: the session was launched twice for one run).
+    cpu = cfgmod.platform_of(config) != "cuda"
     for key, members in sessions.items():
-        topo = members[0].topology
+        topo = "cpu" if cpu else members[0].topology
         i = index_in_topology.get(topo, 0)
         index_in_topology[topo] = i + 1
-        lane = (topo, i % lane_count(config, topo))
+        lane = (topo, i % lane_count(config, members[0].topology))
         for job in members:
             if finished(job):
                 prev[job] = None
@@ -136,6 +140,7 @@ class SessionPlan:
     stall_timeout_s: float  # the longest a streaming request may go without a token
     kv_tokens: int = 0  # the most tokens its cells keep in flight at once (users x (prompt + output)); 0: unknown
     shared_cache_dir: str = "results/cache/shared"  # one cache per model, stack, topology and engine version
+    cpu_slots: int = 1  # on a CPU: how many sessions' servers may run at once (benchmark.cpu_lanes)
 
     # Timeouts change no measurement, so no job file holds them (a changed one reruns no
     # cell): a job's stack and cell get them here.
@@ -190,6 +195,7 @@ def _session_plan(config: dict, key: str, last_job: str, kv_tokens: int = 0) -> 
         request_timeout_s=float(b["request_timeout_s"]),
         stall_timeout_s=float(b["stall_timeout_s"]),
         kv_tokens=kv_tokens,
+        cpu_slots=int(b["cpu_lanes"]),
     )
 
 
@@ -239,6 +245,8 @@ def variant_dir(config: dict, stack: str) -> str:
 
 # The quantize rule's report of one model's checkpoint folder (its output; the tables read it).
 QUANTIZE_REPORT = "results/quantize/{model}/{variant}.json"
+# The load generator's offsets on the host that measures (rule calibrate, read by every bench job).
+CALIBRATION = "results/hardware/calibration.json"
 
 
 def quantize_reports(config: dict) -> list[str]:

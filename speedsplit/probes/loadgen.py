@@ -22,8 +22,9 @@ from typing import Callable
 
 import aiohttp
 
-from speedsplit.core.record import Distribution, InstanceLoad, Summary
+from speedsplit.core.record import OUTLIER_FACTOR, OUTLIER_MIN_S, Distribution, InstanceLoad, Summary
 from speedsplit.core.requestlog import RequestRecord
+from speedsplit.probes import slo
 from speedsplit.probes.traffic import Arrival
 
 
@@ -46,6 +47,8 @@ class LoadSpec:
     keep_alive: bool = True  # reuse connections (False: one per request, for a server that drops them)
     request_timeout_s: float = 600.0
     stall_timeout_s: float = 120.0
+    outlier_factor: float = OUTLIER_FACTOR  # a latency outlier: see latency_outliers
+    outlier_min_s: float = OUTLIER_MIN_S
     ramp_s: float = 0.0  # measured phase: user u starts at u * ramp_s / users
     schedule: list[Arrival] | None = None  # measured phase open loop: these requests, when due
     fitted: dict | None = None  # trace replay: {"skipped": n, "capped": n} (read_trace)
@@ -64,9 +67,49 @@ def request_index(spec: LoadSpec, phase: str, user: int, i: int) -> int:
     return spec.users * spec.warmup_requests + user * spec.requests_per_user + i
 
 
+def _vllm_body(body: dict, spec: LoadSpec, n: int, seed: int) -> None:
+    """vLLM: exactly n tokens by ignore_eos and min_tokens, and the running usage in every
+    chunk (continuous_usage_stats): the stream's own count, exact where a chunk holds no text
+    (a partial character) or several tokens."""
+    body.update(min_tokens=n, ignore_eos=True, temperature=spec.temperature, top_p=spec.top_p)
+    body["stream_options"]["continuous_usage_stats"] = True
+    if spec.temperature != 0:
+        body["seed"] = seed
+
+
+def _llamacpp_body(body: dict, spec: LoadSpec, n: int, seed: int) -> None:
+    """llama.cpp's server: vLLM's fields (it ignores min_tokens; ignore_eos holds the length),
+    and its running count in every chunk (timings_per_token: timings.predicted_n)."""
+    _vllm_body(body, spec, n, seed)
+    body["timings_per_token"] = True
+
+
+def _transformers_body(body: dict, spec: LoadSpec, n: int, seed: int) -> None:
+    """`transformers serve`: a per-request generation_config (min and max new tokens); its
+    stream has no running count (one token a chunk)."""
+    greedy = spec.temperature == 0
+    gen = {"max_new_tokens": n, "min_new_tokens": n, "do_sample": not greedy}
+    if not greedy:
+        gen.update(temperature=spec.temperature, top_p=spec.top_p)
+        body["seed"] = seed
+    body["generation_config"] = json.dumps(gen)
+
+
+# How each request dialect (a stack's `dialect`) forces its output length and asks for a count
+# of streamed tokens: the body of an OpenAI completion, completed in place. A new engine's
+# dialect is one function here (and the schema's enum for stacks.*.dialect).
+REQUEST_FORMATS: dict[str, Callable[[dict, LoadSpec, int, int], None]] = {
+    "vllm": _vllm_body,
+    "llamacpp": _llamacpp_body,
+    "transformers": _transformers_body,
+}
+
+
 def request_body(spec: LoadSpec, prompt: str, seed: int, output_tokens: int | None = None) -> dict:
     """The JSON body that forces exactly output_tokens (the cell's, or this request's) tokens
-    in the given dialect."""
+    in the spec's dialect (REQUEST_FORMATS)."""
+    if spec.dialect not in REQUEST_FORMATS:
+        raise ValueError(f"unknown request dialect {spec.dialect!r} (known: {', '.join(REQUEST_FORMATS)})")
     n = spec.output_tokens if output_tokens is None else output_tokens
     body = {
         "model": spec.model,
@@ -75,24 +118,39 @@ def request_body(spec: LoadSpec, prompt: str, seed: int, output_tokens: int | No
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    greedy = spec.temperature == 0
-    if spec.dialect == "vllm":
-        body.update(min_tokens=n, ignore_eos=True, temperature=spec.temperature, top_p=spec.top_p)
-        if not greedy:
-            body["seed"] = seed
-    elif spec.dialect == "transformers":
-        gen = {"max_new_tokens": n, "min_new_tokens": n, "do_sample": not greedy}
-        if not greedy:
-            gen.update(temperature=spec.temperature, top_p=spec.top_p)
-            body["seed"] = seed
-        body["generation_config"] = json.dumps(gen)
-    else:
-        raise ValueError(f"unknown request dialect {spec.dialect!r}")
+    REQUEST_FORMATS[spec.dialect](body, spec, n, seed)
     return body
+
+
+def _running_count(chunk: dict) -> int | None:
+    """The output tokens a server says it has streamed so far, where each chunk says so: vLLM's
+    usage (continuous_usage_stats), llama.cpp's timings.predicted_n (timings_per_token)."""
+    usage, timings = chunk.get("usage") or {}, chunk.get("timings") or {}
+    n = usage.get("completion_tokens", timings.get("predicted_n"))
+    return n if isinstance(n, int) else None
+
+
+def _new_tokens(choice: dict, running: int | None, streamed: int) -> int:
+    """Output tokens one streamed chunk carries: what the running count grew by (a chunk may
+    hold no text, a partial character, or several tokens), else one for a chunk with text, or
+    with no text and no finish reason (transformers streams a token that decodes to nothing so;
+    a closing chunk carries a finish reason, a role chunk no text either)."""
+    if running is not None:
+        return max(0, running - streamed)
+    if "delta" in choice:
+        delta = choice["delta"] or {}
+        return (
+            1
+            if delta.get("content") or ("content" in delta and "role" not in delta and not choice.get("finish_reason"))
+            else 0
+        )
+    return 1 if choice.get("text") or (choice.get("text") == "" and not choice.get("finish_reason")) else 0
 
 
 async def _one_request(http: aiohttp.ClientSession, spec: LoadSpec, rec: RequestRecord, body: dict, t0: float) -> None:
     last = None
+    streamed = 0  # output tokens seen in the stream so far
+    running = None  # whether every chunk carries the running count (_running_count)
     try:
         async with asyncio.timeout(spec.request_timeout_s):
             async with http.post(rec.url + "/v1/completions", json=body) as resp:
@@ -112,19 +170,29 @@ async def _one_request(http: aiohttp.ClientSession, spec: LoadSpec, rec: Request
                     if chunk.get("error"):
                         rec.error, rec.detail = "server_error", str(chunk["error"])[:300]
                         return
+                    usage = chunk.get("usage")
                     if chunk.get("choices"):
                         rec.chunks += 1
-                        if rec.first_token is None:
-                            rec.first_token = now
-                        else:
-                            rec.gaps.append(now - last)
-                        last = now
-                    usage = chunk.get("usage")
-                    if usage:
+                        if running is None:  # does the stream carry its running count from the start?
+                            running = _running_count(chunk) is not None
+                        new = _new_tokens(chunk["choices"][0], _running_count(chunk) if running else None, streamed)
+                        if new:  # a chunk that carries output (not a role or a closing one)
+                            streamed += new
+                            if rec.first_token is None:
+                                rec.first_token = now
+                            else:
+                                rec.gaps.append(now - last)
+                            last = now
+                    if usage:  # the last usage seen is what the server says it sent
                         rec.prompt_tokens = usage.get("prompt_tokens")
-                        rec.output_tokens = usage.get("completion_tokens")
+                        rec.usage_tokens = usage.get("completion_tokens")
         rec.end = time.perf_counter() - t0
-        if rec.output_tokens is None:
+        rec.streamed_tokens, rec.stream_count = streamed, "running" if running else "chunks"
+        # exact from a running count; else usage's, where the stream bears it out (a chunk may
+        # hold several tokens), else what the stream showed
+        exact = running or rec.usage_tokens is None or rec.usage_disagrees
+        rec.output_tokens = streamed if exact else rec.usage_tokens
+        if rec.usage_tokens is None:
             rec.error, rec.detail = "no_usage", "stream ended without a usage chunk"
     except aiohttp.ServerTimeoutError:  # no byte for stall_timeout_s
         rec.error = "stall"
@@ -140,6 +208,7 @@ async def _one_request(http: aiohttp.ClientSession, spec: LoadSpec, rec: Request
 
 
 async def _phase(
+    http: aiohttp.ClientSession,
     spec: LoadSpec,
     phase: str,
     per_user: int,
@@ -147,71 +216,66 @@ async def _phase(
     progress: Callable[[str], None] | None,
     on_start: Callable[[], None] | None = None,
 ) -> tuple[float, float]:
-    timeout = aiohttp.ClientTimeout(total=None, sock_read=spec.stall_timeout_s, sock_connect=30)
-    connector = aiohttp.TCPConnector(limit=0, force_close=not spec.keep_alive)
     total = len(spec.schedule) if phase == "measured" and spec.schedule is not None else spec.users * per_user
     done = 0
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
-        t0 = time.perf_counter()
-        if on_start:
-            on_start()
+    t0 = time.perf_counter()
+    if on_start:
+        on_start()
 
-        async def user(u: int) -> None:
+    async def user(u: int) -> None:
+        nonlocal done
+        url = spec.urls[u % len(spec.urls)]
+        if phase == "measured" and spec.ramp_s:
+            await asyncio.sleep(u * spec.ramp_s / spec.users)
+        for i in range(per_user):
+            rec = RequestRecord(user=u, index=i, phase=phase, url=url, sent=time.perf_counter() - t0)
+            records.append(rec)
+            k = request_index(spec, phase, u, i)
+            body = request_body(spec, spec.prompts[k % len(spec.prompts)], spec.seed + k)
+            await _one_request(http, spec, rec, body, t0)
+            done += 1
+
+    async def open_loop() -> None:
+        """Each scheduled request sent when due, however many are in flight."""
+        sent = []
+
+        async def one(i: int, a: Arrival) -> None:
             nonlocal done
-            url = spec.urls[u % len(spec.urls)]
-            if phase == "measured" and spec.ramp_s:
-                await asyncio.sleep(u * spec.ramp_s / spec.users)
-            for i in range(per_user):
-                rec = RequestRecord(user=u, index=i, phase=phase, url=url, sent=time.perf_counter() - t0)
-                records.append(rec)
-                k = request_index(spec, phase, u, i)
-                body = request_body(spec, spec.prompts[k % len(spec.prompts)], spec.seed + k)
-                await _one_request(http, spec, rec, body, t0)
-                done += 1
+            url = spec.urls[i % len(spec.urls)]
+            rec = RequestRecord(user=0, index=i, phase=phase, url=url, sent=time.perf_counter() - t0, due=a.due_s)
+            rec.asked_prompt_tokens, rec.asked_output_tokens = a.prompt_tokens, a.output_tokens
+            records.append(rec)
+            k = request_index(spec, phase, 0, i)
+            body = request_body(spec, spec.prompts[k % len(spec.prompts)], spec.seed + k, a.output_tokens)
+            await _one_request(http, spec, rec, body, t0)
+            done += 1
 
-        async def open_loop() -> None:
-            """Each scheduled request sent when due, however many are in flight."""
-            sent = []
+        for i, a in enumerate(spec.schedule):
+            delay = a.due_s - (time.perf_counter() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            sent.append(asyncio.create_task(one(i, a)))
+        await asyncio.gather(*sent)
 
-            async def one(i: int, a: Arrival) -> None:
-                nonlocal done
-                url = spec.urls[i % len(spec.urls)]
-                rec = RequestRecord(user=0, index=i, phase=phase, url=url, sent=time.perf_counter() - t0, due=a.due_s)
-                rec.asked_prompt_tokens, rec.asked_output_tokens = a.prompt_tokens, a.output_tokens
-                records.append(rec)
-                k = request_index(spec, phase, 0, i)
-                body = request_body(spec, spec.prompts[k % len(spec.prompts)], spec.seed + k, a.output_tokens)
-                await _one_request(http, spec, rec, body, t0)
-                done += 1
+    async def report() -> None:
+        while True:
+            await asyncio.sleep(2.0)
+            # Chunks streamed so far, finished requests or not: with one request per user
+            # all of them end together, and a count of finished ones reads 0 until then.
+            elapsed = time.perf_counter() - t0
+            streamed = sum(r.chunks for r in records)
+            progress(f"{phase}: {done}/{total} requests done, {streamed / max(elapsed, 1e-9):.1f} chunks/s streamed")
 
-            for i, a in enumerate(spec.schedule):
-                delay = a.due_s - (time.perf_counter() - t0)
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                sent.append(asyncio.create_task(one(i, a)))
-            await asyncio.gather(*sent)
-
-        async def report() -> None:
-            while True:
-                await asyncio.sleep(2.0)
-                # Chunks streamed so far, finished requests or not: with one request per user
-                # all of them end together, and a count of finished ones reads 0 until then.
-                elapsed = time.perf_counter() - t0
-                streamed = sum(r.chunks for r in records)
-                progress(
-                    f"{phase}: {done}/{total} requests done, {streamed / max(elapsed, 1e-9):.1f} chunks/s streamed"
-                )
-
-        reporter = asyncio.create_task(report()) if progress else None
-        try:
-            if phase == "measured" and spec.schedule is not None:
-                await open_loop()
-            else:
-                await asyncio.gather(*(user(u) for u in range(spec.users)))
-        finally:
-            if reporter:
-                reporter.cancel()
-        t1 = time.perf_counter()
+    reporter = asyncio.create_task(report()) if progress else None
+    try:
+        if phase == "measured" and spec.schedule is not None:
+            await open_loop()
+        else:
+            await asyncio.gather(*(user(u) for u in range(spec.users)))
+    finally:
+        if reporter:
+            reporter.cancel()
+    t1 = time.perf_counter()
     return t0, t1
 
 
@@ -220,11 +284,17 @@ async def run_async(
 ) -> tuple[Summary, list[RequestRecord]]:
     warm: list[RequestRecord] = []
     warm_s = 0.0
-    if spec.warmup_requests:
-        w0, w1 = await _phase(spec, "warmup", spec.warmup_requests, warm, progress)
-        warm_s = w1 - w0
-    measured: list[RequestRecord] = []
-    t0, t1 = await _phase(spec, "measured", spec.requests_per_user, measured, progress, on_measured)
+    # One session for both phases: the measured phase's first requests go out on the
+    # connections the warm-up opened, not on new ones (a burst of 16 first requests on fresh
+    # connections waited up to 29 ms longer for its first token).
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=spec.stall_timeout_s, sock_connect=30)
+    connector = aiohttp.TCPConnector(limit=0, force_close=not spec.keep_alive)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
+        if spec.warmup_requests:
+            w0, w1 = await _phase(http, spec, "warmup", spec.warmup_requests, warm, progress)
+            warm_s = w1 - w0
+        measured: list[RequestRecord] = []
+        t0, t1 = await _phase(http, spec, "measured", spec.requests_per_user, measured, progress, on_measured)
     summary = summarize(measured, t1 - t0, spec, warm_s, sum(1 for r in warm if not r.ok))
     summary.measured_from = time.time() - (time.perf_counter() - t0)
     return summary, warm + measured
@@ -251,6 +321,31 @@ def _dist(values: list[float]) -> Distribution:
     return Distribution(mean=statistics.fmean(v), median=pct(0.5), p90=pct(0.9), p99=pct(0.99))
 
 
+def latency_outliers(ok: list[RequestRecord], factor: float, min_s: float) -> list[int]:
+    """The completed requests far slower than their own length predicts (positions in `ok`):
+    an end-to-end latency above `factor` x (the run's median TTFT + (its output tokens - 1) x
+    the run's median TPOT), and at least `min_s` above that prediction. A request held silent
+    (a stall shorter than stall_timeout_s) is one; queueing and mixed lengths are not (on every
+    committed H200 run, closed loop to 256 users, open loop past the cliff and trace replay,
+    the slowest request took at most 2.5 x its prediction). Needs three requests: with fewer,
+    the medians are the outlier's own."""
+    timed = [r for r in ok if r.first_token is not None and r.output_tokens]
+    if len(timed) < 3:
+        return []
+    ttft = statistics.median(r.first_token - r.sent for r in timed)
+    tpots = [t for t in (slo.tpot(r) for r in timed) if t is not None]
+    tpot = statistics.median(tpots) if tpots else 0.0  # one-token answers: their TTFT is all
+    out = []
+    for i, r in enumerate(ok):
+        if r.first_token is None or not r.output_tokens:
+            continue
+        predicted = ttft + (r.output_tokens - 1) * tpot
+        e2e = r.end - r.sent
+        if e2e > factor * predicted and e2e - predicted >= min_s:
+            out.append(i)
+    return out
+
+
 def summarize(
     records: list[RequestRecord], wall_s: float, spec: LoadSpec, warmup_s: float = 0.0, warmup_failed: int = 0
 ) -> Summary:
@@ -268,11 +363,8 @@ def summarize(
         if r.prompt_tokens is not None and r.prompt_tokens != (r.asked_prompt_tokens or spec.prompt_tokens)
     )
     due = [r.due for r in records if r.due is not None]
-    tpot = [
-        (r.end - r.first_token) / (r.output_tokens - 1)
-        for r in ok
-        if r.first_token is not None and r.output_tokens and r.output_tokens > 1
-    ]
+    mismatched = sum(1 for r in ok if r.usage_disagrees)
+    tpot = [t for t in (slo.tpot(r) for r in ok) if t is not None]
     per_instance = [
         InstanceLoad(
             instance=i,
@@ -296,6 +388,8 @@ def summarize(
         tpot_s=_dist(tpot),
         e2e_s=_dist([r.end - r.sent for r in ok]),
         wrong_output_length=wrong_len,
+        usage_mismatch=mismatched,
+        latency_outliers=len(latency_outliers(ok, spec.outlier_factor, spec.outlier_min_s)),
         wrong_prompt_length=wrong_prompt,
         warmup_s=warmup_s,
         warmup_failed=warmup_failed,
@@ -316,7 +410,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt-words", type=int, default=64, help="prompt length in words of a synthetic vocabulary")
     p.add_argument("--output-tokens", type=int, default=64)
     p.add_argument("--requests-per-user", type=int, default=2)
-    p.add_argument("--dialect", default="vllm", choices=["vllm", "transformers"])
+    p.add_argument("--dialect", default="vllm", choices=list(REQUEST_FORMATS))
     p.add_argument("--ramp-s", type=float, default=0.0, help="users join the measured phase over this many seconds")
     args = p.parse_args(argv)
     rng = random.Random(0)

@@ -10,10 +10,14 @@ from speedsplit.core.requestlog import RequestRecord
 
 
 def tpot(r: RequestRecord) -> float | None:
-    """Time per output token after the first: (end - first token) / (output tokens - 1)."""
+    """Time per output token after the first: (last token - first token) / (output tokens - 1),
+    the last token's time from the gaps between chunks (the stream's end comes after it: its
+    closing usage chunk took ~0.5 ms more here, 3% of a 4-token answer's TPOT at 10 ms a token).
+    Records without gaps (from before they were kept) use the stream's end."""
     if r.first_token is None or r.end is None or not r.output_tokens or r.output_tokens < 2:
         return None
-    return (r.end - r.first_token) / (r.output_tokens - 1)
+    last = r.first_token + sum(r.gaps) if r.gaps else r.end
+    return (last - r.first_token) / (r.output_tokens - 1)
 
 
 def assess(records: list[RequestRecord], summary: Summary, ttft_p99_s: float, tpot_p99_s: float) -> Slo:
@@ -59,6 +63,7 @@ INVALIDATING_FLAGS = (
     "output_length_mismatch",
     "prompt_length_mismatch",
     "over_memory_cap",
+    "usage_mismatch",
 )
 
 
@@ -70,8 +75,7 @@ def level_failure(status: str, met: bool | None, violations: list[str], flags: l
     if status != "ok":
         return status
     wrong = [f for f in flags if f in INVALIDATING_FLAGS]
-    if wrong:
-        return "flagged " + ", ".join(wrong)
-    if met is not True:
-        return "; ".join(violations) or "not judged against the objectives"
-    return None
+    reasons = ["flagged " + ", ".join(wrong)] if wrong else []
+    if met is not True:  # every reason, not only the first kind found
+        reasons += violations or ([] if wrong else ["not judged against the objectives"])
+    return "; ".join(reasons) or None

@@ -222,6 +222,8 @@ def server_summary(
         waiting_peak=max(waiting) if waiting else None,
         preemptions=delta(COUNTERS["preemptions"]),
         prefix_cache_hit_rate=rate,
+        prefix_cache_hits=hits,
+        prefix_cache_queries=queries,
         prefix_cache_hits_flagged=rate is not None and rate > PREFIX_HIT_FLAG,
         missed_readings=len(missed),
         missed_why=sorted(set(missed))[:3],

@@ -50,7 +50,9 @@ def _daemon(launch_path: Path) -> int:
     with stop_on_signals():
         try:
             check_model(launch["model_dir"], stack["variant"])
-            platform_devices = None if stack["platform"] == "cuda" else ["cpu"]
+            # a CPU is one "card" (its servers never overlap), or benchmark.cpu_lanes of them
+            slots = int(launch.get("cpu_slots") or 1)
+            platform_devices = None if stack["platform"] == "cuda" else ["cpu"] + [f"cpu{i}" for i in range(1, slots)]
             need = stack["tensor_parallel"] * stack["instances"] if platform_devices is None else 1
             t_lease = time.monotonic()
             held = leases.acquire_gpus(

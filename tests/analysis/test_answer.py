@@ -124,3 +124,15 @@ def test_step_names_follow_what_changes_between_the_stacks():
     cfg["stacks"]["vllm-fp16-noprefix"]["args"] += ["--max-num-seqs", "8"]  # more than the switch: not that step
     assert C.chain_steps(cfg)["prefix"] == ["configuration"]
     assert C.kernel_reference(cfg) == "vllm-fp16"
+    # two FP16-to-FP16 steps of one chain never read alike: stock generate() at another batch
+    # ceiling is its own step, and steps that would share a name each name their stacks
+    cfg["chains"] = {
+        "hf": ["hf-generate", "hf-generate-b64", "hf-fp16"],
+        "twice": ["vllm-fp16-noprefix", "vllm-fp16", "vllm-fp16-noprefix"],
+    }
+    steps = C.chain_steps(cfg)
+    assert steps["hf"] == ["batch ceiling", "scheduler"]
+    assert steps["twice"] == [
+        "configuration (vllm-fp16-noprefix → vllm-fp16)",
+        "configuration (vllm-fp16 → vllm-fp16-noprefix)",
+    ]

@@ -42,8 +42,10 @@ def test_cells_and_attribution_tables(result_files, tmp_path):
     assert runs.height == len(result_files)
     cells = T.cells_frame(runs)
     row = cells.filter((pl.col("stack") == "vllm-fp16") & (pl.col("users") == 8)).row(0, named=True)
-    assert row["output_tok_s"] == pytest.approx(190.0)
-    assert row["output_tok_s_lo"] <= 190.0 <= row["output_tok_s_hi"] and row["runs_ok"] == 3
+    gm = (190.0 * 0.99 * 190.0 * 190.0 * 1.01) ** (1 / 3)  # the runs' geometric mean
+    assert row["output_tok_s"] == pytest.approx(gm, rel=1e-12)
+    assert row["output_tok_s_lo"] <= gm <= row["output_tok_s_hi"] and row["runs_ok"] == 3
+    assert row["values_from"] == "clean runs" and row["interval"] == "95% t over runs"
     att = chains.attribution_frame(runs, {"study": ["hf-fp16", "vllm-fp16", "vllm-marlin"]})
     u8 = att.filter(pl.col("users") == 8)
     factors = u8.filter(pl.col("position") > 0)["value"].to_list()
@@ -80,20 +82,22 @@ def test_flagged_runs_are_left_out_of_the_factors_and_counted(tmp_path):
     chain = {"study": ["hf-fp16", "vllm-fp16", "vllm-marlin"]}
     att = chains.attribution_frame(runs, chain)
     rt = att.filter(pl.col("factor") == "vllm-fp16/hf-fp16").row(0, named=True)
-    assert rt["value"] == pytest.approx(200.0 / 101.0)  # the 1000 tok/s run is not in it
+    gm_hf = math.sqrt(100.0 * 102.0)  # values over runs are geometric means
+    assert rt["value"] == pytest.approx(200.0 / gm_hf)  # the 1000 tok/s run is not in it
     assert rt["runs_used"] == 3 and rt["runs_excluded"] == 2
     assert rt["excluded"] == ["hf-fp16 run2: server_died", "vllm-fp16 run1: kernel_mismatch"]
     total = att.filter(pl.col("factor") == "total").row(0, named=True)
     assert total["runs_used"] == 4 and total["runs_excluded"] == 3
     # tolerated flags count again
     tolerant = chains.attribution_frame(runs, chain, tolerate_flags=["kernel_mismatch", "short_measurement"])
-    assert tolerant.filter(pl.col("factor") == "vllm-fp16/hf-fp16")["value"].item() == pytest.approx(600.0 / 101.0)
+    tolerated = math.sqrt(200.0 * 1000.0) / gm_hf
+    assert tolerant.filter(pl.col("factor") == "vllm-fp16/hf-fp16")["value"].item() == pytest.approx(tolerated)
     # a stack with no clean run: its factors are undefined with the reason; the others stand
     only_bad = [q for q in paths if "vllm-marlin-0" not in q.name]
     att = chains.attribution_frame(runs_of(only_bad), chain)
     kq = att.filter(pl.col("factor") == "vllm-marlin/vllm-fp16").row(0, named=True)
     assert kq["value"] is None and "vllm-marlin: no clean run (run1: short_measurement)" in kq["note"]
-    assert att.filter(pl.col("factor") == "vllm-fp16/hf-fp16")["value"].item() == pytest.approx(200.0 / 101.0)
+    assert att.filter(pl.col("factor") == "vllm-fp16/hf-fp16")["value"].item() == pytest.approx(200.0 / gm_hf)
     assert att.filter(pl.col("factor") == "total")["value"].item() is None
 
 

@@ -27,6 +27,18 @@ def test_one_lane_on_cpu_chains_every_job(cfg):
     assert all(prev[b] == a for a, b in zip(jobs, jobs[1:]))
 
 
+def test_on_a_cpu_every_topology_shares_the_one_lane():
+    """Lanes per topology let another topology's job run between two cells of a session on
+    the one CPU; its lease stopped the idle server, and the session was launched twice."""
+    cfg = C.load(REPO / "config/study.yaml")
+    cfg["platform"] = "cpu"
+    prev = P.predecessors(cfg)
+    assert len({t.topology for t in prev}) == 3
+    assert [j for j, p in prev.items() if p is None] == [P.bench_jobs(cfg)[0]]
+    cfg["benchmark"]["cpu_lanes"] = 3  # servers that barely compute may share the cores
+    assert len([j for j, p in P.predecessors(cfg).items() if p is None]) == 3
+
+
 def test_lanes_on_gpus_follow_the_cards_available(cfg):
     cfg = copy.deepcopy(cfg)
     cfg.update(platform="cuda", gpus_available=2)

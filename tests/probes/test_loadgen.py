@@ -3,8 +3,18 @@ import json
 import pytest
 
 from speedsplit.core.requestlog import RequestRecord
+from speedsplit.planning import config as C
 from speedsplit.probes import loadgen
-from speedsplit.probes.ceiling import make_app, serve_in_thread
+from speedsplit.serving import reference
+
+
+def make_app(delay_s: float, received: list | None = None):
+    """A reference server that streams at once, then one token each delay_s."""
+    return reference.make_app(reference.Speed(ttft_s=0.0, itl_s=delay_s), received=received)
+
+
+def serve_in_thread(app):
+    return reference.serve_in_thread(app), None
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +72,19 @@ def test_request_bodies_force_the_output_length():
     assert gen == {"max_new_tokens": 5, "min_new_tokens": 5, "do_sample": True, "temperature": 0.7, "top_p": 0.9}
     s.temperature = 0.0
     assert json.loads(loadgen.request_body(s, "p", 0)["generation_config"])["do_sample"] is False
+    s.dialect = "llamacpp"
+    ll = loadgen.request_body(s, "p", 0)
+    assert ll["timings_per_token"] is True and ll["ignore_eos"] is True and "seed" not in ll
+    assert ll["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    s.dialect = "openai"
+    with pytest.raises(ValueError, match="unknown request dialect 'openai' \\(known: vllm, llamacpp, transformers\\)"):
+        loadgen.request_body(s, "p", 0)
+
+
+def test_every_dialect_the_config_accepts_has_a_request_format():
+    schema = C.load_schema()
+    stack = schema["properties"]["stacks"]["additionalProperties"]["properties"]
+    assert stack["dialect"]["enum"] == list(loadgen.REQUEST_FORMATS)
 
 
 def test_wrong_output_length_is_counted(server_url):

@@ -49,6 +49,7 @@ def test_counters_are_cut_to_the_measured_phase():
     assert s.samples == 2 and s.kv_cache_usage_peak == 0.7 and s.kv_cache_usage_mean == pytest.approx(0.6)
     assert s.waiting_mean == 3.0 and s.preemptions == pytest.approx(6.0 - 1.0)  # 1.0 at 0.5 s, 6.0 at 2.5 s
     assert s.prefix_cache_hit_rate == 0.0 and s.prefix_cache_hits_flagged is False
+    assert (s.prefix_cache_hits, s.prefix_cache_queries) == (0.0, pytest.approx(200.0))  # the counts, not a rate only
     assert s.series["t"] == [0.5, 1.5] and s.series["kv_cache"] == [0.5, 0.7]
     samples[2][1]["vllm:prefix_cache_hits_total"] = 150.0  # 150 of 200 queries hit: distinct prompts should not
     assert T.server_summary(samples, 0.5, 2.5).prefix_cache_hits_flagged is True

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PLANTED_TOKEN, REPO, planned_outputs, run_snakemake
+from conftest import PLANTED_TOKEN, REPO, planned_outputs, run_snakemake, snakemake_bin
 
 from speedsplit.core.record import read_result
 from speedsplit.serving.vllm_cpu import cpu_int4_route
@@ -168,6 +168,44 @@ def test_failed_cells_are_remeasured_exactly(workdir, tmp_path):
     out = run_snakemake(["-n", *usual], wd, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert planned_outputs(out.stdout) == [] and "rule report:" in out.stdout
+
+
+@pytest.mark.slow
+def test_failed_rerun_remeasures_and_ends_with_fresh_tables_report_and_summary(workdir, tmp_path):
+    """`speedsplit failed --rerun -- <args>` for real: the failed run is measured again, the
+    tables and report are rebuilt, the closing summary is the new one (the old failure gone),
+    exit 0. Before, the first run's summary read the stale tables and failed the command."""
+    import sys
+
+    wd = tmp_path / "copy"
+    shutil.copytree(workdir, wd, ignore=shutil.ignore_patterns("resources"))
+    (wd / "resources").symlink_to(workdir / "resources")
+    failed = wd / "results/bench/tiny/vllm-fp16/tp1/u2-ci-narrow-greedy/run0.json"
+    res = json.loads(failed.read_text())
+    res.update(status="error", error={"type": "OSError", "message": "No space left on device"})
+    failed.write_text(json.dumps(res))
+    closing = subprocess.run(  # what a plain rerun's summary tells the user to run
+        [snakemake_bin(), "--snakefile", str(REPO / "Snakefile"), "--configfile", "ci.yaml", "--cores", "2"],
+        cwd=wd, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    # it rebuilds the tables (the result is newer) and measures nothing again: the failure stays,
+    # and the summary names the command that re-measures it, with this run's own arguments
+    said = (closing.stdout + closing.stderr).split("speedsplit failed --rerun -- ")[1].splitlines()[0]
+    assert said.split()[-4:] == ["--configfile", "ci.yaml", "--cores", "2"], said
+    assert json.loads(failed.read_text())["status"] == "error"
+    report_before = (wd / "results/report.html").stat().st_mtime
+    usual = ["--snakefile", str(REPO / "Snakefile"), "--configfile", "ci.yaml", "--cores", "2", "--resources", "gpu=1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "speedsplit.cli", "failed", "--rerun", "--", *usual],
+        cwd=wd, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert json.loads(failed.read_text())["status"] == "ok"
+    assert "failed runs re-measured; the tables, report and summary follow" in out
+    final = out.rsplit("speedsplit: what this run found", 1)[1]
+    assert "No space left on device" not in final and "NOT DECOMPOSED" not in final, final
+    assert (wd / "results/report.html").stat().st_mtime > report_before
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ def build(b: Basis) -> dict[str, pl.DataFrame]:
     if b.runs["tokens_per_joule"].drop_nulls().len():
         energy = chains.attribution_frame(b.runs, b.chains, b.tolerate_flags, metric="tokens_per_joule")
     else:
-        energy = b.by_throughput.clear()  # same columns, no bootstrap over chains with nothing to divide
+        energy = b.by_throughput.clear()  # same columns, no interval over chains with nothing to divide
     return {"energy": answer.with_steps(energy, b.steps)}
 
 
@@ -78,7 +78,7 @@ def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
     )
     return (
         "<h2>Energy</h2><p class='note'>From NVML's total-energy counter over each measured phase (all the "
-        "session's cards): joules per output token, median over runs with 95% bootstrap intervals. Factors: "
+        "session's cards): joules per output token over runs (geometric mean) with 95% t intervals. Factors: "
         "ratios of output tokens per joule between neighbouring stacks of a chain, multiplying to the total "
         "like the throughput factors; 1 - 1/factor is the energy per token a step saves.</p>"
         + html_table(per_cell)

@@ -43,8 +43,8 @@ def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
         return ""
     return html_section(
         "INT4 kernels",
-        "Each GPTQ stack (the same checkpoint on one kernel each) over the FP16 reference's median "
-        "throughput at each cell, with the kernel its engine reported; 95% bootstrap intervals over "
+        "Each GPTQ stack (the same checkpoint on one kernel each) over the FP16 reference's "
+        "throughput at each cell, with the kernel its engine reported; 95% t intervals over "
         "both stacks' clean runs.",
         html_table(frames["kernels"])
         if frames["kernels"].height

@@ -80,8 +80,8 @@ def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
             "<h2>Topologies</h2>",
             "<p class='note'>Throughput per GPU and per user of every topology (tp<i>k</i>: one "
             "instance over <i>k</i> cards; <i>m</i>x1: <i>m</i> single-card instances, user <i>u</i> "
-            "served by instance <i>u</i> mod <i>m</i>). Factors: ratios of median throughput with 95% "
-            "bootstrap intervals; efficiency = factor / ideal; a tie when the interval holds 1.</p>",
+            "served by instance <i>u</i> mod <i>m</i>). Factors: ratios of throughput over runs with 95% "
+            "t intervals; efficiency = factor / ideal; a tie when the interval holds 1.</p>",
             html_table(scaling.drop("numerator", "denominator")) if scaling.height else "<p>—</p>",
             html_table(topologies.drop([c for c in topologies.columns if c.endswith(("_lo", "_hi"))])),
         ]

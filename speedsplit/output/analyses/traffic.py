@@ -65,7 +65,8 @@ def answer(frames: dict[str, pl.DataFrame]) -> str:
     parts = [
         "<h3>Under traffic</h3><p class='note'>Open-loop cells: every stack met the same requests at the "
         "same times. Each factor is a speedup on that metric (a latency as old / new): above 1 the later "
-        "stack is faster; [95% bootstrap interval over runs]. Throughput follows the offered rate while a "
+        "stack is faster; [95% t interval over runs, paired by run: run r of every stack met one arrival "
+        "schedule]. Throughput follows the offered rate while a "
         "stack keeps up; goodput (requests/s that met the objectives) and latency are where stacks part.</p>"
     ]
     parts += [f"<p class='headline'>{html.escape(t)}</p>" for t in headlines(factors)]

@@ -1,0 +1,296 @@
+"""Every number against its truth: results measured on reference stacks (servers of known speed,
+speedsplit/serving/reference.py) set beside what those servers' rules make.
+
+For each run of a reference stack, its true requests are replayed from the server's settings
+(its command line, in the result) and the run's own load (closed loop: its users and request
+counts; open loop: each request's due time and lengths, in its request records), then summed
+up by the same code as a measured run (probes/loadgen.summarize, probes/slo.assess). The true
+runs go through the same tables; each run's throughput, TTFT, TPOT and E2E, and each factor
+of the attribution and traffic tables, are compared with their truths: the error, and whether
+the factor's interval holds the truth. Runs of a stack with faults are not compared: they must
+be flagged with their cause and count in no factor.
+
+    speedsplit truth [--results results]
+"""
+
+from __future__ import annotations
+
+import shlex
+import tempfile
+from pathlib import Path
+
+import polars as pl
+
+from speedsplit.core.record import RunResult, read_result, to_json
+from speedsplit.core.requestlog import RequestRecord, read_requests, requests_path
+from speedsplit.core.results import write_json_atomic, write_lines_atomic
+from speedsplit.probes import loadgen, slo
+from speedsplit.serving import reference
+
+RUN_TOLERANCE = 0.02  # a run's numbers within 2% of the truth
+FACTOR_TOLERANCE = 0.01  # a factor within 1%
+# A factor of p99 latencies within 2.5%: a p99 over two runs of an open-loop cell rests on its
+# slowest one or two requests, and one request's 20-50 ms of host jitter moves it 1-2% (seen on
+# a 2-core AMD EPYC: TTFT p99 factors 1.06-1.30% off, a trace's TPOT p99 factor 2.08%, each
+# inside its interval, while every median and rate stayed within 1%).
+TAIL_FACTOR_TOLERANCE = 0.025
+COVERAGE = 0.95  # the truth inside at least 95% of factor intervals
+RUN_METRICS = {
+    "output_tok_s": "throughput",
+    "ttft_s_median": "TTFT p50",
+    "tpot_s_median": "TPOT p50",
+    "e2e_s_median": "E2E p50",
+}
+# What each fault must show in the run's record: its status or a flag.
+FAULT_SIGNS = {
+    "error_every": {"request_failures"},  # HTTP 500 answers; the server stays healthy
+    "drop_every": {"request_failures"},
+    "short_every": {"output_length_mismatch"},
+    "stall_every": {"latency_outlier"},
+    "usage_factor": {"usage_mismatch"},
+}
+TABLE_SCHEMA = {
+    "kind": pl.Utf8,  # run | factor | fault
+    "what": pl.Utf8,  # run: stack cell run; factor: table chain cell factor
+    "metric": pl.Utf8,
+    "truth": pl.Float64,
+    "measured": pl.Float64,
+    "error": pl.Float64,  # measured / truth - 1
+    "lo": pl.Float64,
+    "hi": pl.Float64,
+    "within": pl.Boolean,  # |error| within the tolerance of its kind (fault: flagged and left out)
+    "covered": pl.Boolean,  # factor: lo <= truth <= hi
+    "note": pl.Utf8,
+}
+
+
+def settings(result: RunResult) -> tuple[reference.Speed, reference.Faults] | None:
+    """The reference server's speed and faults, from the result's server command line."""
+    argv = result.server.argv if result.server else None
+    return reference.parse_argv(shlex.split(argv)) if argv else None
+
+
+def _faults(faults: reference.Faults) -> list[str]:
+    base = reference.Faults()
+    return [k for k in FAULT_SIGNS if getattr(faults, k) != getattr(base, k)]
+
+
+def true_records(result: RunResult, measured: list[RequestRecord], speed: reference.Speed) -> list[RequestRecord]:
+    """The run's measured phase as a perfect client of this server would record it: each
+    measured request beside its true self (closed loop: the same user's same request; open
+    loop: the same arrival)."""
+    p = result.params
+    mine = [r for r in measured if r.phase == "measured"]
+    if any(r.due is not None for r in mine):
+        arrivals = [
+            (r.due, r.asked_prompt_tokens or p.prompt_tokens, r.asked_output_tokens or p.output_tokens) for r in mine
+        ]
+        truth = reference.expected(speed, arrivals=arrivals)
+    else:
+        by = {
+            (e.user, e.index): e
+            for e in reference.expected(
+                speed,
+                users=p.users,
+                requests_per_user=p.requests_per_user,
+                prompt_tokens=p.prompt_tokens,
+                output_tokens=p.output_tokens,
+                ramp_s=p.ramp_s,
+            )
+        }
+        truth = [by[r.user, r.index] for r in mine]
+    return [
+        RequestRecord(
+            user=r.user,
+            index=r.index,
+            phase="measured",
+            url=r.url,
+            sent=e.sent,
+            first_token=e.first_token,
+            end=e.end,
+            gaps=[speed.itl_s] * (e.output_tokens - 1),
+            prompt_tokens=e.prompt_tokens,
+            output_tokens=e.output_tokens,
+            usage_tokens=e.output_tokens,
+            chunks=e.output_tokens,
+            due=r.due,
+            asked_prompt_tokens=r.asked_prompt_tokens,
+            asked_output_tokens=r.asked_output_tokens,
+        )
+        for r, e in zip(mine, truth)
+    ]
+
+
+def true_result(result: RunResult, measured: list[RequestRecord], speed: reference.Speed) -> tuple[RunResult, list]:
+    """The run as its server's rules make it: the same record, its summary and objectives
+    those of the true requests (status and flags kept, so the same runs make the factors)."""
+    truth = true_records(result, measured, speed)
+    p = result.params
+    spec = loadgen.LoadSpec(
+        urls=sorted({r.url for r in truth}) or [""],
+        model="",
+        prompts=[],
+        users=p.users,
+        prompt_tokens=p.prompt_tokens,
+        output_tokens=p.output_tokens,
+    )
+    wall = max(r.end for r in truth) - min(r.sent for r in truth) if truth else 0.0
+    summary = loadgen.summarize(truth, wall, spec)
+    summary.per_instance = result.summary.per_instance
+    out = result.model_copy(deep=True)
+    out.summary = summary
+    out.slo = slo.assess(truth, summary, p.slo_ttft_p99_s, p.slo_tpot_p99_s)
+    return out, truth
+
+
+def compare(result_paths: list[Path], **spec) -> pl.DataFrame:
+    """The truth table of these results (reference stacks' runs; others are left out), with
+    the tables built as aggregate.build_frames builds them (spec: its keyword arguments)."""
+    from speedsplit.output.aggregate import build_frames
+
+    rows, measured_paths = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        true_paths = []
+        for i, path in enumerate(result_paths):
+            res = read_result(path)
+            known = settings(res)
+            if known is None:
+                continue
+            speed, faults = known
+            measured_paths.append(path)
+            if _faults(faults):
+                rows.append(_fault_row(res, faults))
+            truth = res
+            if res.status == "ok" and res.summary is not None:
+                truth, records = true_result(res, read_requests(requests_path(path)), speed)
+            else:
+                records = []
+            out = Path(tmp) / f"{i}" / "run.json"
+            write_lines_atomic(out.with_name("run.requests.jsonl"), [r.model_dump(mode="json") for r in records])
+            write_json_atomic(out, to_json(truth))
+            true_paths.append(out)
+        if not measured_paths:
+            return pl.DataFrame(schema=TABLE_SCHEMA)
+        got, want = build_frames(measured_paths, **spec), build_frames(true_paths, **spec)
+    faulty = {r["what"].rsplit(" ", 1)[0] for r in rows}  # "stack cell run" of fault rows
+    rows += _run_rows(got["runs"], want["runs"], faulty)
+    rows += _factor_rows(
+        "attribution", got["attribution"], want["attribution"], ["chain", "model", "topology", "cell", "factor"]
+    )
+    if "traffic_factors" in got:
+        keys = ["chain", "model", "topology", "cell", "factor", "metric"]
+        rows += _factor_rows("traffic", got["traffic_factors"], want["traffic_factors"], keys)
+    return pl.DataFrame(rows, schema=TABLE_SCHEMA)
+
+
+def _fault_row(res: RunResult, faults: reference.Faults) -> dict:
+    signs = set().union(*(FAULT_SIGNS[k] for k in _faults(faults)))
+    got = set(res.flags) | {res.status}
+    left_out = res.status != "ok" or bool(res.flags)
+    return {
+        "kind": "fault",
+        "what": f"{res.stack} {res.cell} run{res.run} fault",
+        "metric": "+".join(_faults(faults)),
+        "within": signs <= got and left_out,
+        "note": f"expects {', '.join(sorted(signs))}; got status {res.status}, flags {', '.join(res.flags) or 'none'}"
+        + (f"; {res.cause}" if res.cause else ""),
+    }
+
+
+def _run_rows(got: pl.DataFrame, want: pl.DataFrame, faulty: set[str]) -> list[dict]:
+    rows = []
+    keys = ["model", "stack", "topology", "cell", "run"]
+    for g, w in zip(got.sort(keys).iter_rows(named=True), want.sort(keys).iter_rows(named=True)):
+        what = f"{g['stack']} {g['cell']} run{g['run']}"
+        if what in faulty or g["status"] != "ok":
+            continue
+        for column, label in RUN_METRICS.items():
+            rows.append(_row("run", what, label, w[column], g[column], None, None, RUN_TOLERANCE))
+    return rows
+
+
+def _factor_rows(table: str, got: pl.DataFrame, want: pl.DataFrame, keys: list[str]) -> list[dict]:
+    truth = {tuple(r[k] for k in keys): r["value"] for r in want.iter_rows(named=True)}
+    rows = []
+    for g in got.iter_rows(named=True):
+        t = truth.get(tuple(g[k] for k in keys))
+        if g["value"] is None or t is None:
+            continue
+        what = f"{table} {g['chain']} {g['cell']} {g['factor']}"
+        metric = g.get("metric") or "throughput"
+        tolerance = TAIL_FACTOR_TOLERANCE if metric.endswith("p99") else FACTOR_TOLERANCE
+        rows.append(_row("factor", what, metric, t, g["value"], g["lo"], g["hi"], tolerance))
+    return rows
+
+
+def _row(kind, what, metric, truth, measured, lo, hi, tolerance) -> dict:
+    error = measured / truth - 1.0 if truth else None
+    covered = None if lo is None or hi is None else bool(lo <= truth <= hi)
+    return {
+        "kind": kind,
+        "what": what,
+        "metric": metric,
+        "truth": truth,
+        "measured": measured,
+        "error": error,
+        "lo": lo,
+        "hi": hi,
+        "within": error is not None and abs(error) <= tolerance,
+        "covered": covered,
+        "note": "",
+    }
+
+
+def compare_results(results_dir: str | Path, configfiles: list[str] = ()) -> pl.DataFrame:
+    """The truth table of a workflow's results folder (its config's chains and analyses)."""
+    from speedsplit.output import analyses
+    from speedsplit.planning import config as cfgmod
+
+    cfg = cfgmod.load(*configfiles)
+    paths = sorted(p for p in Path(results_dir, "bench").rglob("run*.json"))
+    return compare(paths, **analyses.analysis_spec(cfg))
+
+
+def summary(table: pl.DataFrame) -> dict:
+    """How the table holds up: per kind, rows and rows within; the factors' coverage."""
+    out = {}
+    for kind in ("run", "factor", "fault"):
+        k = table.filter(pl.col("kind") == kind)
+        out[kind] = (int(k["within"].sum()), k.height)
+    judged = table.filter(pl.col("covered").is_not_null())
+    out["covered"] = (int(judged["covered"].sum()), judged.height)
+    return out
+
+
+def holds(table: pl.DataFrame) -> bool:
+    """Every run within 2%, every factor within 1% (a p99's within 2.5%), the truth inside at
+    least 95% of factor intervals, every fault flagged and left out."""
+    s = summary(table)
+    covered, judged = s["covered"]
+    return all(ok == n for ok, n in (s["run"], s["factor"], s["fault"])) and covered >= COVERAGE * judged
+
+
+def text(table: pl.DataFrame) -> str:
+    """The table for people, and the verdict."""
+    lines = [f"{'kind':<7}{'what':<58}{'metric':<10}{'truth':>11}{'measured':>11}{'error':>8}  interval"]
+    for r in table.iter_rows(named=True):
+        if r["kind"] == "fault":
+            lines.append(
+                f"{'fault':<7}{r['what']:<58}{r['metric']:<10}  {'flagged' if r['within'] else 'NOT FLAGGED'}: {r['note']}"
+            )
+            continue
+        interval = (
+            "" if r["lo"] is None else f"[{r['lo']:.4g}, {r['hi']:.4g}] {'holds' if r['covered'] else 'MISSES'} it"
+        )
+        mark = "" if r["within"] else "  OFF"
+        lines.append(
+            f"{r['kind']:<7}{r['what']:<58}{r['metric']:<10}{r['truth']:>11.5g}{r['measured']:>11.5g}"
+            f"{r['error'] * 100:>7.2f}%  {interval}{mark}"
+        )
+    s = summary(table)
+    lines.append(
+        f"runs within 2%: {s['run'][0]}/{s['run'][1]}; factors within 1% (p99 2.5%): {s['factor'][0]}/{s['factor'][1]}; "
+        f"truth inside the interval: {s['covered'][0]}/{s['covered'][1]}; faults flagged and left out: "
+        f"{s['fault'][0]}/{s['fault'][1]}"
+    )
+    return "\n".join(lines)

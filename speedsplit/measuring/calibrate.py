@@ -1,0 +1,165 @@
+"""The load generator measured against a server of known speed (`speedsplit calibrate`): on
+this host, how much time the client itself adds to TTFT, inter-token latency and end-to-end
+latency, at one user and at many, and its ceiling (the highest output rate it can measure,
+against a server that answers at once). The workflow runs it before the first cell; every
+result records it, and every factor's interval carries the offsets.
+
+    speedsplit calibrate [--users 1 16] [--out results/calibration.json]
+"""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+from speedsplit.core.record import Calibration, CalibrationLevel
+from speedsplit.core.results import _cpu_model, write_json_atomic
+from speedsplit.probes import loadgen, slo
+from speedsplit.serving import reference
+from speedsplit.serving.stacks import HOST
+
+# The reference server the offsets are measured against: slow enough that its own timing is
+# exact to the millisecond, fast enough that a calibration takes seconds.
+SPEED = reference.Speed(ttft_s=0.05, itl_s=0.005)
+PROMPT_TOKENS = 32
+OUTPUT_TOKENS = 32
+REQUESTS = 32  # measured requests per level, spread over its users
+
+
+@contextmanager
+def reference_server(speed: reference.Speed, faults: reference.Faults = reference.Faults()):
+    """A reference server in its own process on a free loopback port; its base URL."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, "-m", "speedsplit.serving.reference", "--host", HOST, "--port", str(port)]
+    proc = subprocess.Popen(argv + reference.argv(speed, faults), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://{HOST}:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the reference server exited: {proc.stderr.read().decode()[-300:]}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the reference server did not answer /health within 30 s") from None
+                time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _load(url: str, users: int, per_user: int, output_tokens: int, warmup: int = 1) -> loadgen.LoadSpec:
+    prompts = [" ".join(f"w{u}x{j}" for j in range(PROMPT_TOKENS)) for u in range(users * (per_user + warmup))]
+    return loadgen.LoadSpec(
+        urls=[url],
+        model="reference",
+        prompts=prompts,
+        users=users,
+        prompt_tokens=PROMPT_TOKENS,
+        output_tokens=output_tokens,
+        requests_per_user=per_user,
+        warmup_requests=warmup,
+    )
+
+
+def level(url: str, users: int, speed: reference.Speed = SPEED) -> CalibrationLevel:
+    """The client's offsets at one number of users against a server of this speed (no cap)."""
+    per_user = max(2, REQUESTS // users)
+    summary, records = loadgen.run(_load(url, users, per_user, OUTPUT_TOKENS))
+    ok = [r for r in records if r.phase == "measured" and r.ok]
+    if len(ok) < summary.requests:
+        raise RuntimeError(f"calibration at {users} users: {summary.failed} requests failed ({summary.failures})")
+    first, whole = speed.first_token_s(PROMPT_TOKENS), speed.service_s(PROMPT_TOKENS, OUTPUT_TOKENS)
+    e2e = sorted(r.end - r.sent - whole for r in ok)
+    truth = reference.expected(
+        speed, users=users, requests_per_user=per_user, prompt_tokens=PROMPT_TOKENS, output_tokens=OUTPUT_TOKENS
+    )
+    true_tok_s = sum(t.output_tokens for t in truth) / max(t.end for t in truth)
+    return CalibrationLevel(
+        users=users,
+        requests=len(ok),
+        ttft_s=statistics.median(r.first_token - r.sent - first for r in ok),
+        itl_s=statistics.fmean(g for r in ok for g in r.gaps) - speed.itl_s,
+        tpot_s=statistics.median(slo.tpot(r) for r in ok) - speed.itl_s,
+        e2e_s=statistics.median(e2e),
+        e2e_p90_s=e2e[int(0.9 * (len(e2e) - 1))],
+        throughput_error=summary.output_tok_s / true_tok_s - 1.0,
+    )
+
+
+def ceiling(url: str, users: int, output_tokens: int, per_user: int = 2) -> float:
+    """Output tok/s the client measures against a server that answers at once."""
+    summary, _ = loadgen.run(_load(url, users, per_user, output_tokens))
+    return summary.output_tok_s
+
+
+def calibrate(users: list[int], ceiling_users: int = 64, ceiling_tokens: int = 256) -> Calibration:
+    """Offsets at each number of users, then the ceiling; the offsets carried are the largest."""
+    with reference_server(SPEED) as url:
+        levels = [level(url, u) for u in users]
+    with reference_server(reference.Speed(ttft_s=0.0, itl_s=0.0)) as url:
+        top = ceiling(url, ceiling_users, ceiling_tokens)
+    return Calibration(
+        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        host_cpu=_cpu_model(),
+        reference=" ".join(reference.argv(SPEED)),
+        levels=levels,
+        ttft_s=max(0.0, *(lv.ttft_s for lv in levels)),
+        itl_s=max(0.0, *(lv.itl_s for lv in levels)),
+        tpot_s=max(0.0, *(lv.tpot_s for lv in levels)),
+        e2e_s=max(0.0, *(lv.e2e_s for lv in levels)),
+        ceiling_tok_s=top,
+        ceiling_users=ceiling_users,
+    )
+
+
+def lines(c: Calibration, highest: float | None = None) -> list[str]:
+    """The calibration for people: one line per level, the ceiling, the offsets carried."""
+    out = [f"the load generator against a server of known speed ({c.reference}), {c.host_cpu}:"]
+    for lv in c.levels:
+        out.append(
+            f"  {lv.users:>3} users, {lv.requests} requests: TTFT {lv.ttft_s * 1e3:+.2f} ms, ITL "
+            f"{lv.itl_s * 1e3:+.3f} ms, TPOT {lv.tpot_s * 1e3:+.3f} ms, E2E {lv.e2e_s * 1e3:+.2f} ms "
+            f"(p90 {lv.e2e_p90_s * 1e3:+.2f}), "
+            f"throughput {lv.throughput_error * 100:+.2f}%"
+        )
+    out.append(
+        f"  ceiling: {c.ceiling_tok_s:.0f} output tok/s at {c.ceiling_users} users (a server that answers at once)"
+    )
+    if highest:
+        out.append(
+            f"  highest measured cell: {highest:.0f} tok/s; ceiling / highest = {c.ceiling_tok_s / highest:.1f}x"
+        )
+    out.append(
+        f"  carried into every factor's interval: TTFT {c.ttft_s * 1e3:.2f} ms, ITL {c.itl_s * 1e3:.3f} ms, "
+        f"TPOT {c.tpot_s * 1e3:.3f} ms, E2E {c.e2e_s * 1e3:.2f} ms"
+    )
+    return out
+
+
+def run(out: str | Path | None, users: list[int]) -> Calibration:
+    """Calibrate, print what was found, and write it (atomically) where asked."""
+    c = calibrate(users)
+    print("\n".join(lines(c)), file=sys.stderr)
+    if out:
+        write_json_atomic(out, c.model_dump(mode="json"))
+    return c
+
+
+def read(path: str | Path | None) -> Calibration | None:
+    """A calibration file, or None where there is none to read."""
+    if not path or not Path(path).is_file():
+        return None
+    return Calibration.model_validate_json(Path(path).read_text())

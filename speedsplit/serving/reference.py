@@ -1,0 +1,484 @@
+"""A server of known speed: the project's measurement standard (the `ref-*` stacks).
+
+An OpenAI-compatible streaming server (`/v1/completions`, `/v1/chat/completions`, `/health`,
+`/v1/models`, and `/metrics` with vLLM's running and waiting gauges) whose timing is set by
+hand: a request waits for one of `--max-concurrency` slots (first come, first served; 0: no
+cap), its first token is written `--ttft-s` + its prompt tokens / `--prefill-tok-s` (0: no
+prefill cost) after it got its slot, and every next token `--itl-s` after the one before. Tokens are written at
+absolute deadlines from the slot's start, so sleeping late never accumulates. Every request
+gets exactly the tokens it asks for (`max_tokens`, or `max_new_tokens` of a transformers
+`generation_config`), one token a chunk, and `usage` last; `stream_options.
+continuous_usage_stats` puts the running usage in every chunk, as vLLM does.
+
+What a load generator should measure against it is `expected` (a replay of the same rules);
+the faults make the cases a measurement must catch, each on every N-th request the server
+receives (counted from its start, warm-ups included):
+
+    --error-every N       answer HTTP 500 at once
+    --drop-every N        cut the connection after half the tokens
+    --short-every N       stream only --short-fraction of the tokens, and say so in usage
+    --stall-every N       hold --stall-s silent after half the tokens
+    --usage-factor F      report F x the streamed tokens in `usage` (every request)
+
+    python -m speedsplit.serving.reference --model DIR --served-model-name NAME \
+        --host 127.0.0.1 --port 8000 --ttft-s 0.25 --itl-s 0.01 --max-concurrency 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import heapq
+import json
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default when a request names none
+STATE = web.AppKey("reference", object)
+
+
+@dataclass(frozen=True)
+class Speed:
+    """The server's timing, set by hand (seconds)."""
+
+    ttft_s: float = 0.25
+    itl_s: float = 0.01
+    prefill_tok_s: float = 0.0  # prompt tokens a second before the first token (0: free)
+    max_concurrency: int = 0  # requests served at once; the rest wait in line (0: no cap)
+
+    def first_token_s(self, prompt_tokens: int) -> float:
+        """From a request's slot to its first token."""
+        return self.ttft_s + (prompt_tokens / self.prefill_tok_s if self.prefill_tok_s else 0.0)
+
+    def service_s(self, prompt_tokens: int, output_tokens: int) -> float:
+        """From a request's slot to its last token."""
+        return self.first_token_s(prompt_tokens) + self.itl_s * max(0, output_tokens - 1)
+
+
+@dataclass(frozen=True)
+class Faults:
+    """What goes wrong, on every N-th request received (0: never)."""
+
+    error_every: int = 0
+    drop_every: int = 0
+    short_every: int = 0
+    short_fraction: float = 0.5
+    stall_every: int = 0
+    stall_s: float = 0.0
+    usage_factor: float = 1.0
+
+    def of(self, k: int) -> str | None:
+        """The fault request number k (1-based) meets, if any (error before drop, short, stall)."""
+        for name, every in (
+            ("error", self.error_every),
+            ("drop", self.drop_every),
+            ("short", self.short_every),
+            ("stall", self.stall_every),
+        ):
+            if every and k % every == 0:
+                return name
+        return None
+
+
+# --- what a client should measure -----------------------------------------------------------
+
+
+@dataclass
+class Expected:
+    """One request as a perfect client would see it (seconds from the phase's start)."""
+
+    sent: float
+    first_token: float
+    end: float
+    prompt_tokens: int
+    output_tokens: int
+    user: int = 0  # closed loop: who sent it, and its place among that user's requests
+    index: int = 0  # open loop: its place in the arrivals given
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token - self.sent
+
+    @property
+    def e2e_s(self) -> float:
+        return self.end - self.sent
+
+    @property
+    def tpot_s(self) -> float | None:
+        n = self.output_tokens
+        return (self.end - self.first_token) / (n - 1) if n > 1 else None
+
+
+def expected(
+    speed: Speed,
+    *,
+    users: int = 1,
+    requests_per_user: int = 1,
+    prompt_tokens: int = 0,
+    output_tokens: int = 1,
+    ramp_s: float = 0.0,
+    arrivals: list[tuple[float, int, int]] | None = None,
+) -> list[Expected]:
+    """Every request of a measured phase on a fresh, idle server, as the server's rules make
+    it: closed loop (`users` each sending `requests_per_user` back to back, user u joining at
+    u * ramp_s / users) or, given `arrivals` (due time, prompt tokens, output tokens), open
+    loop (in the order given). Slots go first come, first served, as the server gives them;
+    the closed loop's requests come in the order they were sent."""
+    cap = speed.max_concurrency or 10**9
+    free = [0.0] * min(cap, max(users, len(arrivals or []), 1))  # when each slot frees up
+    heapq.heapify(free)
+    if arrivals is not None:
+        served = {}
+        for k in sorted(range(len(arrivals)), key=lambda k: arrivals[k][0]):
+            due, p, n = arrivals[k]
+            served[k] = _serve(speed, free, due, p, n, 0, k)
+        return [served[k] for k in range(len(arrivals))]
+    # closed loop: the next request of whichever user is ready first goes next
+    out: list[Expected] = []
+    ready = [(u * ramp_s / users if users else 0.0, u, 0) for u in range(users)]
+    heapq.heapify(ready)
+    while ready:
+        t, u, i = heapq.heappop(ready)
+        r = _serve(speed, free, t, prompt_tokens, output_tokens, u, i)
+        out.append(r)
+        if i + 1 < requests_per_user:
+            heapq.heappush(ready, (r.end, u, i + 1))
+    return out
+
+
+def _serve(speed: Speed, free: list[float], sent: float, p: int, n: int, user: int, index: int) -> Expected:
+    start = max(sent, heapq.heappop(free))
+    first = start + speed.first_token_s(p)
+    end = start + speed.service_s(p, n)
+    heapq.heappush(free, end)
+    return Expected(sent=sent, first_token=first, end=end, prompt_tokens=p, output_tokens=n, user=user, index=index)
+
+
+# --- the server --------------------------------------------------------------------------------
+
+
+class BadRequest(ValueError):
+    """A request the server refuses (HTTP 400), with the reason."""
+
+
+@dataclass
+class Server:
+    """The server's state: its slots, its counts, and how to count a prompt's tokens."""
+
+    speed: Speed
+    faults: Faults
+    served_name: str
+    count_tokens: object  # text -> number of tokens
+    received: int = 0
+    running: int = 0
+    waiting: int = 0
+    slots: asyncio.Semaphore | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.speed.max_concurrency:
+            self.slots = asyncio.Semaphore(self.speed.max_concurrency)
+
+
+def token_counter(model_dir: str | None):
+    """How the server counts a prompt's tokens: the model's tokenizer (as vLLM would, no
+    special tokens added: the prompts speedsplit builds are exact in that count), else words."""
+    path = Path(model_dir) / "tokenizer.json" if model_dir else None
+    if path is not None and path.is_file():
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(path))
+        return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
+    return lambda text: len(text.split())
+
+
+def _parse(body: dict, chat: bool) -> tuple[str, int, bool, dict]:
+    """The prompt text, the tokens asked for, whether to stream, and the stream options."""
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages must be a non-empty list")
+        prompt = "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+        n = body.get("max_completion_tokens", body.get("max_tokens"))
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise BadRequest("prompt must be a string")
+        n = body.get("max_tokens")
+    if "generation_config" in body:  # the transformers dialect
+        try:
+            n = json.loads(body["generation_config"]).get("max_new_tokens", n)
+        except (TypeError, ValueError, AttributeError):
+            raise BadRequest("generation_config must be a JSON object") from None
+    n = DEFAULT_MAX_TOKENS if n is None else n
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise BadRequest(f"max_tokens must be a positive integer, not {n!r}")
+    options = body.get("stream_options") or {}
+    return prompt, n, bool(body.get("stream", False)), options if isinstance(options, dict) else {}
+
+
+def _chunk(kind: str, rid: str, model: str, text: str, finish: str | None, usage: dict | None) -> bytes:
+    if kind == "chat":
+        choice = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        obj = "text_completion"
+    out = {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice]}
+    if usage is not None:
+        out["usage"] = usage
+    return b"data: " + json.dumps(out).encode() + b"\n\n"
+
+
+def _usage(prompt: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def _until(deadline: float) -> None:
+    delay = deadline - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+async def _answer(request: web.Request, kind: str) -> web.StreamResponse:
+    state: Server = request.app[STATE]
+    try:
+        body = await request.json()
+        if not isinstance(body, dict):
+            raise BadRequest("the body must be a JSON object")
+        prompt, n, stream, options = _parse(body, kind == "chat")
+    except (BadRequest, ValueError) as exc:
+        return web.json_response({"error": {"message": str(exc), "type": "BadRequestError", "code": 400}}, status=400)
+    state.received += 1
+    fault = state.faults.of(state.received)
+    if fault == "error":
+        return web.json_response({"error": {"message": "reference fault: error", "code": 500}}, status=500)
+    prompt_tokens = state.count_tokens(prompt)
+    streamed = max(1, int(n * state.faults.short_fraction)) if fault == "short" else n
+    state.waiting += 1
+    try:
+        if state.slots is not None:
+            await state.slots.acquire()
+    finally:
+        state.waiting -= 1
+    state.running += 1
+    try:
+        return await _serve_request(request, state, kind, fault, prompt_tokens, streamed, stream, options)
+    finally:
+        state.running -= 1
+        if state.slots is not None:
+            state.slots.release()
+
+
+async def _serve_request(
+    request: web.Request,
+    state: Server,
+    kind: str,
+    fault: str | None,
+    prompt_tokens: int,
+    streamed: int,
+    stream: bool,
+    options: dict,
+) -> web.StreamResponse:
+    speed = state.speed
+    start = time.perf_counter()
+    first = start + speed.first_token_s(prompt_tokens)
+    half = streamed // 2
+    claimed = round(streamed * state.faults.usage_factor)
+    rid = f"ref-{uuid.uuid4().hex[:12]}"
+    if not stream:
+        pause = state.faults.stall_s if fault == "stall" else 0.0
+        await _until(first + speed.itl_s * max(0, streamed - 1) + pause)
+        if fault == "drop":
+            request.transport.abort()
+            raise ConnectionResetError("reference fault: drop")
+        text = "".join(f" t{i}" for i in range(streamed))
+        choice = {"index": 0, "finish_reason": "length"}
+        if kind == "chat":
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return web.json_response(
+            {
+                "id": rid,
+                "object": "chat.completion" if kind == "chat" else "text_completion",
+                "created": int(time.time()),
+                "model": state.served_name,
+                "choices": [choice],
+                "usage": _usage(prompt_tokens, claimed),
+            }
+        )
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    continuous = bool(options.get("continuous_usage_stats"))
+    shift = 0.0
+    for i in range(streamed):
+        if i == half and fault in ("drop", "stall"):
+            if fault == "drop":
+                request.transport.abort()
+                return resp
+            shift = state.faults.stall_s
+        await _until(first + speed.itl_s * i + shift)
+        finish = "length" if i == streamed - 1 else None
+        usage = _usage(prompt_tokens, i + 1) if continuous else None
+        await resp.write(_chunk(kind, rid, state.served_name, f" t{i}", finish, usage))
+    if options.get("include_usage"):
+        usage = {"id": rid, "object": "text_completion", "model": state.served_name, "choices": []}
+        usage["usage"] = _usage(prompt_tokens, claimed)
+        await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+def make_app(
+    speed: Speed,
+    faults: Faults = Faults(),
+    served_name: str = "reference",
+    model_dir: str | None = None,
+    received: list | None = None,
+) -> web.Application:
+    """The reference server as an aiohttp application; `received`, if given, collects every
+    request body as the server got it (what a client really sent)."""
+    app = web.Application(client_max_size=16 * 2**20)
+
+    async def start(app: web.Application) -> None:  # the semaphore belongs to the serving loop
+        app[STATE] = Server(speed, faults, served_name, token_counter(model_dir))
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        if received is not None:
+            received.append(await request.json())
+        return await _answer(request, "completion")
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        if received is not None:
+            received.append(await request.json())
+        return await _answer(request, "chat")
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": served_name, "object": "model"}]})
+
+    async def metrics(request: web.Request) -> web.Response:
+        s: Server = request.app[STATE]
+        label = f'{{model_name="{served_name}"}}'
+        lines = [
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{label} {s.running}",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{label} {s.waiting}",
+        ]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    app.on_startup.append(start)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+def serve_in_thread(app: web.Application) -> str:
+    """Run app on a free 127.0.0.1 port in a daemon thread of this process; its base URL.
+    (A stack runs it as its own process: `python -m speedsplit.serving.reference`.)"""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ready = threading.Event()
+
+    def run() -> None:
+        loop = asyncio.new_event_loop()
+        runner = web.AppRunner(app, access_log=None)
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        ready.set()
+        loop.run_forever()
+
+    threading.Thread(target=run, daemon=True).start()
+    ready.wait(10)
+    return f"http://127.0.0.1:{port}"
+
+
+def argv(speed: Speed, faults: Faults = Faults()) -> list[str]:
+    """The flags that start a server of this speed and these faults (defaults left out)."""
+    out = []
+    for obj in (speed, faults):
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if value != f.default:
+                out += [f"--{f.name.replace('_', '-')}", str(value)]
+    return out
+
+
+def parse_argv(args: list[str]) -> tuple[Speed, Faults] | None:
+    """The speed and faults a server command line sets, if it starts this module."""
+    if "speedsplit.serving.reference" not in args:
+        return None
+    p = argparse.ArgumentParser(add_help=False)
+    add_speed_args(p)
+    known, _ = p.parse_known_args(args[args.index("speedsplit.serving.reference") + 1 :])
+    return speed_of(known)
+
+
+def add_speed_args(p: argparse.ArgumentParser) -> None:
+    """The timing and fault flags (shared with `speedsplit calibrate`)."""
+    p.add_argument("--ttft-s", type=float, default=Speed.ttft_s, help="slot to first token, before prefill")
+    p.add_argument("--itl-s", type=float, default=Speed.itl_s, help="between tokens")
+    p.add_argument("--prefill-tok-s", type=float, default=0.0, help="prompt tokens a second before the first (0: free)")
+    p.add_argument("--max-concurrency", type=int, default=0, help="requests served at once (0: no cap)")
+    for name in ("error", "drop", "short", "stall"):
+        p.add_argument(f"--{name}-every", type=int, default=0, metavar="N", help=f"{name} on every N-th request")
+    p.add_argument("--short-fraction", type=float, default=0.5, help="share of the tokens a short answer streams")
+    p.add_argument("--stall-s", type=float, default=0.0, help="how long a stalled request is silent")
+    p.add_argument("--usage-factor", type=float, default=1.0, help="usage reports this times the streamed tokens")
+
+
+def speed_of(args: argparse.Namespace) -> tuple[Speed, Faults]:
+    for name in ("ttft_s", "itl_s", "prefill_tok_s", "stall_s"):
+        if getattr(args, name) < 0:
+            raise SystemExit(f"--{name.replace('_', '-')} must not be negative")
+    speed = Speed(args.ttft_s, args.itl_s, args.prefill_tok_s, args.max_concurrency)
+    faults = Faults(
+        error_every=args.error_every,
+        drop_every=args.drop_every,
+        short_every=args.short_every,
+        short_fraction=args.short_fraction,
+        stall_every=args.stall_every,
+        stall_s=args.stall_s,
+        usage_factor=args.usage_factor,
+    )
+    return speed, faults
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="a model folder: its tokenizer counts prompt tokens (else words)")
+    p.add_argument("--served-model-name", default="reference")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    add_speed_args(p)
+    args = p.parse_args(argv)
+    speed, faults = speed_of(args)
+    print(f"reference server: {speed} {faults} on {args.host}:{args.port}", flush=True)
+    web.run_app(
+        make_app(speed, faults, args.served_model_name, args.model),
+        host=args.host,
+        port=args.port,
+        access_log=None,
+        print=None,
+    )
+
+
+if __name__ == "__main__":
+    main()

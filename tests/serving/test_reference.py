@@ -1,0 +1,186 @@
+"""The server of known speed: what its rules make (expected), what it serves, its faults, and
+the load generator measured against it (the workflow's runs on it: tests/workflow/test_truth.py)."""
+
+import asyncio
+import json
+import statistics
+
+import aiohttp
+import pytest
+
+from speedsplit.probes import loadgen
+from speedsplit.serving import reference as R
+
+
+def test_a_closed_loop_under_a_cap_waits_its_turn():
+    speed = R.Speed(ttft_s=0.1, itl_s=0.01, max_concurrency=2)
+    got = R.expected(speed, users=4, requests_per_user=1, prompt_tokens=8, output_tokens=11)
+    service = 0.1 + 10 * 0.01
+    assert [round(e.first_token, 9) for e in got] == [0.1, 0.1, round(service + 0.1, 9), round(service + 0.1, 9)]
+    assert max(e.end for e in got) == pytest.approx(2 * service)
+    assert {(e.user, e.index) for e in got} == {(u, 0) for u in range(4)}
+    assert all(e.tpot_s == pytest.approx(0.01) for e in got)
+
+
+def test_prefill_and_open_loop_arrivals_keep_their_order():
+    speed = R.Speed(ttft_s=0.1, itl_s=0.01, prefill_tok_s=1000)
+    got = R.expected(speed, arrivals=[(0.5, 100, 2), (0.0, 300, 3)])
+    assert [e.index for e in got] == [0, 1]  # in the order given
+    assert got[0].ttft_s == pytest.approx(0.2) and got[1].ttft_s == pytest.approx(0.4)
+    assert got[1].end == pytest.approx(0.4 + 2 * 0.01)
+
+
+def test_its_command_line_says_its_speed_and_faults():
+    speed, faults = R.Speed(0.3, 0.02, 500.0, 4), R.Faults(stall_every=5, stall_s=2.0, usage_factor=2.0)
+    argv = ["python", "-m", "speedsplit.serving.reference", "--port", "1", *R.argv(speed, faults)]
+    assert R.parse_argv(argv) == (speed, faults)
+    assert R.parse_argv(["python", "-m", "vllm.entrypoints.openai.api_server"]) is None
+
+
+def _stream(url: str, body: dict, path: str = "/v1/completions") -> list[dict]:
+    async def go():
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + path, json=body) as resp:
+                assert resp.status == 200, await resp.text()
+                out = []
+                async for raw in resp.content:
+                    line = raw.strip()
+                    if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
+                        out.append(json.loads(line[5:]))
+                return out
+
+    return asyncio.run(go())
+
+
+@pytest.fixture(scope="module")
+def quick():
+    return R.serve_in_thread(R.make_app(R.Speed(ttft_s=0.0, itl_s=0.001), R.Faults(usage_factor=2.0)))
+
+
+def test_it_streams_exactly_the_tokens_asked_for_and_its_usage_says_what_it_is_told(quick):
+    body = {"prompt": "a b c", "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True}}
+    chunks = _stream(quick, body)
+    assert [c["choices"][0]["text"] for c in chunks[:-1]] == [f" t{i}" for i in range(5)]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 10  # the lie: 2 x 5
+    assert chunks[-1]["usage"]["prompt_tokens"] == 3  # words, without a tokenizer
+    body["stream_options"]["continuous_usage_stats"] = True  # the running count, as vLLM sends it
+    running = [c["usage"]["completion_tokens"] for c in _stream(quick, body)[:-1]]
+    assert running == [1, 2, 3, 4, 5]
+    chat = _stream(
+        quick,
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True},
+        "/v1/chat/completions",
+    )
+    assert [c["choices"][0]["delta"]["content"] for c in chat] == [" t0", " t1", " t2"]
+    gen = {"prompt": "x", "stream": True, "generation_config": json.dumps({"max_new_tokens": 4})}
+    assert len(_stream(quick, gen)) == 4  # the transformers dialect
+
+
+def test_the_load_generator_counts_the_stream_and_flags_usage_that_disagrees(quick):
+    spec = loadgen.LoadSpec(
+        urls=[quick], model="m", prompts=["a b c d"] * 8, users=2, prompt_tokens=4, output_tokens=6,
+        requests_per_user=2, warmup_requests=0,
+    )  # fmt: skip
+    s, records = loadgen.run(spec)
+    assert s.completed == 4 and s.output_tokens == 4 * 6  # counted in the stream, not usage's 12 each
+    assert s.usage_mismatch == 4 and s.wrong_output_length == 0
+    assert all(r.usage_tokens == 12 and r.output_tokens == 6 and r.stream_count == "running" for r in records)
+    # without a running count (the transformers dialect asks for none) the chunks bound the claim
+    # from below only: a server that claims fewer tokens than it streamed chunks is caught
+    under = R.serve_in_thread(R.make_app(R.Speed(ttft_s=0.0, itl_s=0.001), R.Faults(usage_factor=0.5)))
+    spec.urls, spec.dialect = [under], "transformers"
+    s, records = loadgen.run(spec)
+    assert s.usage_mismatch == 4 and s.output_tokens == 4 * 6
+    assert all(r.stream_count == "chunks" and r.streamed_tokens == 6 and r.usage_tokens == 3 for r in records)
+
+
+def test_a_stream_counted_by_chunks_bounds_usage_from_below_only():
+    """A server holds back the tokens that end inside a character and sends no chunk for them
+    (transformers serve streamed 27 chunks for 48 tokens of the tiny model, llama.cpp 27 for
+    32): a claim above the chunks is believed, one below them is not."""
+    from speedsplit.core.requestlog import RequestRecord
+
+    def rec(streamed, usage, how="chunks"):
+        return RequestRecord(
+            user=0, index=0, phase="measured", url="", sent=0.0, streamed_tokens=streamed, usage_tokens=usage,
+            stream_count=how,
+        )  # fmt: skip
+
+    assert not rec(27, 48).usage_disagrees and not rec(27, 32).usage_disagrees and not rec(32, 32).usage_disagrees
+    assert rec(33, 32).usage_disagrees  # fewer tokens than chunks that carried one
+    assert rec(31, 32, "running").usage_disagrees  # a running count is exact
+
+
+def test_each_fault_hits_every_nth_request():
+    faults = R.Faults(error_every=2, short_every=3, short_fraction=0.5)
+    url = R.serve_in_thread(R.make_app(R.Speed(ttft_s=0.0, itl_s=0.0), faults))
+    spec = loadgen.LoadSpec(
+        urls=[url], model="m", prompts=["a"] * 8, users=1, prompt_tokens=1, output_tokens=8,
+        requests_per_user=6, warmup_requests=0,
+    )  # fmt: skip
+    s, records = loadgen.run(spec)
+    # requests 2, 4, 6 answer 500; 3 streams half its tokens (and says so)
+    assert s.failures == {"http_500": 3} and s.wrong_output_length == 1
+    assert sorted(r.output_tokens for r in records if r.ok) == [4, 8, 8]
+    drop = R.serve_in_thread(R.make_app(R.Speed(ttft_s=0.0, itl_s=0.001), R.Faults(drop_every=1)))
+    s, _ = loadgen.run(
+        loadgen.LoadSpec(
+            urls=[drop],
+            model="m",
+            prompts=["a"],
+            users=1,
+            prompt_tokens=1,
+            output_tokens=8,
+            requests_per_user=1,
+            warmup_requests=0,
+        )
+    )
+    assert s.failures == {"connection": 1}
+
+
+def test_a_stall_below_the_stall_timeout_is_a_latency_outlier():
+    faults = R.Faults(stall_every=4, stall_s=1.2)
+    url = R.serve_in_thread(R.make_app(R.Speed(ttft_s=0.01, itl_s=0.005), faults))
+    spec = loadgen.LoadSpec(
+        urls=[url], model="m", prompts=["a b"] * 16, users=2, prompt_tokens=2, output_tokens=10,
+        requests_per_user=4, warmup_requests=0, stall_timeout_s=5.0,
+    )  # fmt: skip
+    s, records = loadgen.run(spec)
+    assert s.failed == 0 and s.latency_outliers == 2  # requests 4 and 8 held 1.2 s
+    slow = sorted(r.end - r.sent for r in records)[-2:]
+    assert all(t > 1.2 for t in slow)
+    spec.outlier_factor = 1000.0  # the rule's factor is the config's (benchmark.outlier_factor)
+    assert loadgen.summarize(records, s.wall_s, spec).latency_outliers == 0
+
+
+def test_its_metrics_show_what_it_runs_and_what_waits():
+    url = R.serve_in_thread(R.make_app(R.Speed(ttft_s=0.3, itl_s=0.01, max_concurrency=1)))
+
+    async def go():
+        async with aiohttp.ClientSession() as http:
+            body = {"prompt": "a", "max_tokens": 2, "stream": True}
+            sent = [asyncio.create_task(http.post(url + "/v1/completions", json=body)) for _ in range(3)]
+            await asyncio.sleep(0.15)
+            async with http.get(url + "/metrics") as resp:
+                text = await resp.text()
+            for t in sent:
+                (await t).release()
+            return text
+
+    text = asyncio.run(go())
+    assert 'vllm:num_requests_running{model_name="reference"} 1' in text
+    assert 'vllm:num_requests_waiting{model_name="reference"} 2' in text
+
+
+def test_the_load_generator_measures_it_within_a_few_milliseconds():
+    speed = R.Speed(ttft_s=0.05, itl_s=0.005)
+    url = R.serve_in_thread(R.make_app(speed))
+    spec = loadgen.LoadSpec(
+        urls=[url], model="m", prompts=["a b c"] * 20, users=2, prompt_tokens=3, output_tokens=11,
+        requests_per_user=3, warmup_requests=1,
+    )  # fmt: skip
+    s, records = loadgen.run(spec)
+    measured = [r for r in records if r.phase == "measured"]
+    # the client's own offset: a few milliseconds at most (speedsplit calibrate measures it)
+    assert 0 <= statistics.median(r.first_token - r.sent for r in measured) - 0.05 < 0.01
+    assert s.tpot_s.median == pytest.approx(0.005, rel=0.1)

@@ -1,0 +1,89 @@
+"""The truth tier: the whole workflow on servers of known speed (tests/config/truth.yaml), every
+number set beside its truth (speedsplit/analysis/truth.py). A measuring path that drifts or an
+interval that misses the truth fails here. It runs alone (marker serial): another worker's load
+takes the client's CPU from under it, and a client that waits 70 ms for a core reads its first
+token 70 ms late. The faults: test_truth_faults.py."""
+
+import shutil
+
+import polars as pl
+import pytest
+from conftest import REPO, run_snakemake
+
+from speedsplit.analysis import truth
+from speedsplit.core.formats import read_frame
+from speedsplit.output import analyses
+from speedsplit.planning import config as C
+
+
+@pytest.fixture(scope="module")
+def truth_run(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("truth")
+    shutil.copy(REPO / "tests/data/mooncake-conversation-excerpt.jsonl", wd / "trace.jsonl")
+    text = (REPO / "tests/config/truth.yaml").read_text()
+    (wd / "truth.yaml").write_text(
+        text.replace("tests/data/mooncake-conversation-excerpt.jsonl", str(wd / "trace.jsonl"))
+    )
+    out = run_snakemake(["--configfile", "truth.yaml", "--cores", "2", "--resources", "gpu=1"], wd, timeout=900)
+    (wd / "snakemake.out").write_text(out.stdout + out.stderr)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-5000:]
+    cfg = C.load(wd / "truth.yaml")
+    table = truth.compare(sorted((wd / "results/bench").rglob("run*.json")), **analyses.analysis_spec(cfg))
+    (wd / "truth.txt").write_text(truth.text(table))
+    return wd, table
+
+
+@pytest.mark.slow
+@pytest.mark.snakemake
+@pytest.mark.serial
+def test_every_run_lands_within_two_percent_of_its_truth(truth_run):
+    wd, table = truth_run
+    runs = table.filter(pl.col("kind") == "run")
+    # 3 chain stacks x (u1, u8, open loop) + the capped one x (u8, open loop) + 2 trace stacks, 2 runs, 4 metrics
+    assert runs.height == (3 * 3 + 2 + 2) * 2 * 4
+    assert set(runs["metric"]) == {"throughput", "TTFT p50", "TPOT p50", "E2E p50"}
+    off = runs.filter(~pl.col("within"))
+    assert off.is_empty(), (wd / "truth.txt").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.snakemake
+@pytest.mark.serial
+def test_every_factor_within_one_percent_and_the_intervals_hold_the_truth(truth_run):
+    wd, table = truth_run
+    factors = table.filter(pl.col("kind") == "factor")
+    # closed loop (two numbers of users), open loop, a saturated stack, a trace: each has factors
+    cells = {w.split()[2] for w in factors["what"]}
+    assert {"u1-truth-greedy", "u8-truth-greedy", "r6-traffic-greedy", "x4-trace-greedy"} <= cells
+    assert any("saturated" in w for w in factors["what"])
+    assert factors.filter(~pl.col("within")).is_empty(), (wd / "truth.txt").read_text()
+    judged = factors.filter(pl.col("covered").is_not_null())
+    assert judged.height == factors.height  # two runs a stack: every factor has its interval
+    assert judged["covered"].sum() >= truth.COVERAGE * judged.height, (wd / "truth.txt").read_text()
+    # the study's chain as the config made it: at one user 2.0 x 1.25 = 2.5; at eight the users
+    # join over 0.35 s (ramp 0.4 s, 50 ms apart), which no stack speeds up: each throughput
+    # factor is (0.35 s + two requests on the slower) / (0.35 s + two on the faster)
+    e2e = {"ref-slow": 0.8 + 15 * 0.02, "ref-mid": 0.4 + 15 * 0.01, "ref-fast": 0.32 + 15 * 0.008}
+    ramped = {s: 0.35 + 2 * t for s, t in e2e.items()}
+    at_eight = [ramped["ref-slow"] / ramped["ref-mid"], ramped["ref-mid"] / ramped["ref-fast"]]
+    at_eight.append(at_eight[0] * at_eight[1])
+    for cell, want in (("u1-truth-greedy", [2.0, 1.25, 2.5]), ("u8-truth-greedy", at_eight)):
+        rows = factors.filter(pl.col("what").str.starts_with(f"attribution study {cell}"))
+        assert sorted(rows["truth"].to_list()) == pytest.approx(sorted(want), rel=1e-9), cell
+
+
+@pytest.mark.slow
+@pytest.mark.snakemake
+@pytest.mark.serial
+def test_the_run_records_its_calibration_and_every_table_says_what_its_intervals_cover(truth_run):
+    wd, _ = truth_run
+    cal = read_frame(wd / "results/tables/calibration.parquet")
+    assert sorted(cal["users"]) == [1, 16] and (cal["ceiling_tok_s"] > 0).all()
+    assert (cal["carried_ttft_s"] >= 0).all() and (cal["carried_ttft_s"] < 0.05).all()  # milliseconds
+    assert cal["runs"].min() == len(list((wd / "results/bench").rglob("run*.json")))
+    for name in ("attribution", "traffic_factors"):
+        table = read_frame(wd / f"results/tables/{name}.parquet")
+        # rows with a value (a chain's row at a cell one of its stacks skips has none)
+        intervals = set(table.filter(pl.col("value").is_not_null())["interval"])
+        assert all(i.startswith("95% t over runs") and "client's calibrated offset" in i for i in intervals), intervals
+    assert set(read_frame(wd / "results/tables/cells.parquet")["interval"]) == {"95% t over runs"}
