@@ -15,6 +15,7 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 
 from speedsplit.core.results import looks_secret, redact_secrets
+from speedsplit.planning.extends import resolve_stacks
 from speedsplit.planning.grid import (  # noqa: F401 (re-exported: callers read the config through this module)
     Cell,
     ConfigError,
@@ -90,8 +91,9 @@ def _key_path(error) -> str:
 
 
 def validate(config: dict) -> dict:
-    """Fill defaults, check the schema and cross-references; return the filled config."""
-    config = copy.deepcopy(config) if config else {}
+    """Resolve stacks that extend stacks, fill defaults, check the schema and cross-references;
+    return the filled config."""
+    config = resolve_stacks(copy.deepcopy(config)) if config else {}
     errors = sorted(_Validator(load_schema()).iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         e = errors[0]

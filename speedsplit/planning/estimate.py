@@ -25,6 +25,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from speedsplit.core.loads import load_of
 from speedsplit.core.record import ResultError, read_result
 from speedsplit.models.checkpoint import ModelError, read_model_config, shape_config
 from speedsplit.planning import config as cfgmod
@@ -141,12 +142,7 @@ def roofline_rate(
 def schedule_s(cell: dict) -> float | None:
     """An open-loop cell's arrivals span (its requests at its rate, its duration, or its trace
     window at its speedup), or None: a closed-loop cell, or a trace window counted in requests."""
-    if cell.get("arrival"):
-        a = cell["arrival"]
-        return float(a["duration_s"]) if "duration_s" in a else a["requests"] / a["rate_rps"]
-    if cell.get("trace") and cell["trace"].get("duration_s"):
-        return cell["trace"]["duration_s"] / cell["trace"]["speedup"]
-    return None
+    return load_of(cell).schedule_s()
 
 
 def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: str = BANDWIDTH) -> list[JobEstimate]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from speedsplit.core.loads import kind_of
+from speedsplit.core.record import OUTLIER_FACTOR, OUTLIER_MIN_S
 from speedsplit.models.checkpoint import INT4_FORMATS
 
 
@@ -17,6 +19,7 @@ class ConfigError(ValueError):
 
 
 INT4 = INT4_FORMATS  # the variants that serve 4-bit weights of a checkpoint
+OUTLIER_DEFAULTS = {"outlier_factor": OUTLIER_FACTOR, "outlier_min_s": OUTLIER_MIN_S}
 
 
 def kernel_reference(config: dict) -> str | None:
@@ -32,10 +35,13 @@ def kernel_reference(config: dict) -> str | None:
 
 
 def family(entry: dict) -> str:
-    """'vllm' for a stack that runs vLLM, 'llama.cpp' for llama.cpp's server, else 'hf'
-    (transformers serve, stock generate())."""
+    """'vllm' for a stack that runs vLLM, 'llama.cpp' for llama.cpp's server, 'reference' for
+    the server of known speed (speedsplit/serving/reference.py), else 'hf' (transformers serve,
+    stock generate())."""
     if any("llama_server" in arg or "llama-server" in arg for arg in entry["args"]):
         return "llama.cpp"
+    if "speedsplit.serving.reference" in entry["args"]:
+        return "reference"
     return "vllm" if any("vllm" in arg for arg in entry["args"]) else "hf"
 
 
@@ -51,10 +57,11 @@ def chain_steps(config: dict) -> dict[str, list[str]]:
     'runtime' (HF to vLLM, same weights), 'INT4 weights + kernel' (FP16 to GPTQ or AWQ, when
     the chain has no later kernel step), 'INT4 format' and 'kernel' (when it has: GPTQ to GPTQ
     is a kernel change; GPTQ to AWQ is a format change), 'FP8 weights + activations' (to vLLM's
-    FP8), 'GGUF Q8_0 weights' (to a llama.cpp quantized file), 'scheduler' (HF to HF), 'prefix
-    caching' (vLLM to vLLM, its prefix-caching switch alone), 'configuration' (one engine
-    otherwise, same weights); 'runtime' also names a change of engine on the same 16-bit
-    weights (vLLM FP16 to llama.cpp F16)."""
+    FP8), 'GGUF Q8_0 weights' (to a llama.cpp quantized file), 'batch ceiling' (HF to HF, stock
+    generate() at another --max-batch), 'scheduler' (HF to HF otherwise), 'prefix caching' (vLLM
+    to vLLM, its prefix-caching switch alone), 'configuration' (one engine otherwise, same
+    weights); 'runtime' also names a change of engine on the same 16-bit weights (vLLM FP16 to
+    llama.cpp F16). Two steps of one chain that would read alike each name their stacks."""
     out = {}
     for name, chain in config["chains"].items():
         entries = [config["stacks"][s] for s in chain]
@@ -74,11 +81,22 @@ def chain_steps(config: dict) -> dict[str, list[str]]:
             elif family(a) != family(b):
                 steps.append("runtime")
             elif family(b) == "hf":
-                steps.append("scheduler")
+                steps.append("batch ceiling" if _only(a, b, "--max-batch") else "scheduler")
             else:
                 steps.append("prefix caching" if _only_prefix_caching(a, b) else "configuration")
-        out[name] = steps
+        # one name, one step: where two steps of a chain would read alike, each names its stacks
+        twice = {x for x in steps if steps.count(x) > 1}
+        out[name] = [f"{x} ({c} → {d})" if x in twice else x for x, c, d in zip(steps, chain, chain[1:])]
     return out
+
+
+def _only(a: dict, b: dict, flag: str) -> bool:
+    """Whether two stacks' arguments differ only in one flag's value."""
+
+    def without(args: list[str]) -> list[str]:
+        return [x for i, x in enumerate(args) if x != flag and (i == 0 or args[i - 1] != flag)]
+
+    return a["args"] != b["args"] and without(a["args"]) == without(b["args"])
 
 
 def _only_prefix_caching(a: dict, b: dict) -> bool:
@@ -187,17 +205,25 @@ class Cell:
         return not self.stacks or stack in self.stacks
 
 
+# A workload's cells by its kind of load (core/loads.py), as (users, rate) pairs: closed loop a
+# cell per grid.users; open loop a cell per rate, whatever the users; a trace a cell per speedup.
+_LEVELS = {
+    "closed": lambda w, users: [(u, None) for u in users],
+    "open": lambda w, users: [(0, float(r)) for r in w["arrival"]["rates"]],
+    "trace": lambda w, users: [(0, float(r)) for r in w["trace"]["speedups"]],
+}
+
+
 def grid_cells(config: dict) -> list[Cell]:
     """The grid's cells (its list, else its product), without the capacity sweep's levels."""
     g = config["grid"]
 
     def of(users: list[int], workload: str, sampling: str, stacks: tuple[str, ...] = ()) -> list[Cell]:
         w = config["workloads"][workload]
-        if w.get("arrival"):  # open loop: a cell per rate, whatever the users
-            return [Cell(0, workload, sampling, stacks, rate=float(r)) for r in w["arrival"]["rates"]]
-        if w.get("trace"):  # a trace: a cell per speedup
-            return [Cell(0, workload, sampling, stacks, rate=float(r), trace=True) for r in w["trace"]["speedups"]]
-        return [Cell(u, workload, sampling, stacks) for u in users]
+        kind = kind_of(w)
+        return [
+            Cell(u, workload, sampling, stacks, rate=rate, trace=kind == "trace") for u, rate in _LEVELS[kind](w, users)
+        ]
 
     if g["cells"]:
         out = [
@@ -275,6 +301,8 @@ def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
         "top_p": float(s["top_p"]),
         "seed": s["seed"],
         "min_measured_s": float(b["min_measured_s"]),
+        # only where not the default: cells measured before the rule keep their params
+        **{k: float(b[k]) for k in ("outlier_factor", "outlier_min_s") if b[k] != OUTLIER_DEFAULTS[k]},
         "telemetry_s": float(b["telemetry_s"]),
         # open loop: the arrivals and the length mix (closed-loop cells hold none of these)
         **(_open_loop(config, cell) if cell.rate is not None else {}),

@@ -48,15 +48,17 @@ def test_defaults_are_filled():
         ),
         (lambda c: c["stacks"]["hf-fp16"].update(variant="int3"), "config error at stacks.hf-fp16.variant"),
         (
-            lambda c: c["stacks"]["vllm-fp16"]["env"].update(HF_TOKEN="hf_x"),
+            lambda c: c["stacks"]["vllm-fp16"].setdefault("env", {}).update(HF_TOKEN="hf_x"),
             "config error at stacks.vllm-fp16.env.HF_TOKEN: a secret never goes into the config",
         ),
         (
-            lambda c: c["stacks"]["vllm-fp16"]["args"].extend(["--api-key", "sk-1"]),
+            lambda c: c["stacks"]["vllm-fp16"].setdefault("add_args", []).extend(["--api-key", "sk-1"]),
             "config error at stacks.vllm-fp16.args[",
         ),
         (  # a secret under a name that does not say so
-            lambda c: c["stacks"]["vllm-fp16"]["env"].update(HF_ENDPOINT="https://me:pa55word@hub.example"),
+            lambda c: c["stacks"]["vllm-fp16"]
+            .setdefault("env", {})
+            .update(HF_ENDPOINT="https://me:pa55word@hub.example"),
             "config error at stacks.vllm-fp16.env.HF_ENDPOINT: a secret never goes into the config",
         ),
         (
@@ -66,7 +68,9 @@ def test_defaults_are_filled():
             "config error at stacks.hf-fp16.on_cpu.env.AUTH: a secret never goes into the config",
         ),
         (
-            lambda c: c["stacks"]["vllm-fp16"]["args"].extend(["--hub", "https://me:pa55word@hub.example/x"]),
+            lambda c: c["stacks"]["vllm-fp16"]
+            .setdefault("add_args", [])
+            .extend(["--hub", "https://me:pa55word@hub.example/x"]),
             "config error at stacks.vllm-fp16.args[",
         ),
         (

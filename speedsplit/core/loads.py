@@ -1,0 +1,71 @@
+"""The three kinds of load a cell puts on a stack, told apart by `kind`:
+
+- `ClosedLoop`: N users, each sending its next request when its last one is answered (the
+  study's load), all starting at once or joining over a ramp;
+- `OpenLoop`: requests that arrive at a rate whatever is in flight (speedsplit/probes/traffic.py:
+  poisson, gamma or constant arrivals, a length mix);
+- `TraceReplay`: a window of a recorded trace's arrivals at a speedup.
+
+A cell's job file (planning/grid.cell_params) names its kind by the keys it holds: `trace`, else
+`arrival`, else neither (closed loop); `load_of` reads it. Whoever does something per kind keys a
+registry by the load's type (measuring/bench.py's prompts and schedule, planning/estimate.py's
+arrivals span) rather than testing keys.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Load(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    def schedule_s(self) -> float | None:
+        """How long its arrivals span, where that is known before it runs."""
+        return None
+
+
+class ClosedLoop(_Load):
+    kind: Literal["closed"] = "closed"
+    users: int = Field(ge=1)
+    ramp_s: float = 0.0  # the users join the measured phase over this many seconds
+
+
+class OpenLoop(_Load):
+    kind: Literal["open"] = "open"
+    arrival: dict  # pattern, rate_rps, burstiness, and requests or duration_s
+    lengths: dict | None = None  # the length mix (None: every request at the workload's lengths)
+    max_client_lag_s: float | None = None  # a larger p99 send lag is flagged client_lag
+
+    def schedule_s(self) -> float | None:
+        a = self.arrival
+        return float(a["duration_s"]) if "duration_s" in a else a["requests"] / a["rate_rps"]
+
+
+class TraceReplay(_Load):
+    kind: Literal["trace"] = "trace"
+    trace: dict  # probes/traffic.TraceWindow's fields
+    max_client_lag_s: float | None = None  # a larger p99 send lag is flagged client_lag
+
+    def schedule_s(self) -> float | None:
+        span = self.trace.get("duration_s")
+        return span / self.trace["speedup"] if span else None
+
+
+KINDS: dict[str, type[_Load]] = {"closed": ClosedLoop, "open": OpenLoop, "trace": TraceReplay}
+
+
+def kind_of(entry: dict) -> str:
+    """A cell's (or a workload's) load kind, from the keys that define it."""
+    return "trace" if entry.get("trace") else "open" if entry.get("arrival") else "closed"
+
+
+def load_of(cell: dict) -> ClosedLoop | OpenLoop | TraceReplay:
+    """A cell's load from its job-file params. An open-loop cell's `users` is 0: its load has
+    none (the warm-up runs one user)."""
+    kind = kind_of(cell)
+    if kind == "closed":
+        return ClosedLoop(users=cell["users"], ramp_s=cell.get("ramp_s", 0.0))
+    return KINDS[kind].model_validate(cell)

@@ -1,0 +1,41 @@
+"""A cell's kind of load (speedsplit/core/loads.py), read from the job params of every shipped
+config's cells."""
+
+import pytest
+from conftest import REPO
+
+from speedsplit.core.loads import ClosedLoop, OpenLoop, TraceReplay, load_of
+from speedsplit.planning import config as C
+
+CONFIGS = [
+    ["config/config.yaml"],
+    ["config/h200-smoke.yaml", "config/h200-traffic.yaml"],
+    ["tests/config/truth.yaml"],
+]
+
+
+@pytest.mark.parametrize("files", CONFIGS, ids=lambda f: f[-1])
+def test_every_cell_of_a_shipped_config_has_its_kind_of_load(files):
+    cfg = C.load(*(REPO / f for f in files))
+    kinds = set()
+    for cell in C.cells(cfg):
+        load = load_of(C.cell_params(cfg, cell))
+        expect = TraceReplay if cell.trace else OpenLoop if cell.rate is not None else ClosedLoop
+        assert type(load) is expect, cell.name
+        if isinstance(load, ClosedLoop):
+            assert load.users == cell.users and load.schedule_s() is None
+        elif isinstance(load, OpenLoop):
+            assert load.arrival["rate_rps"] == cell.rate and load.schedule_s() > 0
+        else:
+            assert load.trace["speedup"] == cell.rate
+        kinds.add(load.kind)
+    assert kinds
+
+
+def test_the_load_kinds_say_how_long_their_arrivals_span():
+    common = {"users": 0, "max_client_lag_s": 1.0}
+    assert load_of({**common, "arrival": {"rate_rps": 4.0, "requests": 100}}).schedule_s() == 25.0
+    assert load_of({**common, "arrival": {"rate_rps": 4.0, "duration_s": 10}}).schedule_s() == 10.0
+    assert load_of({**common, "trace": {"speedup": 2.0, "duration_s": 60}}).schedule_s() == 30.0
+    assert load_of({**common, "trace": {"speedup": 2.0, "requests": 60}}).schedule_s() is None
+    assert load_of({"users": 8, "ramp_s": 2.0}) == ClosedLoop(users=8, ramp_s=2.0)
