@@ -41,7 +41,7 @@ def close_run(failed=False):
     """Print the run's summary; a run whose chains could not all be decomposed fails."""
     from snakemake.exceptions import WorkflowError
 
-    reason = ss_summary.close_run("results", CFG["benchmark"]["fail_on_undecomposed"])
+    reason = ss_summary.close_run("results", CFG["benchmark"]["fail_on_undecomposed"], ss_summary.snakemake_args())
     if reason and not failed:
         raise WorkflowError(f"speedsplit: {reason}")
 
@@ -99,6 +99,8 @@ def bench_inputs(wc):
         "model": f"resources/models/{wc.model}/{ss_plan.variant_dir(CFG, wc.stack)}",
         "tokenizer": f"resources/models/{wc.model}/fp16",
     }
+    # Order only: calibrated before the first cell; a new calibration reruns no cell.
+    inputs["calibration"] = ancient(ss_plan.CALIBRATION)
     prev = PREV[job]
     if prev is not None:
         # Order only: run after the lane's previous job (its server may be ours), never

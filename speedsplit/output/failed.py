@@ -11,7 +11,9 @@ twice with them: first with those results as its targets (exactly those cells ar
 then for everything (the tables, plots and report). Why two runs: Snakemake alone would not
 notice a missing result once the report that used it is up to date, and asked for both at
 once it also reruns the job after each one in its lane (an `ancient()` input still counts as
-"updated by another job" within one run).
+"updated by another job" within one run). The first run's closing summary says only that it
+re-measured (its tables are not rebuilt yet); the second's is the answer, and its exit the
+command's.
 """
 
 from __future__ import annotations
@@ -91,6 +93,10 @@ def aside_folder(results_root: Path) -> Path:
             continue
 
 
+# Set for the first of --rerun's two Snakemake runs (output/summary.close_run reads it).
+REMEASURE_ENV = "SPEEDSPLIT_REMEASURE_ONLY"
+
+
 def run(results: str | Path, flagged: bool, rerun: bool, snakemake_args: list[str] | None) -> int:
     """List the failed runs under a results folder (with their causes); with rerun, move them
     aside and, given snakemake's arguments, re-measure them and rebuild the tables."""
@@ -113,6 +119,12 @@ def run(results: str | Path, flagged: bool, rerun: bool, snakemake_args: list[st
         print("re-measure them with: snakemake " + " ".join(targets) + " <your usual arguments>")
         print("then rebuild the tables and report: snakemake <your usual arguments>")
         return 0
-    # targets first: options such as --resources take every word after them
-    rc = subprocess.call([sys.executable, "-m", "snakemake", *targets, *snakemake_args])
-    return rc or subprocess.call([sys.executable, "-m", "snakemake", *snakemake_args])
+    # targets first: options such as --resources take every word after them; the first run's
+    # closing summary would read the tables before they are rebuilt: it says only what it did
+    first = subprocess.call(
+        [sys.executable, "-m", "snakemake", *targets, *snakemake_args], env={**os.environ, REMEASURE_ENV: "1"}
+    )
+    if first:
+        print(f"re-measuring ended with exit {first}; rebuilding the tables and report with what there is")
+    # the second run retries whatever the first could not finish: its exit is the answer
+    return subprocess.call([sys.executable, "-m", "snakemake", *snakemake_args])

@@ -8,11 +8,14 @@ failed. A run whose chains could not all be decomposed is a failed run (exit cod
 
 from __future__ import annotations
 
+import os
+import shlex
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-from speedsplit.output.failed import failed_results
+from speedsplit.core.results import redact
+from speedsplit.output.failed import REMEASURE_ENV, failed_results
 
 
 def _frame(path: Path):
@@ -63,8 +66,22 @@ def traffic_lines(factors) -> list[str]:
     return out
 
 
-def lines(results: str | Path = "results") -> tuple[list[str], bool]:
-    """The summary's lines, and whether every measured chain was decomposed."""
+def qualifier_lines(results: Path) -> list[str]:
+    """What qualifies the numbers, as the report's first screen says it (flagged runs, runs
+    left out of the headline, kernels other than asked), less the runs that did not complete
+    (listed below with their causes)."""
+    from speedsplit.analysis.answer import qualifiers
+
+    runs, att = _frame(results / "tables" / "runs.parquet"), _frame(results / "tables" / "attribution.parquet")
+    if runs is None or att is None:
+        return []
+    return [q for q in qualifiers(runs, att) if " did not complete: " not in q]
+
+
+def lines(results: str | Path = "results", run_args: list[str] | None = None) -> tuple[list[str], bool]:
+    """The summary's lines, and whether every measured chain was decomposed. run_args: the
+    Snakemake arguments of the run being closed (the command that re-measures its failed runs
+    repeats them)."""
     results = Path(results)
     out = ["", "speedsplit: what this run found"]
     answer = _frame(results / "tables" / "answer.parquet")
@@ -74,6 +91,7 @@ def lines(results: str | Path = "results") -> tuple[list[str], bool]:
     missing = undecomposed(results)
     for why in missing:
         out.append(f"  NOT DECOMPOSED: {why}")
+    out += [f"  qualified: {q}" for q in qualifier_lines(results)]
     if answer is None:
         out.append("  no tables yet (the aggregation did not run)")
     failed = failed_results(results / "bench") if (results / "bench").exists() else []
@@ -86,16 +104,37 @@ def lines(results: str | Path = "results") -> tuple[list[str], bool]:
         for stack, runs in sorted(by_stack.items()):
             causes = sorted({r.split(": ", 1)[1] for r in runs})
             out.append(f"    {stack}: {len(runs)} run(s); " + " | ".join(c[:400] for c in causes[:3]))
-        out.append("  list them: speedsplit failed; re-measure: speedsplit failed --rerun -- ...")
+        again = redact(shlex.join(run_args)) if run_args else "<your snakemake arguments>"
+        out.append(f"  list them: speedsplit failed; re-measure them: speedsplit failed --rerun -- {again}")
+        out.append("  (a plain rerun measures nothing again: a failed run is a result, kept with its cause)")
     report = results / "report.html"
     if report.exists():
         out.append(f"  report: {report.resolve()}")
     return out, not missing
 
 
-def close_run(results: str | Path = "results", fail_on_undecomposed: bool = True) -> str | None:
-    """Print the summary to stderr; returns the reason the run should fail, or None."""
-    text, decomposed = lines(results)
+def snakemake_args(argv: list[str] | None = None) -> list[str] | None:
+    """This Snakemake process's own arguments, less its targets (words before the first
+    option), where it was started from the command line; None otherwise (the API, a cluster
+    job)."""
+    argv = sys.argv if argv is None else argv
+    if not argv or "snakemake" not in Path(argv[0]).name and not argv[0].endswith("__main__.py"):
+        return None
+    args = argv[1:]
+    first = next((i for i, a in enumerate(args) if a.startswith("-")), len(args))
+    return args[first:]
+
+
+def close_run(
+    results: str | Path = "results", fail_on_undecomposed: bool = True, run_args: list[str] | None = None
+) -> str | None:
+    """Print the summary to stderr; returns the reason the run should fail, or None. The first
+    of `speedsplit failed --rerun`'s two runs (REMEASURE_ENV set) re-measures cells only: its
+    tables are not rebuilt yet, so it says so and leaves the summary to the second."""
+    if os.environ.get(REMEASURE_ENV):
+        print("\nspeedsplit: failed runs re-measured; the tables, report and summary follow", file=sys.stderr)
+        return None
+    text, decomposed = lines(results, run_args)
     print("\n".join(text), file=sys.stderr, flush=True)
     if not decomposed and fail_on_undecomposed:
         return "not every chain could be decomposed (see above); benchmark.fail_on_undecomposed: false accepts that"

@@ -25,6 +25,11 @@ from speedsplit.models.checkpoint import ModelError, is_dummy, read_model_config
 from speedsplit.serving import bytecode
 from speedsplit.serving.serverlog import exit_cause, launch_output, log_cause
 
+# No vLLM server this project launches reports usage to vLLM's authors (sent from any host with
+# network unless VLLM_NO_USAGE_STATS or DO_NOT_TRACK is set). Set over the inherited environment;
+# a stack's env can still change it. (DO_NOT_TRACK and HF_HUB_DISABLE_TELEMETRY set as well, the
+# cliff test's vLLM CPU server delivered its 4-user streams in bursts, twice: not set here.)
+NO_USAGE_REPORTS = {"VLLM_NO_USAGE_STATS": "1"}
 HOST = "127.0.0.1"  # servers never listen beyond loopback
 # CUDA numbers cards fastest first unless told otherwise; NVML and nvidia-smi number them by
 # PCI bus. Every process speedsplit starts on cards counts them as NVML does, so a lease's
@@ -318,6 +323,7 @@ def launch(
         if "--load-format" not in argv:
             argv += ["--load-format", "dummy"]
     env = dict(os.environ)
+    env.update(NO_USAGE_REPORTS)  # over the inherited environment; a stack's own env may change them
     env.update({k: v.format(**values) for k, v in stack["env"].items()})
     if devices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)

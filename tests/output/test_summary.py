@@ -39,3 +39,25 @@ def test_a_chain_with_a_failed_stack_names_the_cause_and_fails_the_run(tmp_path,
     assert "NOT DECOMPOSED: study at u8-wide-greedy" in err
     assert "vllm-marlin: 2 run(s); server_error: 4 x http_500 (http_500: no cpu_gemm_wna16)" in err
     assert summary.close_run(root, fail_on_undecomposed=False) is None
+
+
+def test_a_failed_run_is_answered_with_the_command_that_remeasures_it(tmp_path, capsys):
+    root = results_dir(tmp_path, marlin_status="server_error")
+    summary.close_run(root, fail_on_undecomposed=False, run_args=["--configfile", "my run.yaml", "--cores", "all"])
+    err = capsys.readouterr().err
+    assert "re-measure them: speedsplit failed --rerun -- --configfile 'my run.yaml' --cores all" in err
+    assert "a plain rerun measures nothing again" in err
+    cli = ["/x/bin/snakemake", "results/report.html", "--cores", "2", "--resources", "gpu=1"]
+    assert summary.snakemake_args(cli) == ["--cores", "2", "--resources", "gpu=1"]  # its targets left out
+    assert summary.snakemake_args(["/usr/lib/python3/site-packages/snakemake/__main__.py", "-n"]) == ["-n"]
+    assert summary.snakemake_args(["pytest", "-q"]) is None
+
+
+def test_the_first_of_two_rerun_runs_leaves_the_summary_to_the_second(tmp_path, capsys, monkeypatch):
+    from speedsplit.output.failed import REMEASURE_ENV
+
+    root = results_dir(tmp_path, marlin_status="server_error")
+    monkeypatch.setenv(REMEASURE_ENV, "1")
+    assert summary.close_run(root) is None  # the stale tables fail nothing
+    err = capsys.readouterr().err
+    assert "re-measured; the tables, report and summary follow" in err and "NOT DECOMPOSED" not in err

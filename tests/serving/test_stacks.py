@@ -129,6 +129,11 @@ def test_a_vllm_cache_sized_by_hand_is_passed_in_bytes_and_a_capped_cache_above_
         res.telemetry.gpu = seen(peak, devices)
         assert checks.over_memory_cap(res) is over, (peak, devices)
     assert slo.level_failure("ok", True, [], ["over_memory_cap"]) == "flagged over_memory_cap"
+    # every reason a level fails, not only the first kind: the flag and the objectives it missed
+    missed = ["p99 TTFT 3.1 s > 2 s", "p99 TPOT 120 ms > 100 ms"]
+    assert slo.level_failure("ok", False, missed, ["over_memory_cap"]) == "flagged over_memory_cap; " + "; ".join(
+        missed
+    )
 
     cfg = C.load()
     cfg["stacks"]["hf-fp16"]["kv_cache_gib"] = 4
@@ -289,6 +294,16 @@ def test_cards_are_numbered_as_nvml_numbers_them(tmp_path, tiny_model, monkeypat
     srv.proc.wait(10)
     assert "order=PCI_BUS_ID" in srv.launch_output()
     assert link.BASE_ENV["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def test_no_launched_server_reports_usage_to_its_authors(tmp_path, tiny_model, monkeypatch):
+    """vLLM sends usage stats from any host with network unless told not to: every launched
+    server gets them off, whatever the caller's environment says."""
+    monkeypatch.setenv("VLLM_NO_USAGE_STATS", "0")
+    script = "import os; print('stats=' + os.environ.get('VLLM_NO_USAGE_STATS', '-'), flush=True)"
+    srv = stacks.launch(_stack(["{python}", "-c", script, "{host}"]), tiny_model, "m", 1, [], tmp_path / "s.log")
+    srv.proc.wait(10)
+    assert "stats=1" in srv.launch_output()
 
 
 def test_a_killed_server_says_which_signal_and_what_its_log_names(tmp_path, tiny_model):
