@@ -29,7 +29,7 @@ class RequestRecord(_Record):
     index: int = Field(description="the user's n-th request in its phase")
     phase: Literal["warmup", "measured"]
     url: str = Field(description="the instance that served it")
-    sent: float
+    sent: float = Field(description="when its body went to the socket (one that never did: when it was begun)")
     first_token: float | None = None
     end: float | None = None
     gaps: list[float] = Field(default_factory=list, description="seconds between streamed chunks")

@@ -250,6 +250,7 @@ async def _until(deadline: float) -> None:
 
 async def _answer(request: web.Request, kind: str) -> web.StreamResponse:
     state: Server = request.app[STATE]
+    arrived = time.perf_counter()  # its clock runs from here: reading and counting the prompt is in its TTFT
     try:
         body = await request.json()
         if not isinstance(body, dict):
@@ -266,12 +267,15 @@ async def _answer(request: web.Request, kind: str) -> web.StreamResponse:
     state.waiting += 1
     try:
         if state.slots is not None:
+            waits = state.slots.locked()
             await state.slots.acquire()
+            if waits:  # its clock starts with its slot
+                arrived = time.perf_counter()
     finally:
         state.waiting -= 1
     state.running += 1
     try:
-        return await _serve_request(request, state, kind, fault, prompt_tokens, streamed, stream, options)
+        return await _serve_request(request, state, kind, fault, prompt_tokens, streamed, stream, options, arrived)
     finally:
         state.running -= 1
         if state.slots is not None:
@@ -287,9 +291,9 @@ async def _serve_request(
     streamed: int,
     stream: bool,
     options: dict,
+    start: float,
 ) -> web.StreamResponse:
     speed = state.speed
-    start = time.perf_counter()
     first = start + speed.first_token_s(prompt_tokens)
     half = streamed // 2
     claimed = round(streamed * state.faults.usage_factor)

@@ -186,3 +186,29 @@ def test_open_loop_sends_each_request_when_due_with_its_own_lengths(server_url):
     # open, not closed: later requests went out before earlier ones ended
     assert sum(1 for a, b in zip(measured, measured[1:]) if b.sent < a.end) > 20
     assert s.offered_rps == pytest.approx(100, rel=0.01)
+
+
+def test_a_request_counts_as_sent_when_its_body_goes_to_the_socket(server_url):
+    """Not when the client began it: a body that comes 50 ms late (as in a burst, where aiohttp
+    on Python 3.11 writes each body after every task ready before it) moves `sent` 50 ms on."""
+    import asyncio
+    import time
+
+    import aiohttp
+
+    async def late_body():
+        await asyncio.sleep(0.05)
+        yield json.dumps({"model": "m", "prompt": "w1 w2", "max_tokens": 2, "stream": True}).encode()
+
+    async def go():
+        rec = RequestRecord(user=0, index=0, phase="measured", url=server_url, sent=0.0)
+        t0 = time.perf_counter()
+        async with aiohttp.ClientSession(trace_configs=[loadgen._on_the_wire()]) as http:
+            ctx = {"rec": rec, "t0": t0}
+            async with http.post(server_url + "/v1/completions", data=late_body(), trace_request_ctx=ctx) as resp:
+                assert resp.status == 200
+                await resp.read()
+        return rec, time.perf_counter() - t0
+
+    rec, took = asyncio.run(go())
+    assert 0.05 <= rec.sent < took
