@@ -35,10 +35,7 @@ def _results(p: argparse.ArgumentParser, help: str = RESULTS_HELP) -> None:
 def _load_config(paths: list[str]) -> dict:
     from speedsplit.planning import config
 
-    try:
-        return config.load(*paths)
-    except config.ConfigError as exc:
-        raise SystemExit(f"speedsplit: {exc}") from None
+    return config.load(*paths)  # a ConfigError is one line (main)
 
 
 # --- the commands: each adds its flags and runs; its help says what it answers ----------------
@@ -344,13 +341,19 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in PASSTHROUGH:
-        import importlib
+    from speedsplit.core.errors import UserError, one_line
 
-        return importlib.import_module(PASSTHROUGH[argv[0]][1]).main(argv[1:]) or 0
-    args = parser().parse_args(argv)
-    return args.run(args)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in PASSTHROUGH:
+            import importlib
+
+            return importlib.import_module(PASSTHROUGH[argv[0]][1]).main(argv[1:]) or 0
+        args = parser().parse_args(argv)
+        return args.run(args)
+    except UserError as exc:  # a mistake in what was given: one line naming it
+        print(one_line(exc), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -219,6 +219,12 @@ def qualifiers(runs: pl.DataFrame, attribution: pl.DataFrame) -> list[str]:
             ),
             ("client_lag", "fell behind their arrival schedule (the client, not the server)"),
             (
+                "implausible",
+                "hold numbers no measurement makes (a negative one, a rate its tokens and wall time do not give, "
+                "more than the client's calibrated ceiling), left out of every factor (`speedsplit failed` gives "
+                "each reason)",
+            ),
+            (
                 "over_memory_cap",
                 "held more than the memory cap (a KV cache above the engine's fit, or the card's peak above the cap: stacks.*.kv_cache_gib)",
             ),

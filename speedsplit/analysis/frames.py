@@ -15,6 +15,8 @@ import numpy as np
 import polars as pl
 
 from speedsplit.analysis import estimate as est
+from speedsplit.core import plausible
+from speedsplit.core.errors import UserError
 from speedsplit.core.record import RunResult
 from speedsplit.planning import roofline
 
@@ -141,7 +143,9 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
             "output_tokens": p.output_tokens,
             "run": res.run,
             "status": res.status,
-            "flags": list(res.flags),
+            # whoever wrote the record: numbers no measurement makes count in no factor
+            "flags": list(res.flags)
+            + (["implausible"] if "implausible" not in res.flags and plausible.reasons(res) else []),
             "output_tok_s": s.output_tok_s if ok and s else None,
             "request_s": s.request_s if ok and s else None,
             "rate_rps": p.arrival["rate_rps"] if p.arrival else None,
@@ -231,7 +235,7 @@ def _slo_and_telemetry(res: RunResult, ok: bool) -> dict:
     }
 
 
-class MixedHardware(ValueError):
+class MixedHardware(UserError, ValueError):
     """Measurements from more than one kind of machine: no table pools them into one median."""
 
 

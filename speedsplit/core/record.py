@@ -20,6 +20,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from speedsplit.core.errors import UserError
+
 SCHEMA_VERSION = 2
 # A request is a latency outlier when it took this many times what its length predicts, and at
 # least this many seconds more (speedsplit/probes/loadgen.py: latency_outliers).
@@ -38,6 +40,7 @@ Flag = Literal[
     "over_memory_cap",
     "usage_mismatch",
     "latency_outlier",
+    "implausible",  # numbers no measurement makes (speedsplit/core/plausible.py)
 ]
 
 
@@ -46,7 +49,7 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ResultError(ValueError):
+class ResultError(UserError, ValueError):
     """A result file is missing, truncated or not a speedsplit result; one-line message."""
 
 

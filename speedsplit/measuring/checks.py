@@ -7,7 +7,7 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 
-from speedsplit.core import procs
+from speedsplit.core import plausible, procs
 from speedsplit.core.record import EngineFacts, ErrorInfo, RunResult
 from speedsplit.core.requestlog import RequestRecord
 from speedsplit.serving import serverlog
@@ -141,6 +141,8 @@ def honesty_flags(result: RunResult, stack: dict, cell: dict) -> list[str]:
         flags.append("client_lag")  # the server was not offered the schedule's rate
     if over_memory_cap(result):
         flags.append("over_memory_cap")  # the engine held more than the emulated card has
+    if plausible.reasons(result):
+        flags.append("implausible")  # numbers no measurement makes: a bug wrote them
     ok = serverlog.kernel_matches(stack["expect_kernel"], result.engine.linear_kernel)
     result.kernel_ok = ok
     if ok is False:

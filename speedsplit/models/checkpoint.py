@@ -13,6 +13,7 @@ import random
 import shutil
 from pathlib import Path
 
+from speedsplit.core.errors import UserError
 from speedsplit.core.results import atomic_dir
 
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]
@@ -131,7 +132,7 @@ SHAPES: dict[str, dict] = {
 INT4_FORMATS = ("gptq", "awq")
 
 
-class ModelError(RuntimeError):
+class ModelError(UserError, RuntimeError):
     """A model cannot be had or is not what it should be; one-line message."""
 
 

@@ -8,6 +8,7 @@ machine or a cluster:
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import polars as pl
@@ -16,7 +17,7 @@ from speedsplit.analysis import answer
 from speedsplit.analysis import chains as ch
 from speedsplit.analysis import frames as f
 from speedsplit.analysis import timeline as tl
-from speedsplit.core import formats
+from speedsplit.core import formats, plausible
 from speedsplit.core.record import read_result
 from speedsplit.core.results import atomic_dir
 from speedsplit.output import analyses, plots, report
@@ -50,6 +51,9 @@ def build_frames(
     (speedsplit/output/analyses; `specs` by analysis name). Refuses (ResultError) a corrupt
     or truncated result. The keyword arguments after the files' are analyses.analysis_spec's."""
     results = [read_result(p) for p in result_paths]
+    for res, path in zip(results, result_paths):
+        if why := plausible.reasons(res):
+            print(f"speedsplit: {path}: implausible, in no factor: {'; '.join(why)}", file=sys.stderr)
     runs = f.runs_frame(results)
     f.check_one_machine(runs)
     cells = f.with_mbu(f.cells_frame(runs, tolerate_flags), bandwidth_gb_s(bandwidth_json))
@@ -135,6 +139,29 @@ def write_report(
     )
 
 
+def config_meets_results(config: dict, stacks: set[str]) -> list[str]:
+    """How the config's chains meet the stacks these results hold: a line per chain missing
+    some of its stacks, one for chains with none; ConfigError where no chain names any stack
+    measured (the config is not the one they were measured with)."""
+    measured = sorted(stacks)
+    chains = config["chains"]
+    if chains and not any(s in measured for chain in chains.values() for s in chain):
+        raise cfgmod.ConfigError(
+            f"the config's chains ({', '.join(chains)}) name none of the stacks these results hold "
+            f"({', '.join(measured)}): give the config they were measured with (--configfile)"
+        )
+    out, unmeasured = [], []
+    for name, chain in chains.items():
+        missing = [s for s in chain if s not in measured]
+        if len(missing) == len(chain):
+            unmeasured.append(name)
+        elif missing:
+            out.append(f"chain {name}: no results of {', '.join(missing)}; its factors through them are undefined")
+    if unmeasured:
+        out.append(f"chains with no stack measured here, not in the tables: {', '.join(unmeasured)}")
+    return out
+
+
 def aggregate_folders(config: dict, folders: list[str | Path], out: str | Path) -> Path:
     """Tables, plots and report (under `out`) from the results folders of one machine, each
     holding bench/, hardware/ and profile/ as the workflow writes them; the report's path."""
@@ -146,20 +173,19 @@ def aggregate_folders(config: dict, folders: list[str | Path], out: str | Path) 
     def first(name: str) -> Path | None:
         return next((d / name for d in folders if (d / name).is_file()), None)
 
+    for line in config_meets_results(config, {read_result(p).stack for p in paths}):
+        print(f"speedsplit: {line}", file=sys.stderr)
     out = Path(out)
     link = first("hardware/link.json")
-    try:
-        write_tables(
-            paths,
-            out / "tables",
-            bandwidth_json=first("hardware/bandwidth.json"),
-            link_json=link,
-            profile_paths=sorted({str(p) for d in folders for p in d.glob("profile/**/*.json")}),
-            quantize_paths=sorted({str(p) for d in folders for p in d.glob(QUANTIZE_REPORTS)}),
-            **analyses.analysis_spec(config),
-        )
-    except f.MixedHardware as exc:
-        raise SystemExit(f"speedsplit: {exc}") from None
+    write_tables(
+        paths,
+        out / "tables",
+        bandwidth_json=first("hardware/bandwidth.json"),
+        link_json=link,
+        profile_paths=sorted({str(p) for d in folders for p in d.glob("profile/**/*.json")}),
+        quantize_paths=sorted({str(p) for d in folders for p in d.glob(QUANTIZE_REPORTS)}),
+        **analyses.analysis_spec(config),
+    )
     write_plots(out / "tables", list(config["chains"]), out / "plots", cfgmod.kernel_reference(config))
     write_report(
         out / "report.html",

@@ -27,15 +27,52 @@ def result_paths(folder: str | Path) -> list[Path]:
     raise SystemExit(f"speedsplit: no result files under {folder}/bench or {folder}/results/bench")
 
 
-def side(folder: str | Path) -> tuple[pl.DataFrame, Provenance]:
-    """One side's runs (one machine: refused otherwise) and the provenance of its first result."""
+# What a cell's load is: a cell of the same name on both sides but another of these is another
+# experiment (its numbers set side by side say nothing of the two machines or versions).
+LOAD = (
+    "users",
+    "prompt_tokens",
+    "output_tokens",
+    "requests_per_user",
+    "warmup_requests",
+    "ramp_s",
+    "warmup",
+    "temperature",
+    "top_p",
+    "seed",
+    "arrival",
+    "lengths",
+    "trace",
+)
+
+
+def side(folder: str | Path) -> tuple[pl.DataFrame, Provenance, dict[tuple, dict]]:
+    """One side's runs (one machine: refused otherwise), the provenance of its first result,
+    and each (model, stack, topology, cell)'s load (LOAD, from its first run)."""
     results = [read_result(p) for p in result_paths(folder)]
     runs = f.runs_frame(results)
     try:
         f.check_one_machine(runs)
     except f.MixedHardware as exc:
         raise SystemExit(f"speedsplit: {folder}: {exc}") from None
-    return runs, results[0].provenance
+    loads = {}
+    for r in results:
+        loads.setdefault((r.model, r.stack, r.topology, r.cell), {k: getattr(r.params, k) for k in LOAD})
+    return runs, results[0].provenance, loads
+
+
+def load_differences(a: dict[tuple, dict], b: dict[tuple, dict]) -> list[str]:
+    """A warning per cell measured on both sides under one name with another load."""
+    by_cell: dict[tuple, list[str]] = {}
+    for key in sorted(a.keys() & b.keys()):
+        diff = tuple(f"{k} {a[key][k]!r} vs {b[key][k]!r}" for k in LOAD if a[key][k] != b[key][k])
+        if diff:
+            by_cell.setdefault((key[0], key[3], diff), []).append(key[1])
+    return [
+        f"warning: {cell} ({model}) is another load on each side: {', '.join(diff)} (A vs B; "
+        f"{', '.join(stacks)}): its ratios set two experiments side by side"
+        for (model, cell, diff), stacks in by_cell.items()
+    ]
 
 
 def describe(name: str, folder: str | Path, prov: Provenance, runs: pl.DataFrame) -> str:
@@ -75,12 +112,12 @@ def compare(
     """Write the comparison under `out` (tables/, compare.html); its lines, for the terminal."""
     from speedsplit.output.report import CSS
 
-    (runs_a, prov_a), (runs_b, prov_b) = side(a), side(b)
+    (runs_a, prov_a, load_a), (runs_b, prov_b, load_b) = side(a), side(b)
     stacks = cmp.stacks_frame(runs_a, runs_b, tolerate_flags)
     factors = cmp.factors_frame(runs_a, runs_b, chains, tolerate_flags)
     out = Path(out)
     write_frames({"compare_stacks": stacks, "compare_factors": factors}, out / "tables")
-    head = [describe("A", a, prov_a, runs_a), describe("B", b, prov_b, runs_b)]
+    head = [describe("A", a, prov_a, runs_a), describe("B", b, prov_b, runs_b)] + load_differences(load_a, load_b)
     said = lines(stacks, factors) or ["nothing to compare: no stack and cell measured cleanly on both sides"]
     page = "".join(
         [

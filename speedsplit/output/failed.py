@@ -1,6 +1,6 @@
 """Re-measure exactly the cells whose runs failed.
 
-    speedsplit failed                 # list failed runs (status other than ok)
+    speedsplit failed                 # list failed runs (status other than ok, or numbers no measurement makes)
     speedsplit failed --flagged       # ... and runs carrying an honesty flag
     speedsplit failed --rerun         # move them aside, then run snakemake as usual
     speedsplit failed --rerun -- --cores all --resources gpu=4 --configfile my.yaml
@@ -26,13 +26,15 @@ import time
 import uuid
 from pathlib import Path
 
+from speedsplit.core import plausible
 from speedsplit.core.record import ResultError, read_result
 from speedsplit.core.requestlog import requests_path
 
 
 def failed_results(results_dir: str | Path, flagged: bool = False) -> list[tuple[Path, str]]:
     """(result file, why) for every run that failed (or, with flagged, carries a flag); a file
-    that cannot be read at all counts as failed. A capacity level skipped past the cliff did
+    that cannot be read at all, or whose numbers no measurement makes (core/plausible.py),
+    counts as failed. A capacity level skipped past the cliff did
     not fail: it is not listed (see skipped_above)."""
     out = []
     for path in sorted(Path(results_dir).rglob("run*.json")):
@@ -46,6 +48,8 @@ def failed_results(results_dir: str | Path, flagged: bool = False) -> list[tuple
         if res.status != "ok":
             error = res.cause or ""
             out.append((path, f"{res.status}{': ' + error.splitlines()[0] if error else ''}"))
+        elif why := plausible.reasons(res):  # numbers no measurement makes: measure it again
+            out.append((path, "implausible: " + "; ".join(why)))
         elif flagged and res.flags:
             out.append((path, "flagged: " + ",".join(res.flags)))
     return out

@@ -15,6 +15,7 @@ import polars as pl
 
 from speedsplit.analysis.answer import qualifiers
 from speedsplit.analysis.capacity import card_memory_peak
+from speedsplit.core.errors import UserError
 from speedsplit.core.formats import for_people, html_table
 from speedsplit.core.record import Provenance
 from speedsplit.core.results import redact, write_bytes_atomic
@@ -258,6 +259,10 @@ def build(
     write_bytes_atomic(out, redact("\n".join(parts)).encode())
 
 
+class ReportError(UserError):
+    """No report to check, or nothing to check it with."""
+
+
 def render(report: str | Path, png: str | Path | None = None, window: tuple[int, int] = (1400, 900)) -> dict:
     """Open the report in headless Chromium (Debian's `chromium`) as a reader's first screen of
     `window` pixels: what the render probe recorded (each figure's rendered size, where the
@@ -268,9 +273,13 @@ def render(report: str | Path, png: str | Path | None = None, window: tuple[int,
     import subprocess
     import tempfile
 
+    if not Path(report).is_file():
+        raise ReportError(f"no report at {report} (the workflow or `speedsplit aggregate` writes one)")
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if not chromium:
-        raise FileNotFoundError("chromium is not installed (Debian: apt-get install chromium)")
+        raise ReportError(
+            "checking a report needs headless Chromium, not installed here (Debian: apt-get install chromium)"
+        )
     uri = Path(report).resolve().as_uri()
     with tempfile.TemporaryDirectory() as home:
         base = [

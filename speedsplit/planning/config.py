@@ -109,7 +109,10 @@ def read_yaml(path: str | Path) -> dict:
     try:
         return yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"config file {path}{where} is not valid YAML: {what}") from None
 
 
 def load(*paths: str | Path, base: str | Path | None = DEFAULT_CONFIG) -> dict:

@@ -27,10 +27,12 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from speedsplit.core.errors import UserError
+
 PATTERNS = ("poisson", "gamma", "constant")
 
 
-class TrafficError(ValueError):
+class TrafficError(UserError, ValueError):
     """A traffic setting is wrong; the message is one line naming it."""
 
 
@@ -171,11 +173,20 @@ class TraceWindow:
 
 
 def _trace_lines(path: Path):
+    """(line number, line) of a plain or gzipped trace; TrafficError naming the file if it
+    cannot be read as text (not gzip though named .gz, cut short, not UTF-8)."""
     import gzip
+    import zlib
 
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        yield from enumerate(f, 1)
+    n = 0
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                yield n, line
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+        what = "gzip stream" if path.suffix == ".gz" else "text"
+        raise TrafficError(f"trace {path}: unreadable after line {n} ({what}: {exc})") from None
 
 
 def read_trace(w: TraceWindow, max_model_len: int) -> tuple[list[Arrival], dict[str, int]]:

@@ -4,7 +4,7 @@ speedups that still multiply to the total, with which way each goes."""
 import statistics
 
 import pytest
-from records import fake_result, write_result
+from records import fake_result, with_wall, write_result
 
 from speedsplit.core.record import Distribution, Slo
 from speedsplit.output import aggregate
@@ -21,6 +21,9 @@ def open_loop(stack, rate, run, ttft, tpot, goodput, tok_s=100.0, flags=()):
     res.summary.offered_rps = float(rate)
     res.summary.ttft_s = Distribution(mean=ttft, median=ttft, p90=ttft, p99=2 * ttft)
     res.summary.tpot_s = Distribution(mean=tpot, median=tpot, p90=tpot, p99=2 * tpot)
+    e2e = ttft + 15 * tpot
+    res.summary.e2e_s = Distribution(mean=e2e, median=e2e, p90=e2e, p99=2 * e2e)
+    with_wall(res, max(20.0, 4 * e2e))  # every request inside the measured phase
     res.slo = Slo(ttft_p99_s=2.0, tpot_p99_s=0.1, met=goodput > 0, violations=[], good_requests=0, goodput_rps=goodput)
     return res
 

@@ -1,6 +1,7 @@
 """The result record: one definition, a generated schema kept current, old versions readable,
 and every committed result conforming."""
 
+import functools
 import json
 
 import jsonschema
@@ -26,8 +27,10 @@ def test_the_committed_schema_is_generated_from_the_record_types():
     )
 
 
+@functools.cache
 def _validator(kind: str):
-    """A validator of the committed schema for one of its records."""
+    """A validator of the committed schema for one of its records (made once: 308 committed
+    results are checked with it)."""
     defs = json.loads(SCHEMA.read_text())["$defs"]
     return jsonschema.Draft202012Validator({"$defs": defs, "$ref": f"#/$defs/{kind}"})
 

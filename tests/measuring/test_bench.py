@@ -43,12 +43,12 @@ def test_a_length_mix_with_a_shared_prefix_opens_every_prompt_with_the_same_toke
 
 
 def test_honesty_flags():
-    from records import fake_result
+    from records import fake_result, with_wall
 
     from speedsplit.core.record import EngineFacts
 
-    result = fake_result("vllm-marlin", 8, 0, 100.0)
-    result.summary.failed, result.summary.wrong_output_length, result.summary.wall_s = 1, 2, 0.5
+    result = with_wall(fake_result("vllm-marlin", 8, 0, 100.0), 0.5)
+    result.summary.failed, result.summary.wrong_output_length = 1, 2
     result.engine = EngineFacts(linear_kernel="MacheteLinearKernel")
     flags = checks.honesty_flags(result, {"expect_kernel": "Marlin"}, {"min_measured_s": 1.0})
     assert flags == ["request_failures", "output_length_mismatch", "short_measurement", "kernel_mismatch"]

@@ -5,6 +5,7 @@ import pytest
 from conftest import REPO
 from records import fake_result, write_result
 
+from speedsplit.core.record import read_result
 from speedsplit.output import compare
 
 CHAINS = {"study": ["hf-fp16", "vllm-fp16", "vllm-marlin"]}
@@ -31,6 +32,22 @@ def test_b_against_a_gives_each_stack_and_factor_as_a_ratio(tmp_path):
     assert any(s.startswith("vllm-fp16 at u8-wide-greedy (tiny, tp1): output tok/s A 1005, B 1507") for s in said)
     page = (tmp_path / "out" / "compare.html").read_text()
     assert "Test CPU" in page and "Other CPU" in page and (tmp_path / "out/tables/compare_factors.csv").is_file()
+
+
+def test_a_cell_of_one_name_but_another_load_on_each_side_is_said(tmp_path):
+    a = write_side(tmp_path / "a", {"hf-fp16": 100.0, "vllm-fp16": 1000.0})
+    b = write_side(tmp_path / "b", {"hf-fp16": 100.0, "vllm-fp16": 1500.0})
+    for path in (b / "bench/tiny/vllm-fp16").rglob("run*.json"):
+        res = read_result(path)
+        res.params.requests_per_user = 8
+        write_result(path, res)
+    said = compare.compare(a, b, CHAINS, tmp_path / "out")
+    warning = (
+        "warning: u8-wide-greedy (tiny) is another load on each side: requests_per_user 2 vs 8 (A vs B; "
+        "vllm-fp16): its ratios set two experiments side by side"
+    )
+    assert said[2] == warning and warning in (tmp_path / "out/compare.html").read_text()
+    assert not any(s.startswith("warning") for s in compare.compare(a, a, CHAINS, tmp_path / "out2"))
 
 
 def test_a_side_mixing_machines_or_holding_no_result_is_one_line(tmp_path):

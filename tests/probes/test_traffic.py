@@ -1,6 +1,7 @@
 """Open-loop schedules: the arrival patterns have the statistics they claim, the schedule is a
 function of the seed alone, and bad settings fail in one line naming them."""
 
+import json
 import math
 import random
 import statistics
@@ -130,3 +131,23 @@ def test_a_bad_trace_line_is_named(tmp_path, line, message):
         T.read_trace(T.TraceWindow(str(f), requests=5), 4096)
     with pytest.raises(T.TrafficError, match="trace not found"):
         T.read_trace(T.TraceWindow(str(tmp_path / "none.jsonl"), requests=5), 4096)
+
+
+def test_a_gz_trace_that_is_not_gzip_or_is_cut_short_is_named(tmp_path):
+    import gzip
+
+    lines = "".join(
+        json.dumps({"timestamp": i, "input_length": 10, "output_length": 5, "hash_ids": [i]}) + "\n" for i in range(200)
+    )
+    plain = tmp_path / "plain.jsonl.gz"
+    plain.write_text(lines)  # named .gz, never compressed
+    with pytest.raises(T.TrafficError, match=r"trace .*plain.jsonl.gz: unreadable after line 0 \(gzip stream: "):
+        T.read_trace(T.TraceWindow(str(plain), requests=5), 4096)
+    whole = gzip.compress(lines.encode())
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(whole[: len(whole) // 2])  # a download cut short
+    with pytest.raises(T.TrafficError, match=r"trace .*cut.jsonl.gz: unreadable after line \d+ \(gzip stream: "):
+        T.read_trace(T.TraceWindow(str(cut), requests=500), 4096)
+    good = tmp_path / "good.jsonl.gz"
+    good.write_bytes(whole)
+    assert len(T.read_trace(T.TraceWindow(str(good), requests=50), 4096)[0]) == 50

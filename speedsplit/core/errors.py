@@ -1,0 +1,14 @@
+"""Errors a user can act on from their message alone, which names what is wrong (a config key,
+a file and line, a model): shown as one line, never as a traceback, by speedsplit's commands
+(speedsplit/cli.py) and by the workflow's jobs (workflow_scripts/_job.py: the line on the
+terminal, the traceback in the job's log)."""
+
+
+class UserError(Exception):
+    """A mistake in what the user gave (config, files, results, a tool missing): its message
+    is the whole story."""
+
+
+def one_line(exc: BaseException) -> str:
+    """How a UserError is shown."""
+    return f"speedsplit: {exc}"
