@@ -9,7 +9,8 @@ import math
 
 import polars as pl
 
-from speedsplit.analysis.traffic import OPEN_LOOP
+from speedsplit.analysis.frames import clean_runs
+from speedsplit.analysis.traffic import NO_DIFFERENCE, OPEN_LOOP
 from speedsplit.core.formats import value_text
 
 GROUP = ["chain", "model", "topology", "cell"]
@@ -55,7 +56,16 @@ def _x(v: float | None) -> str:
 
 
 def _ci(lo: float | None, hi: float | None) -> str:
-    return f"[{value_text(lo, 3)}, {value_text(hi, 3)}]" if lo is not None and hi is not None else "[no interval]"
+    """The interval, and where it holds 1 that it shows no difference (a factor of 1.11x
+    [0.81, 1.42] is not an answer that the step speeds anything up)."""
+    if lo is None or hi is None:
+        return "[no interval]"
+    return f"[{value_text(lo, 3)}, {value_text(hi, 3)}]" + (f" ({NO_DIFFERENCE})" if lo <= 1 <= hi else "")
+
+
+# A stack's clean runs at a headline cell further apart than this (max / min) are said on the
+# first screen: two runs 2.3x apart make an interval as wide as that, whatever the factor.
+SPREAD = 1.25
 
 
 def unmeasured(note: str | None) -> list[str]:
@@ -182,6 +192,27 @@ def log_lengths(waterfall: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def spread_line(runs: pl.DataFrame, head: pl.DataFrame) -> str | None:
+    """The stacks whose clean runs at a headline cell disagree by more than SPREAD, with their
+    range: what an interval from so few runs rests on."""
+    cells = set(head["cell"].to_list())
+    wide = []
+    for (stack, cell), df in runs.filter(pl.col("cell").is_in(cells)).group_by(["stack", "cell"], maintain_order=True):
+        ok, _ = clean_runs(df)
+        tok_s = [v for v in ok["output_tok_s"].to_list() if v]
+        if len(tok_s) > 1 and max(tok_s) > SPREAD * min(tok_s):
+            wide.append(
+                f"{stack} at {cell} {value_text(min(tok_s), 4)}-{value_text(max(tok_s), 4)} tok/s "
+                f"({value_text(max(tok_s) / min(tok_s), 3)}×)"
+            )
+    if not wide:
+        return None
+    return (
+        f"Runs of {len(wide)} stack(s) disagree by more than {SPREAD - 1:.0%} (run-to-run spread; "
+        f"their factors' intervals are as wide as that): {'; '.join(sorted(wide))}"
+    )
+
+
 def qualifiers(runs: pl.DataFrame, attribution: pl.DataFrame) -> list[str]:
     """The flags that qualify the headline numbers, one line each: runs left out of them,
     kernels other than the one asked for, measured phases shorter than the minimum, failed
@@ -192,6 +223,8 @@ def qualifiers(runs: pl.DataFrame, attribution: pl.DataFrame) -> list[str]:
         excluded = sorted({w for ws in head["excluded"].to_list() for w in ws})
         if excluded:
             out.append(f"Left out of the headline numbers ({len(excluded)}): " + "; ".join(excluded))
+        if spread := spread_line(runs, head):
+            out.append(spread)
         undefined = head.filter(pl.col("value").is_null() & (pl.col("position") == 0))
         not_covered: dict[str, tuple[set, int]] = {}
         for r in undefined.iter_rows(named=True):

@@ -53,6 +53,10 @@ STACKS_COLUMNS = [
 ]  # fmt: skip
 
 
+# The interval holds 1: the runs do not show which way the step goes (said in every answer).
+NO_DIFFERENCE = "no difference shown"
+
+
 def verdict(value: float | None, lo: float | None, hi: float | None) -> str:
     """Which way is faster, as far as the interval shows (with one run of a stack, or one pair,
     there is no interval to show it)."""
@@ -64,7 +68,7 @@ def verdict(value: float | None, lo: float | None, hi: float | None) -> str:
         return "faster"
     if hi < 1:
         return "slower"
-    return "no difference shown (the interval holds 1)"
+    return f"{NO_DIFFERENCE} (the interval holds 1)"
 
 
 def stacks_frame(cells: pl.DataFrame) -> pl.DataFrame:

@@ -111,6 +111,9 @@ def waterfall_chart(waterfall: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
         pl.format("{}: {}", "chain", "model").alias("chain_model"),
         pl.format("{}x", pl.col("value").round_sig_figs(3)).alias("label"),
         pl.max_horizontal("start", "end").alias("top"),
+        # the factor's 95% interval where the bar ends: from the running product before it
+        (pl.col("start") * pl.col("lo")).alias("end_lo"),
+        (pl.col("start") * pl.col("hi")).alias("end_hi"),
     ).to_pandas()
     low = min(1.0, float(waterfall["end"].min())) / 1.2
     high = max(1.0, float(waterfall["end"].max()), float(waterfall["start"].max())) * 1.6
@@ -134,8 +137,10 @@ def waterfall_chart(waterfall: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
     )
     text = base.mark_text(dy=-7, fontSize=12).encode(y=alt.Y("top:Q"), text="label:N")
     one = base.mark_rule(strokeDash=[3, 3], color="#999").encode(y=alt.datum(1))
+    # clipped at the frame: an interval wider than the axis (one run of two far apart) runs off it
+    whiskers = base.mark_rule(color="black", strokeWidth=1.5, clip=True).encode(y="end_lo:Q", y2="end_hi:Q")
     return (
-        alt.layer(bars, text, one, data=df)
+        alt.layer(bars, whiskers, text, one, data=df)
         .properties(width=220, height=200)
         .facet(column=alt.Column("where:N", title=None), row=alt.Row("chain_model:N", title=None))
         .resolve_scale(x="independent")
@@ -144,7 +149,7 @@ def waterfall_chart(waterfall: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
                 "Where the speedup came from, at the headline cells (rows: chain: model)",
                 subtitle=[
                     f"hardware: {'; '.join(sorted(set(cells['hardware'].to_list())))}",
-                    "intervals: in the sentences above and the tooltips",
+                    "black whiskers: each factor's 95% interval where its bar ends (the numbers: the sentences above)",
                 ],
                 anchor="start",
             )

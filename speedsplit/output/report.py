@@ -91,8 +91,10 @@ def memory_cap_note(runs: pl.DataFrame) -> str:
 
 
 def headline_stacks(attribution: pl.DataFrame, cells: pl.DataFrame, chains: dict[str, list[str]]) -> pl.DataFrame:
-    """What each stack of a chain served at the headline cells, in absolute terms: throughput
-    with its interval and the latency percentiles a reader weighs against it."""
+    """What each stack of a chain served at the headline cells, in absolute terms: the linear
+    kernel its engine reported (a stack's name says what was asked for: vllm-marlin runs vLLM's
+    CPU kernel on a CPU), throughput with its interval and the latency percentiles a reader
+    weighs against it."""
     if not attribution.height or "headline" not in attribution.columns:
         return pl.DataFrame()
     head = attribution.filter(pl.col("headline")).select("model", "topology", "cell").unique(maintain_order=True)
@@ -103,6 +105,7 @@ def headline_stacks(attribution: pl.DataFrame, cells: pl.DataFrame, chains: dict
     return df.sort(pl.col("stack").replace_strict({s: i for i, s in enumerate(stacks)}, default=len(stacks))).select(
         "cell",
         "stack",
+        pl.col("linear_kernel").list.join(", ").replace("", "none reported").alias("kernel that ran"),
         pl.format(
             "{} [{}, {}]", *(pl.col(c).round(1) for c in ("output_tok_s", "output_tok_s_lo", "output_tok_s_hi"))
         ).alias("output tok/s"),

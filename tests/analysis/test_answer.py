@@ -107,6 +107,28 @@ def test_qualifiers_name_kernel_mismatches_short_runs_and_failed_starts(tmp_path
     assert A.qualifiers(clean["runs"], clean["attribution"]) == []
 
 
+def test_a_factor_whose_interval_holds_1_says_no_difference_is_shown_and_a_wide_spread_is_said(tmp_path):
+    """The demo's INT4 step came out 1.11x [0.81, 1.42] in one run and 0.946x [0.46, 1.5] in the
+    next: neither is an answer. And runs 2.3x apart are said on the first screen."""
+    spread = {"hf-fp16": (100.0, 101.0), "vllm-fp16": (1000.0, 1010.0), "vllm-marlin": (700.0, 1400.0)}
+    paths = [
+        write_result(tmp_path / f"{s}-{r}.json", fake_result(s, 8, r, tok_s))
+        for s, runs in spread.items()
+        for r, tok_s in enumerate(runs)
+    ]
+    frames = aggregate.build_frames(paths, CHAINS, steps=STEPS)
+    (sentence,) = frames["answer"]["sentence"].to_list()
+    int4 = frames["attribution"].filter(pl.col("step") == "INT4 weights + kernel").row(0, named=True)
+    assert int4["lo"] < 1 < int4["hi"]
+    assert f"INT4 weights + kernel 0.985× [{int4['lo']:.3g}, {int4['hi']:.3g}] (no difference shown) =" in sentence
+    assert "runtime 10× [" in sentence and "runtime 10× [no" not in sentence  # 10x holds no 1: said as it is
+    lines = A.qualifiers(frames["runs"], frames["attribution"])
+    assert lines == [
+        "Runs of 1 stack(s) disagree by more than 25% (run-to-run spread; their factors' intervals are as wide "
+        "as that): vllm-marlin at u8-wide-greedy 700-1400 tok/s (2×)"
+    ]
+
+
 def test_step_names_follow_what_changes_between_the_stacks():
     cfg = C.load()
     cfg["chains"] = {
@@ -136,3 +158,25 @@ def test_step_names_follow_what_changes_between_the_stacks():
         "configuration (vllm-fp16-noprefix → vllm-fp16)",
         "configuration (vllm-fp16 → vllm-fp16-noprefix)",
     ]
+
+
+def test_the_waterfall_draws_each_factors_interval_where_its_bar_ends(frames):
+    from speedsplit.output import plots
+
+    w = A.waterfall_frame(frames["attribution"])
+    spec = plots.waterfall_chart(w, frames["cells"]).to_dict()
+    (data,) = spec["datasets"].values()
+    quant = next(r for r in data if r["bar"] == "2. INT4 weights + kernel")
+    row = w.filter(pl.col("bar") == "2. INT4 weights + kernel").row(0, named=True)
+    assert (quant["end_lo"], quant["end_hi"]) == pytest.approx((row["start"] * row["lo"], row["start"] * row["hi"]))
+    whiskers = [m for m in spec["spec"]["layer"] if m["mark"]["type"] == "rule" and "y2" in m["encoding"]]
+    assert [(m["encoding"]["y"]["field"], m["encoding"]["y2"]["field"]) for m in whiskers] == [("end_lo", "end_hi")]
+
+
+def test_the_first_screen_names_the_kernel_each_stack_ran_beside_its_name(frames):
+    """vllm-marlin on a CPU runs vLLM's CPU kernel: the name says what was asked, the table what ran."""
+    from speedsplit.output.report import headline_stacks
+
+    served = headline_stacks(frames["attribution"], frames["cells"], CHAINS)
+    kernels = dict(zip(served["stack"], served["kernel that ran"]))
+    assert kernels == {"hf-fp16": "none reported", "vllm-fp16": "none reported", "vllm-marlin": "CPUWNA16LinearKernel"}

@@ -133,3 +133,21 @@ def test_the_report_and_the_run_summary_answer_under_traffic_first(tmp_path):
     lines = summary.lines(tmp_path / "results")[0]
     r4 = next(line for line in lines if "study at r4-mix-greedy" in line)
     assert "goodput: runtime 3.6x, INT4 weights + kernel 1x" in r4 and "TTFT p50: runtime 20.5x" in r4
+
+
+def test_trace_replay_cells_are_drawn_beside_the_rate_cells():
+    """A trace's cells have no one rate: their factors get a chart of their own (they were in
+    traffic_factors, and in no plot). On committed evidence with both kinds of cell."""
+    from conftest import REPO
+
+    from speedsplit.output.aggregate import read_tables
+    from speedsplit.output.analyses import traffic as T
+
+    frames = read_tables(REPO / "docs/evidence/h200-2026-12-01-traffic/tables")
+    charts = T.charts(frames)
+    assert sorted(charts) == ["traffic", "traffic_trace"]
+    (data,) = charts["traffic_trace"].to_dict()["datasets"].values()
+    assert {r["cell"] for r in data} == {"x2-conversation-greedy"}
+    assert {r["metric"] for r in data} <= {"goodput", "TTFT p50", "TPOT p50", "E2E p50"} and len(data) > 0
+    (data,) = charts["traffic"].to_dict()["datasets"].values()
+    assert all(r["rate_rps"] is not None for r in data)

@@ -125,11 +125,42 @@ def factors_chart(factors: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
     )
 
 
+def trace_chart(factors: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
+    """Each chain's factors at its trace-replay cells (no one rate: a point per cell), on
+    goodput and the median latencies, with their intervals."""
+    df = factors.filter(
+        pl.col("rate_rps").is_null()
+        & pl.col("value").is_not_null()
+        & pl.col("metric").is_in(["goodput", "TTFT p50", "TPOT p50", "E2E p50"])
+    ).with_columns(pl.format("{}: {}", "step", "factor").alias("series"))
+    steps = pl.col("position").filter(pl.col("position") > 0).n_unique().over("chain")
+    df = df.filter((pl.col("position") > 0) | (steps > 1))
+    base = alt.Chart().encode(x=alt.X("cell:N", title="trace-replay cell"), color=alt.Color("series:N", title="step"))
+    y = alt.Y("value:Q", scale=alt.Scale(type="log"), title="speedup (above 1: faster)")
+    points = base.mark_point(filled=True, size=60).encode(y=y, tooltip=["chain", "series", "metric", "cell", "value"])
+    bars = base.mark_errorbar().encode(y=alt.Y("lo:Q", title=None), y2="hi:Q")
+    one = alt.Chart().mark_rule(strokeDash=[3, 3], color="grey").encode(y=alt.datum(1))
+    return (
+        alt.layer(points, bars, one, data=df.to_pandas())
+        .properties(width=160, height=160)
+        .facet(column=alt.Column("metric:N", title=None), row=alt.Row("chain:N", title=None))
+        .resolve_scale(y="independent")
+        .properties(title=title("Factors at trace-replay cells (goodput and median latencies)", cells))
+    )
+
+
 def charts(frames: dict[str, pl.DataFrame]) -> dict:
+    """The factors against the rate (rate cells), and at trace-replay cells (which have none)."""
     factors = frames.get("traffic_factors")
-    if factors is None or not factors.filter(pl.col("rate_rps").is_not_null() & pl.col("value").is_not_null()).height:
+    if factors is None:
         return {}
-    return {"traffic": factors_chart(factors, flat(frames["cells"]))}
+    out = {}
+    measured = factors.filter(pl.col("value").is_not_null())
+    if measured.filter(pl.col("rate_rps").is_not_null()).height:
+        out["traffic"] = factors_chart(factors, flat(frames["cells"]))
+    if measured.filter(pl.col("rate_rps").is_null()).height:
+        out["traffic_trace"] = trace_chart(factors, flat(frames["cells"]))
+    return out
 
 
 def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
