@@ -17,8 +17,15 @@ already has bytecode, or whose Python may write it, is left as it is.
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
 import sys
 from pathlib import Path
+
+# What Python says when it imports a bytecode file that was cut short (CPython writes bytecode
+# with one write() whose short count it ignores: on a full disk a file can be left truncated,
+# and every later import of that module fails until it is removed).
+BROKEN_BYTECODE = ("marshal data too short", "bad marshal data", "bad magic number")
 
 
 def engine_module(argv: list[str]) -> str | None:
@@ -67,3 +74,20 @@ def prefix_of(shared_cache_root: Path) -> Path:
     files by interpreter and checks them against their source, so every engine and Python
     version shares it)."""
     return Path(shared_cache_root) / "pycache"
+
+
+def heal(prefix: Path, server_output: str) -> str | None:
+    """If a server's output shows it failed on a broken bytecode file and the bytecode folder
+    exists, remove the folder (renamed first, so a server starting now sees all of it or none)
+    and say so; the next start compiles it again. None: nothing of the kind."""
+    said = next((line.strip() for line in server_output.splitlines() if any(b in line for b in BROKEN_BYTECODE)), None)
+    prefix = Path(prefix)
+    if said is None or not prefix.is_dir():
+        return None
+    aside = prefix.with_name(f"{prefix.name}.broken-{os.getpid()}")
+    try:
+        prefix.rename(aside)
+    except FileNotFoundError:  # another session cleared it first
+        return f"a broken bytecode file ({said}) under {prefix}: cleared by another session; the next start rebuilds it"
+    shutil.rmtree(aside, ignore_errors=True)
+    return f"a broken bytecode file ({said}) under {prefix}: the folder is cleared, the next start rebuilds it"

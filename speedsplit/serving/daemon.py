@@ -138,11 +138,14 @@ def _daemon(launch_path: Path) -> int:
             print(f"[session {key}] stopping ({why})", flush=True)
         except Exception as exc:  # whatever kept the servers from starting is the cells' answer
             expected = isinstance(exc, (stacks.StartupFailed, leases.LeaseError, ModelError, ValueError, OSError))
+            error = str(exc) if expected else f"{type(exc).__name__}: {exc}"
+            pycache = bytecode.prefix_of(Path(launch.get("shared_cache_dir") or launch["cache_dir"]))
+            healed = bytecode.heal(pycache, getattr(exc, "log_tail", "") or "")
             transition(
                 sess,
                 generation,
                 STARTUP_FAILED,
-                error=redact(str(exc) if expected else f"{type(exc).__name__}: {exc}", sess.workdir),
+                error=redact(error + (f"; {healed}" if healed else ""), sess.workdir),
                 log_tail=redact(getattr(exc, "log_tail", ""), sess.workdir),
             )
             print(f"[session {key}] startup failed: {exc}", flush=True)

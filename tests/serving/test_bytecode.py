@@ -79,3 +79,31 @@ def test_the_engine_module_is_the_last_one_run():
     wrapped = [sys.executable, "-m", "speedsplit.serving.memcap", "--gib", "24", "--", "-m", "vllm.entrypoints.x"]
     assert bytecode.engine_module(wrapped) == "vllm.entrypoints.x"
     assert bytecode.engine_module([sys.executable, "x.py"]) is None
+
+
+def test_a_bytecode_file_cut_short_is_found_from_the_servers_output_and_the_folder_rebuilt(tmp_path):
+    """A full disk can leave a bytecode file truncated (CPython ignores a short write), and
+    every later start failed with `EOFError: marshal data too short` until it was deleted by
+    hand. The failed start's output now clears the folder; the next start compiles again."""
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src/served.py").write_text("ANSWER = 42\n" * 50)
+    prefix = tmp_path / "cache/shared/pycache"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "src"), "PYTHONPYCACHEPREFIX": str(prefix)}
+
+    def start():
+        return subprocess.run(
+            [sys.executable, "-c", "import served; print(served.ANSWER)"], env=env, capture_output=True, text=True
+        )
+
+    assert start().stdout.strip() == "42"  # compiled into the prefix
+    (pyc,) = prefix.rglob("served*.pyc")
+    pyc.write_bytes(pyc.read_bytes()[:40])  # the header whole, the code cut short
+    failed = start()
+    assert failed.returncode != 0 and "marshal data too short" in failed.stderr
+    said = bytecode.heal(prefix, failed.stderr)
+    assert said.startswith("a broken bytecode file (EOFError: marshal data too short) under ")
+    assert said.endswith("the folder is cleared, the next start rebuilds it")
+    assert not prefix.exists() and not list(prefix.parent.iterdir())  # nothing left aside
+    assert start().stdout.strip() == "42" and list(prefix.rglob("served*.pyc"))
+    assert bytecode.heal(prefix, "ValueError: something else") is None and prefix.is_dir()

@@ -198,6 +198,57 @@ def test_stack_that_cannot_start(cfg, tmp_path, tiny_model):
     assert read_result(tmp_path / "r.json").summary is None
 
 
+def test_a_bytecode_file_a_full_disk_cut_short_fails_one_start_and_is_rebuilt_by_the_next(cfg, tmp_path, tiny_model):
+    """The shared bytecode folder with a truncated file in it (a full disk: CPython ignores a
+    short write): the server's start fails on `marshal data too short`, the result names the
+    folder and says it is cleared, and the next start of the same server starts."""
+    import dataclasses
+    import sys
+
+    from speedsplit.serving import bytecode
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "served.py").write_text("import time\ntime.sleep(600)\n" + "ANSWER = 42\n" * 50)
+    shared = tmp_path / "shared"
+    prefix = bytecode.prefix_of(shared)
+    # the server writes its bytecode there, as a server under PYTHONDONTWRITEBYTECODE given the folder does
+    env = {"PYTHONPYCACHEPREFIX": str(prefix), "PYTHONPATH": str(src), "PYTHONDONTWRITEBYTECODE": ""}
+    subprocess.run([sys.executable, "-m", "py_compile", str(src / "served.py")], env={**os.environ, **env}, check=True)
+    (pyc,) = prefix.rglob("served*.pyc")
+    pyc.write_bytes(pyc.read_bytes()[:40])  # the header whole, the code cut short
+    stack = C.stack_params(cfg, "tiny", "hf-generate", "tp1")
+    # a server whose first import is the broken file (its address as every stack is given one)
+    stack["args"] = ["{python}", "-c", "import served", "--host", "{host}", "--port", "{port}"]
+    stack["env"] = {**stack["env"], **env}
+
+    def start(n, startup_timeout_s=60.0):
+        key = f"faults/pycache{n}/run0"
+        sp = session_plan(tmp_path, key, stack, cell(cfg), startup_timeout_s=startup_timeout_s)
+        sp = dataclasses.replace(sp, shared_cache_dir=str(shared))
+        return bench.measure(
+            stack=stack,
+            cell=cell(cfg),
+            run=0,
+            session=sp,
+            model_dir=tiny_model,
+            tokenizer_dir=tiny_model,
+            out_json=tmp_path / f"r{n}.json",
+            out_requests=tmp_path / f"r{n}.requests.jsonl",
+            owner=procs.me(),
+        )
+
+    res = start(0)
+    assert res.status == "startup_failed" and "marshal data too short" in res.server.error
+    assert f"under {prefix}: the folder is cleared, the next start rebuilds it" in res.server.error
+    assert not prefix.exists() and not list(shared.glob("pycache*"))  # nothing left aside
+    # the next start imports served.py again from source (and sleeps as its server would: not
+    # ready in 5 s, which is a start that got past its imports)
+    again = start(1, startup_timeout_s=5.0)
+    assert again.status == "startup_failed" and "not ready within 5 s" in again.server.error
+    assert "marshal" not in again.server.error and list(prefix.rglob("served*.pyc"))
+
+
 def test_a_cell_planned_for_cuda_on_a_node_without_one(cfg, tmp_path, tiny_model):
     """What a cluster job gets when the submitting host planned the wrong platform: the
     result says it did not run, and that the node had the other platform."""
