@@ -100,53 +100,46 @@ def answer(frames: dict[str, pl.DataFrame]) -> str:
     return "".join(parts)
 
 
-def factors_chart(factors: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
-    """Each chain's factors against the offered request rate, on goodput and the median
-    latencies, with their intervals (rate cells only: a trace's cells have no one rate)."""
-    df = factors.filter(
-        pl.col("rate_rps").is_not_null() & pl.col("metric").is_in(["goodput", "TTFT p50", "TPOT p50", "E2E p50"])
-    ).with_columns(pl.format("{}: {}", "step", "factor").alias("series"))
+CHART_METRICS = ["goodput", "TTFT p50", "TPOT p50", "E2E p50"]
+
+
+def _chart(df: pl.DataFrame, x: alt.X, marks: alt.Chart, heading: str, cells: pl.DataFrame, width: int) -> alt.Chart:
+    """Each chain's factors (rows) per metric (columns) along x, with their intervals."""
+    df = df.filter(pl.col("metric").is_in(CHART_METRICS)).with_columns(
+        pl.format("{}: {}", "step", "factor").alias("series")
+    )
     steps = pl.col("position").filter(pl.col("position") > 0).n_unique().over("chain")
     df = df.filter((pl.col("position") > 0) | (steps > 1))  # a one-step chain's total is that step
-    base = alt.Chart().encode(
-        x=alt.X("rate_rps:Q", scale=alt.Scale(type="log"), title="offered requests/s"),
-        color=alt.Color("series:N", title="step"),
-    )
+    base = alt.Chart().encode(x=x, color=alt.Color("series:N", title="step"))
     y = alt.Y("value:Q", scale=alt.Scale(type="log"), title="speedup (above 1: faster)")
-    line = base.mark_line(point=True).encode(y=y, tooltip=["chain", "series", "metric", "rate_rps", "value"])
+    values = marks.encode(x=x, color=alt.Color("series:N", title="step"), y=y)
     bars = base.mark_errorbar().encode(y=alt.Y("lo:Q", title=None), y2="hi:Q")
     one = alt.Chart().mark_rule(strokeDash=[3, 3], color="grey").encode(y=alt.datum(1))
     return (
-        alt.layer(line, bars, one, data=df.to_pandas())
-        .properties(width=200, height=160)
+        alt.layer(values, bars, one, data=df.to_pandas())
+        .properties(width=width, height=160)
         .facet(column=alt.Column("metric:N", title=None), row=alt.Row("chain:N", title=None))
         .resolve_scale(y="independent")
-        .properties(title=title("Factors under traffic vs the offered rate (goodput and median latencies)", cells))
+        .properties(title=title(heading, cells))
     )
+
+
+def factors_chart(factors: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
+    """Each chain's factors against the offered request rate, on goodput and the median
+    latencies, with their intervals (rate cells only: a trace's cells have no one rate)."""
+    line = alt.Chart().mark_line(point=True).encode(tooltip=["chain", "series", "metric", "rate_rps", "value"])
+    x = alt.X("rate_rps:Q", scale=alt.Scale(type="log"), title="offered requests/s")
+    heading = "Factors under traffic vs the offered rate (goodput and median latencies)"
+    return _chart(factors.filter(pl.col("rate_rps").is_not_null()), x, line, heading, cells, 200)
 
 
 def trace_chart(factors: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
     """Each chain's factors at its trace-replay cells (no one rate: a point per cell), on
     goodput and the median latencies, with their intervals."""
-    df = factors.filter(
-        pl.col("rate_rps").is_null()
-        & pl.col("value").is_not_null()
-        & pl.col("metric").is_in(["goodput", "TTFT p50", "TPOT p50", "E2E p50"])
-    ).with_columns(pl.format("{}: {}", "step", "factor").alias("series"))
-    steps = pl.col("position").filter(pl.col("position") > 0).n_unique().over("chain")
-    df = df.filter((pl.col("position") > 0) | (steps > 1))
-    base = alt.Chart().encode(x=alt.X("cell:N", title="trace-replay cell"), color=alt.Color("series:N", title="step"))
-    y = alt.Y("value:Q", scale=alt.Scale(type="log"), title="speedup (above 1: faster)")
-    points = base.mark_point(filled=True, size=60).encode(y=y, tooltip=["chain", "series", "metric", "cell", "value"])
-    bars = base.mark_errorbar().encode(y=alt.Y("lo:Q", title=None), y2="hi:Q")
-    one = alt.Chart().mark_rule(strokeDash=[3, 3], color="grey").encode(y=alt.datum(1))
-    return (
-        alt.layer(points, bars, one, data=df.to_pandas())
-        .properties(width=160, height=160)
-        .facet(column=alt.Column("metric:N", title=None), row=alt.Row("chain:N", title=None))
-        .resolve_scale(y="independent")
-        .properties(title=title("Factors at trace-replay cells (goodput and median latencies)", cells))
-    )
+    points = alt.Chart().mark_point(filled=True, size=60).encode(tooltip=["chain", "series", "metric", "cell", "value"])
+    measured = factors.filter(pl.col("rate_rps").is_null() & pl.col("value").is_not_null())
+    heading = "Factors at trace-replay cells (goodput and median latencies)"
+    return _chart(measured, alt.X("cell:N", title="trace-replay cell"), points, heading, cells, 160)
 
 
 def charts(frames: dict[str, pl.DataFrame]) -> dict:
