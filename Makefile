@@ -46,9 +46,10 @@ test: setup $(LLAMA_SERVER)
 	echo "make test: serial tier exit $$serial, three workers exit $$parallel (0: passed)"; \
 	test $$serial -eq 0 && test $$parallel -eq 0
 
-# No real server, no Snakemake run: the library on its own, under 90 s on 2 cores.
+# No real server, no Snakemake run: the library on its own, on two workers (CPU-bound: one
+# at a time it took 119-136 s on a 2-core AMD EPYC, two 76 s).
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow and not snakemake"
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -n 2 -m "not slow and not snakemake"
 
 lint: setup
 	$(BIN)/ruff check .
