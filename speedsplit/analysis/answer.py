@@ -197,7 +197,8 @@ def spread_line(runs: pl.DataFrame, head: pl.DataFrame) -> str | None:
     range: what an interval from so few runs rests on."""
     cells = set(head["cell"].to_list())
     wide = []
-    for (stack, cell), df in runs.filter(pl.col("cell").is_in(cells)).group_by(["stack", "cell"], maintain_order=True):
+    keys = ["model", "topology", "stack", "cell"]  # one stack's runs of one cell (never pooled across models)
+    for (_, _, stack, cell), df in runs.filter(pl.col("cell").is_in(cells)).group_by(keys, maintain_order=True):
         ok, _ = clean_runs(df)
         tok_s = [v for v in ok["output_tok_s"].to_list() if v]
         if len(tok_s) > 1 and max(tok_s) > SPREAD * min(tok_s):

@@ -124,11 +124,11 @@ def attribute(
     whole = step(chain[0], chain[-1])
     shares, note = log_shares([e.value for e in steps])
     draws = est.mean_log_draws(values, paired, seed=seed)
+    lt = draws[chain[-1]] - draws[chain[0]] if draws is not None else None  # each draw's log total
     factors = []
     for i, (a, b) in enumerate(zip(chain, chain[1:])):
         share_ci = (None, None)
-        if shares[i] is not None and draws is not None:
-            lt = draws[chain[-1]] - draws[chain[0]]
+        if shares[i] is not None and lt is not None:
             with np.errstate(divide="ignore", invalid="ignore"):
                 boot = np.where(np.abs(lt) >= MIN_ABS_LOG_TOTAL, (draws[b] - draws[a]) / lt, np.nan)
             share_ci = _pct(boot)

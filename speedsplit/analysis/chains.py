@@ -60,10 +60,6 @@ def run_speeds(
     return out
 
 
-def has_calibration(df: pl.DataFrame) -> bool:
-    return "client_e2e_s" in df.columns and df["client_e2e_s"].null_count() < df.height
-
-
 def attribution_frame(
     runs: pl.DataFrame, chains: dict[str, list[str]], tolerate_flags: Collection[str] = (), metric: str = "output_tok_s"
 ) -> pl.DataFrame:

@@ -102,9 +102,11 @@ def factorial_frame(runs: pl.DataFrame, spec: dict, tolerate_flags: Collection[s
         return pl.DataFrame(
             [{**base, "kind": "undefined", "name": "factorial", "note": "; ".join(missing)}], schema=FACTORIAL_SCHEMA
         )
-    names = _statistics(dict.fromkeys(groups, 0.0), m, o)
-    # each quantity's weight on each group's mean log throughput (they are linear in them)
-    weights = {n: {g: _statistics({k: float(k == g) for k in groups}, m, o)[n] for g in groups} for n in names}
+    # each quantity's weight on each group's mean log throughput (they are linear in them): the
+    # quantities of each group's indicator, once per group
+    basis = {g: _statistics({k: float(k == g) for k in groups}, m, o) for g in groups}
+    names = list(next(iter(basis.values())))
+    weights = {n: {g: basis[g][n] for g in groups} for n in names}
     rows = []
     for name in names:
         e = est.contrast(groups, weights[name])

@@ -148,7 +148,7 @@ def compare(result_paths: list[Path], **spec) -> pl.DataFrame:
     the tables built as aggregate.build_frames builds them (spec: its keyword arguments)."""
     from speedsplit.output.aggregate import build_frames
 
-    rows, measured_paths = [], []
+    rows, measured_paths, faulty = [], [], set()  # faulty: "stack cell run" of runs with faults
     with tempfile.TemporaryDirectory() as tmp:
         true_paths = []
         for i, path in enumerate(result_paths):
@@ -158,8 +158,9 @@ def compare(result_paths: list[Path], **spec) -> pl.DataFrame:
                 continue
             speed, faults = known
             measured_paths.append(path)
-            if _faults(faults):
-                rows.append(_fault_row(res, faults))
+            if faulted := _faults(faults):
+                rows.append(_fault_row(res, faulted))
+                faulty.add(f"{res.stack} {res.cell} run{res.run}")
             truth = res
             if res.status == "ok" and res.summary is not None:
                 truth, records = true_result(res, read_requests(requests_path(path)), speed)
@@ -172,7 +173,6 @@ def compare(result_paths: list[Path], **spec) -> pl.DataFrame:
         if not measured_paths:
             return pl.DataFrame(schema=TABLE_SCHEMA)
         got, want = build_frames(measured_paths, **spec), build_frames(true_paths, **spec)
-    faulty = {r["what"].rsplit(" ", 1)[0] for r in rows}  # "stack cell run" of fault rows
     rows += _run_rows(got["runs"], want["runs"], faulty)
     rows += _factor_rows(
         "attribution", got["attribution"], want["attribution"], ["chain", "model", "topology", "cell", "factor"]
@@ -183,14 +183,14 @@ def compare(result_paths: list[Path], **spec) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=TABLE_SCHEMA)
 
 
-def _fault_row(res: RunResult, faults: reference.Faults) -> dict:
-    signs = set().union(*(FAULT_SIGNS[k] for k in _faults(faults)))
+def _fault_row(res: RunResult, faulted: list[str]) -> dict:
+    signs = set().union(*(FAULT_SIGNS[k] for k in faulted))
     got = set(res.flags) | {res.status}
     left_out = res.status != "ok" or bool(res.flags)
     return {
         "kind": "fault",
         "what": f"{res.stack} {res.cell} run{res.run} fault",
-        "metric": "+".join(_faults(faults)),
+        "metric": "+".join(faulted),
         "within": signs <= got and left_out,
         "note": f"expects {', '.join(sorted(signs))}; got status {res.status}, flags {', '.join(res.flags) or 'none'}"
         + (f"; {res.cause}" if res.cause else ""),

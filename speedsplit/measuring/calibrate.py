@@ -125,7 +125,7 @@ def calibrate(users: list[int], ceiling_users: int = 64, ceiling_tokens: int = 2
     )
 
 
-def lines(c: Calibration, highest: float | None = None) -> list[str]:
+def lines(c: Calibration) -> list[str]:
     """The calibration for people: one line per level, the ceiling, the offsets carried."""
     out = [f"the load generator against a server of known speed ({c.reference}), {c.host_cpu}:"]
     for lv in c.levels:
@@ -138,10 +138,6 @@ def lines(c: Calibration, highest: float | None = None) -> list[str]:
     out.append(
         f"  ceiling: {c.ceiling_tok_s:.0f} output tok/s at {c.ceiling_users} users (a server that answers at once)"
     )
-    if highest:
-        out.append(
-            f"  highest measured cell: {highest:.0f} tok/s; ceiling / highest = {c.ceiling_tok_s / highest:.1f}x"
-        )
     out.append(
         f"  carried into every factor's interval: TTFT {c.ttft_s * 1e3:.2f} ms, ITL {c.itl_s * 1e3:.3f} ms, "
         f"TPOT {c.tpot_s * 1e3:.3f} ms, E2E {c.e2e_s * 1e3:.2f} ms"

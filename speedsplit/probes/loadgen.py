@@ -192,9 +192,10 @@ async def _one_request(http: aiohttp.ClientSession, spec: LoadSpec, rec: Request
                     usage = chunk.get("usage")
                     if chunk.get("choices"):
                         rec.chunks += 1
+                        count = _running_count(chunk)
                         if running is None:  # does the stream carry its running count from the start?
-                            running = _running_count(chunk) is not None
-                        new = _new_tokens(chunk["choices"][0], _running_count(chunk) if running else None, streamed)
+                            running = count is not None
+                        new = _new_tokens(chunk["choices"][0], count if running else None, streamed)
                         if new:  # a chunk that carries output (not a role or a closing one)
                             streamed += new
                             if rec.first_token is None:

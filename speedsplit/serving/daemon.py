@@ -47,6 +47,8 @@ def _daemon(launch_path: Path) -> int:
         return 0
     servers: list[stacks.Server] = []
     held = cache = None
+    shared = Path(launch.get("shared_cache_dir") or launch["cache_dir"])  # compile caches, bytecode
+    pycache = bytecode.prefix_of(shared)
     with stop_on_signals():
         try:
             check_model(launch["model_dir"], stack["variant"])
@@ -64,7 +66,7 @@ def _daemon(launch_path: Path) -> int:
             t_start = time.monotonic()
             log_path = Path(meta["log_path"])
             cache = stacks.compile_cache(
-                Path(launch.get("shared_cache_dir") or launch["cache_dir"]),
+                shared,
                 Path(launch["cache_dir"]),
                 stack,
                 launch.get("model") or {"path": launch["model_dir"]},  # its identity (bench gives it)
@@ -90,7 +92,7 @@ def _daemon(launch_path: Path) -> int:
                         cpus=cpus,
                         card_total_gib=total,
                         host_cache=stacks.host_cache_gib(stack, launch["model_dir"], launch.get("kv_tokens", 0)),
-                        pycache=bytecode.prefix_of(Path(launch.get("shared_cache_dir") or launch["cache_dir"])),
+                        pycache=pycache,
                     )
                 )
                 if transition(sess, generation, STARTING, servers=[s.proc_id.as_record() for s in servers]) is None:
@@ -139,7 +141,6 @@ def _daemon(launch_path: Path) -> int:
         except Exception as exc:  # whatever kept the servers from starting is the cells' answer
             expected = isinstance(exc, (stacks.StartupFailed, leases.LeaseError, ModelError, ValueError, OSError))
             error = str(exc) if expected else f"{type(exc).__name__}: {exc}"
-            pycache = bytecode.prefix_of(Path(launch.get("shared_cache_dir") or launch["cache_dir"]))
             healed = bytecode.heal(pycache, getattr(exc, "log_tail", "") or "")
             transition(
                 sess,
