@@ -242,6 +242,21 @@ class ServerFacts(_Record):
         description="the compile cache its servers used: 'shared <key>' (one per model, stack, topology and "
         "engine version, reused across sessions) or 'private: <why>'; None: results from before it was shared",
     )
+    lease_holders: list[str] | None = Field(
+        None,
+        description="who held the cards while the session waited for them (lease_wait_s), in words: another "
+        "workflow's session, or a process; None: nobody, or results from before it was recorded",
+    )
+    shared_with: list[str] | None = Field(
+        None,
+        description="other workflows' sessions measuring on this host when this run's load started or ended "
+        "(they share its cores, memory and buses); None: none seen",
+    )
+    api_key_required: bool | None = Field(
+        None,
+        description="benchmark.api_key: True when the server refused a request without the session's key (checked "
+        "at its start), False when its engine has no key option (api_key_env null); None: no key asked",
+    )
 
 
 class ModelSource(_Record):

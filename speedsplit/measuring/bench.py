@@ -241,11 +241,16 @@ def _measure_on_session(
             owner,
             ready_timeout_s=stack["startup_timeout_s"] + plan.lease_timeout_s,
             keep=not plan.is_last(result),
+            progress=progress,
         ) as held:
             _server_facts(result, held.state, held.reused)
-            records = _run_load(result, held.state, stack, cell, run, tokenizer_dir, progress)
+            records = _run_load(result, held.state, stack, cell, run, tokenizer_dir, progress, held.api_key)
             sessions.transition(
-                held.sess, held.generation, sessions.READY, cells_measured=held.state["cells_measured"] + 1
+                held.sess,
+                held.generation,
+                sessions.READY,
+                cells_measured=held.state["cells_measured"] + 1,
+                last_used=time.time(),  # another workflow waits foreign_idle_s from here (evict_idle)
             )
             checks.check_servers(result, records, held.sess, held.generation, held.state, stack)
     except sessions.NotReady as no:
@@ -359,20 +364,26 @@ _RUN_LOAD = {ClosedLoop: _closed_loop, OpenLoop: _open_loop, TraceReplay: _trace
 
 
 def _run_load(
-    result: RunResult, state: dict, stack: dict, cell: dict, run: int, tokenizer_dir, progress
+    result: RunResult, state: dict, stack: dict, cell: dict, run: int, tokenizer_dir, progress, api_key: str | None
 ) -> list[RequestRecord]:
     if state.get("cpus"):  # the client runs on its servers' cores, off the other lanes'
         os.sched_setaffinity(0, leases.parse_cpu_ranges(state["cpus"]))
     warm = 0 if cell.get("warmup") == "session_start" and state.get("cells_measured") else None
     load = cell_load(state, stack, cell, run, tokenizer_dir, warmup_requests=warm)
     result.params.warmup_requests = load.warmup_requests
+    load.api_key = api_key
     sampler = telemetry.Sampler(
-        telemetry.ServerProbe(state["urls"]), telemetry.GpuProbe(state.get("devices") or []), cell["telemetry_s"]
+        telemetry.ServerProbe(state["urls"], api_key=api_key),
+        telemetry.GpuProbe(state.get("devices") or []),
+        cell["telemetry_s"],
     )
+    shared = sessions.measuring_elsewhere()
     result.timing.load_start = time.time()
     with sampler:
         result.summary, records = loadgen.run(load, progress=progress, on_measured=sampler.poke)
     result.timing.load_end = time.time()
+    shared += [s for s in sessions.measuring_elsewhere() if s not in shared]
+    result.server.shared_with = shared or None
     s = result.summary
     result.slo = slo.assess(records, s, cell["slo_ttft_p99_s"], cell["slo_tpot_p99_s"])
     result.telemetry = telemetry.summarize(
@@ -390,9 +401,20 @@ def finished_line(result: RunResult) -> str:
         ttft = s.ttft_s.p99
         flags = f" [{', '.join(result.flags)}]" if result.flags else ""
         rate = f"{s.output_tok_s:.1f} output tok/s" if s.output_tok_s is not None else "no throughput"
-        return f"{where}: ok, {rate}, p99 TTFT {ttft:.3f} s{flags}" if ttft is not None else f"{where}: ok, {rate}"
+        line = f"{where}: ok, {rate}, p99 TTFT {ttft:.3f} s{flags}" if ttft is not None else f"{where}: ok, {rate}"
+        return line + _host_shared(result)
     cause = (result.cause or "no cause recorded").splitlines()[0][:400]
     return f"{where}: {result.status.upper() if result.status else 'UNFINISHED'}: {cause}"
+
+
+def _host_shared(result: RunResult) -> str:
+    """What another workflow on the host did to this run, in words ('' when nothing)."""
+    srv, said = result.server, []
+    if srv and srv.lease_holders and srv.lease_wait_s and not srv.reused:
+        said.append(f"waited {srv.lease_wait_s:.0f} s for {'; '.join(srv.lease_holders)}")
+    if srv and srv.shared_with:
+        said.append(f"measured beside {'; '.join(srv.shared_with)}")
+    return "".join(f"; {s}" for s in said)
 
 
 def log_progress(prefix: str) -> Callable[[str], None]:

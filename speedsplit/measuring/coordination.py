@@ -19,7 +19,7 @@ import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
-from speedsplit.core import procs
+from speedsplit.core import apikey, procs
 from speedsplit.core.intervals import length, overlap, union
 from speedsplit.core.results import provenance, redact, write_json_atomic
 from speedsplit.measuring.bench import cell_load
@@ -47,8 +47,8 @@ def profiler_args(trace_dir: Path, delay_iterations: int, iterations: int) -> li
     return ["--profiler-config", json.dumps(cfg).replace("{", "{{").replace("}", "}}")]
 
 
-def _post(url: str, timeout_s: float) -> None:
-    req = urllib.request.Request(url, data=b"", method="POST")
+def _post(url: str, timeout_s: float, api_key: str | None = None) -> None:
+    req = urllib.request.Request(url, data=b"", method="POST", headers=apikey.headers(api_key))
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         if resp.status != 200:
             raise RuntimeError(f"{url} answered {resp.status}")
@@ -166,7 +166,7 @@ def profile_cell(
                 ready_timeout_s=session.startup_timeout_s + session.lease_timeout_s,
                 keep=False,  # a profiled server serves nothing else
             ) as held:
-                _profile_load(result, held.state, stack, cell, tokenizer_dir)
+                _profile_load(result, held.state, stack, cell, tokenizer_dir, held.api_key)
                 # the workers write their traces late: the servers stay up until they are complete
                 files = wait_for_traces(trace_dir, stack["tensor_parallel"] * stack["instances"], 600.0)
             _breakdown(result, files, iterations)
@@ -183,18 +183,24 @@ def profile_cell(
     return result
 
 
-def _profile_load(result: dict, held: dict, stack: dict, cell: dict, tokenizer_dir) -> None:
+def _profile_load(result: dict, held: dict, stack: dict, cell: dict, tokenizer_dir, api_key: str | None) -> None:
     """Warm the server with the cell once, arm the profiler, run the cell again under it."""
 
     def load(run: int) -> loadgen.LoadSpec:  # one request per user: all decode together
-        return cell_load(held, stack, cell, run, tokenizer_dir, requests_per_user=1, warmup_requests=0)
+        spec = cell_load(held, stack, cell, run, tokenizer_dir, requests_per_user=1, warmup_requests=0)
+        spec.api_key = api_key
+        return spec
 
-    loadgen.run(load(1000))  # warm-up, not profiled (distinct prompts: no prefix-cache hits)
+    warm, records = loadgen.run(load(1000))  # warm-up, not profiled (distinct prompts: no prefix-cache hits)
+    if not warm.completed:  # a profile of a server that serves nothing would be "no trace", not why
+        first = next((r for r in records if not r.ok), None)
+        why = f"{first.error}: {first.detail}" if first and first.detail else (first.error if first else "none sent")
+        raise RuntimeError(f"the profiled server answered none of the warm-up requests ({why})")
     for url in held["urls"]:
-        _post(url + "/start_profile", 60.0)
+        _post(url + "/start_profile", 60.0, api_key)
     summary, _ = loadgen.run(load(1001))
     for url in held["urls"]:
-        _post(url + "/stop_profile", 900.0)  # flushes the traces; ignored if already stopped
+        _post(url + "/stop_profile", 900.0, api_key)  # flushes the traces; ignored if already stopped
     result["load"] = {"output_tok_s": summary.output_tok_s, "completed": summary.completed, "failed": summary.failed}
 
 

@@ -141,12 +141,21 @@ class SessionPlan:
     kv_tokens: int = 0  # the most tokens its cells keep in flight at once (users x (prompt + output)); 0: unknown
     shared_cache_dir: str = "results/cache/shared"  # one cache per model, stack, topology and engine version
     cpu_slots: int = 1  # on a CPU: how many sessions' servers may run at once (benchmark.cpu_lanes)
+    foreign_idle_s: float = 60.0  # another workflow's server idle this long may be stopped for our cards
+    api_key: bool = False  # benchmark.api_key: its servers demand a key drawn for the session
+    api_key_env: str | None = None  # the variable the stack's engine reads a key from (None: it has none)
 
     # Timeouts change no measurement, so no job file holds them (a changed one reruns no
     # cell): a job's stack and cell get them here.
     def with_startup(self, stack: dict) -> dict:
-        """The job's stack with its start-up timeout."""
-        return {**stack, "startup_timeout_s": self.startup_timeout_s}
+        """The job's stack with its start-up timeout and, with benchmark.api_key, the variable
+        its servers read their API key from (none: no key)."""
+        return {
+            **stack,
+            "startup_timeout_s": self.startup_timeout_s,
+            "api_key": self.api_key,
+            "api_key_env": self.api_key_env if self.api_key else None,
+        }
 
     def with_limits(self, cell: dict) -> dict:
         """The job's cell with its request and stall timeouts."""
@@ -196,6 +205,9 @@ def _session_plan(config: dict, key: str, last_job: str, kv_tokens: int = 0) -> 
         stall_timeout_s=float(b["stall_timeout_s"]),
         kv_tokens=kv_tokens,
         cpu_slots=int(b["cpu_lanes"]),
+        foreign_idle_s=float(b["foreign_idle_s"]),
+        api_key=bool(b["api_key"]),
+        api_key_env=config["stacks"][key.split("/")[1]]["api_key_env"],
     )
 
 

@@ -17,11 +17,12 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import aiohttp
 
+from speedsplit.core import apikey
 from speedsplit.core.record import OUTLIER_FACTOR, OUTLIER_MIN_S, Distribution, InstanceLoad, Summary
 from speedsplit.core.requestlog import RequestRecord
 from speedsplit.probes import slo
@@ -52,6 +53,7 @@ class LoadSpec:
     ramp_s: float = 0.0  # measured phase: user u starts at u * ramp_s / users
     schedule: list[Arrival] | None = None  # measured phase open loop: these requests, when due
     fitted: dict | None = None  # trace replay: {"skipped": n, "capped": n} (read_trace)
+    api_key: str | None = field(default=None, repr=False)  # sent with every request (core/apikey.py)
 
 
 def request_index(spec: LoadSpec, phase: str, user: int, i: int) -> int:
@@ -309,7 +311,9 @@ async def run_async(
     # connections waited up to 29 ms longer for its first token).
     timeout = aiohttp.ClientTimeout(total=None, sock_read=spec.stall_timeout_s, sock_connect=30)
     connector = aiohttp.TCPConnector(limit=0, force_close=not spec.keep_alive)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector, trace_configs=[_on_the_wire()]) as http:
+    async with aiohttp.ClientSession(
+        timeout=timeout, connector=connector, trace_configs=[_on_the_wire()], headers=apikey.headers(spec.api_key)
+    ) as http:
         if spec.warmup_requests:
             w0, w1 = await _phase(http, spec, "warmup", spec.warmup_requests, warm, progress)
             warm_s = w1 - w0

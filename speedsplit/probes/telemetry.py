@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 
+from speedsplit.core import apikey
 from speedsplit.core.record import GpuTelemetry, ServerTelemetry, Telemetry
 
 # vLLM's names (0.26 and later); counters are exposed with a _total suffix.
@@ -48,8 +49,9 @@ class ServerProbe:
     no vLLM counters); a reading that fails once (a slow answer, a refused connection) is only
     missed: sampling goes on, and `misses` keeps when and why."""
 
-    def __init__(self, urls: list[str], timeout_s: float = 2.0):
+    def __init__(self, urls: list[str], timeout_s: float = 2.0, api_key: str | None = None):
         self.urls, self.timeout_s, self.absent = urls, timeout_s, None
+        self._headers = apikey.headers(api_key)  # llama.cpp asks /metrics for the key too
         self.misses: list[tuple[float, str]] = []
         self.names = set(GAUGES.values()) | set(COUNTERS.values())
 
@@ -57,7 +59,8 @@ class ServerProbe:
         total: dict[str, float] = {}
         for url in self.urls:
             try:
-                with urllib.request.urlopen(f"{url}/metrics", timeout=self.timeout_s) as resp:
+                req = urllib.request.Request(f"{url}/metrics", headers=self._headers)
+                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                     values = parse_prometheus(resp.read().decode(errors="replace"), self.names)
             except urllib.error.HTTPError as exc:
                 if exc.code in (404, 405, 501):

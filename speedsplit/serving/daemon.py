@@ -9,8 +9,11 @@ a stop.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from speedsplit.core import procs
@@ -30,7 +33,9 @@ from speedsplit.serving.session import (
     Session,
     _read_private_json,
     daemon_of,
+    FOREIGN_IDLE_S,
     evict_idle,
+    lease_holders,
     transition,
 )
 
@@ -61,7 +66,7 @@ def _daemon(launch_path: Path) -> int:
                 need,
                 timeout_s=meta["lease_timeout_s"],
                 devices=platform_devices,
-                on_wait=lambda: evict_idle(except_key=key),
+                on_wait=LeaseWait(sess, generation, platform_devices, meta.get("foreign_idle_s", FOREIGN_IDLE_S)),
             )
             t_start = time.monotonic()
             log_path = Path(meta["log_path"])
@@ -93,6 +98,7 @@ def _daemon(launch_path: Path) -> int:
                         card_total_gib=total,
                         host_cache=stacks.host_cache_gib(stack, launch["model_dir"], launch.get("kv_tokens", 0)),
                         pycache=pycache,
+                        api_key=meta.get("api_key"),
                     )
                 )
                 if transition(sess, generation, STARTING, servers=[s.proc_id.as_record() for s in servers]) is None:
@@ -101,6 +107,7 @@ def _daemon(launch_path: Path) -> int:
                 stacks.wait_ready(srv, stack["ready_path"], stack["startup_timeout_s"])
             for srv in servers:  # a server that cannot serve fails its start, not every cell's timeout
                 preflight(srv, stack)
+            required = key_required(servers[0], stack) if stack.get("api_key") else None
             cache.release()
             st = transition(
                 sess,
@@ -120,7 +127,9 @@ def _daemon(launch_path: Path) -> int:
                 host_memory=servers[0].host_memory,
                 compile_cache_dir=cache.how,
                 wide_listeners=sorted({w for s in servers for w in s.wide_listeners}),
+                api_key_required=required,
                 cells_measured=0,
+                last_used=time.time(),
             )
             if st is None:
                 raise Stop("the session was stopped while it started")
@@ -183,6 +192,7 @@ def preflight(server: stacks.Server, stack: dict) -> float:
         keep_alive=stack.get("keep_alive", True),
         request_timeout_s=stack["startup_timeout_s"],
         stall_timeout_s=min(120.0, stack["startup_timeout_s"]),
+        api_key=server.api_key,
     )
     t0 = time.monotonic()
     _, records = loadgen.run(spec)
@@ -200,12 +210,69 @@ def preflight(server: stacks.Server, stack: dict) -> float:
     return time.monotonic() - t0
 
 
+def key_required(server: stacks.Server, stack: dict) -> bool:
+    """With benchmark.api_key: whether the server refuses a request without its key (HTTP 401),
+    False where its engine has no key option (api_key_env null). A server handed a key that
+    answers without it fails its start: its api_key_env is not the variable it reads."""
+    if server.api_key is None:
+        print(
+            f"[session] {server.url} runs without an API key: stack {stack['stack']} names no api_key_env", flush=True
+        )
+        return False
+    body = json.dumps({"model": server.model_id, "prompt": "Say hello.", "max_tokens": 1}).encode()
+    req = urllib.request.Request(
+        server.url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    if status != 401:
+        raise stacks.StartupFailed(
+            f"given an API key through {stack['api_key_env']}, the server answered a request without it "
+            f"(HTTP {status}): that is not the variable its engine reads a key from (stack api_key_env)"
+        )
+    return True
+
+
 def card_total_gib(devices: list[str]) -> float:
     """The memory a cap is taken from; a card NVML cannot read fails the start, naming why."""
     try:
         return telemetry.card_memory_gib(devices)
     except Exception as exc:
         raise ValueError(f"card_memory_gib: cannot read the memory of cards {devices} ({exc})") from None
+
+
+class LeaseWait:
+    """What a session does while its cards are held by others: stops the idle sessions the
+    policy allows (session.evict_idle), and publishes who holds them (waiting_for, and every
+    holder met in lease_holders, which the results record) for the cells waiting on it to
+    print, and its own log says so."""
+
+    def __init__(self, sess: Session, generation: str, devices: list[str] | None, foreign_idle_s: float):
+        self.sess, self.generation, self.foreign_idle_s = sess, generation, foreign_idle_s
+        self.devices = devices if devices is not None else leases.visible_devices()
+        self.since, self.seen, self.last = time.time(), [], None
+
+    def __call__(self) -> bool:
+        stopped = evict_idle(except_key=self.sess.key, foreign_idle_s=self.foreign_idle_s)
+        for what in stopped:
+            print(f"[session {self.sess.key}] stopped an idle session for its cards: {what}", flush=True)
+        holders = lease_holders(self.devices)
+        if holders != self.last:
+            self.last = holders
+            self.seen += [h for h in holders if h not in self.seen]
+            transition(
+                self.sess,
+                self.generation,
+                STARTING,
+                waiting_for=holders,
+                waiting_since=self.since,
+                lease_holders=self.seen,
+            )
+            print(f"[session {self.sess.key}] waiting for the cards: {'; '.join(holders) or 'held'}", flush=True)
+        return bool(stopped)
 
 
 def _hold(sess: Session, generation: str, servers: list[stacks.Server], meta: dict) -> None:
@@ -216,6 +283,8 @@ def _hold(sess: Session, generation: str, servers: list[stacks.Server], meta: di
     while all(s.alive() for s in servers):
         st = sess.state()
         if st.get("generation") != generation or st.get("state") != READY:
+            if st.get("evicted_by"):
+                print(f"[session {meta['key']}] stopped, idle, for {st['evicted_by']}", flush=True)
             return
         if owner is None or not owner.alive():
             print(f"[session {meta['key']}] workflow process {meta['owner']} is gone", flush=True)

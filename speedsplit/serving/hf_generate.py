@@ -25,12 +25,15 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import time
 import uuid
 from dataclasses import dataclass, field
 
 from aiohttp import web
+
+from speedsplit.core import apikey
 
 BATCH_KEY = web.AppKey("batcher", object)
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default when a request names none
@@ -254,7 +257,7 @@ def _error(message: str, status: int, kind: str = "invalid_request_error") -> we
     return web.json_response({"error": {"message": message, "type": kind}}, status=status)
 
 
-def make_app(batcher: Batcher, served_name: str) -> web.Application:
+def make_app(batcher: Batcher, served_name: str, api_key: str | None = None) -> web.Application:
     tok = batcher.tokenizer
     context = batcher.context()
 
@@ -314,7 +317,7 @@ def make_app(batcher: Batcher, served_name: str) -> web.Application:
     async def stop_batches(_):  # SIGTERM: the running batch ends at its next step, its clients are told
         batcher.stopping = True
 
-    app = web.Application(client_max_size=16 * 2**20)
+    app = web.Application(client_max_size=16 * 2**20, middlewares=apikey.middlewares(api_key))
     app.on_shutdown.append(stop_batches)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
@@ -361,7 +364,7 @@ def main(argv: list[str] | None = None) -> None:
     batcher = Batcher(model, tokenizer, args.max_batch, args.device)
     # handler_cancellation: a client that disconnects cancels its handler, which stops its row
     web.run_app(
-        make_app(batcher, args.served_model_name),
+        make_app(batcher, args.served_model_name, api_key=os.environ.get(apikey.ENV)),
         host=args.host,
         port=args.port,
         access_log=None,

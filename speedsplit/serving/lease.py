@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from speedsplit.core import procs
+
 
 class LeaseError(RuntimeError):
     """Cards or ports could not be had in time; one-line message."""
@@ -136,6 +138,22 @@ def try_lock(path: Path):
     f.write(f"{os.getpid()}\n")
     f.flush()
     return f
+
+
+def holders(devices: list[str]) -> list[int]:
+    """The live processes that last took these cards' locks (the pid try_lock wrote): asked
+    when a lease could not be had, so they hold them, or did a moment ago. Read without a lock
+    of its own, which would make a taker's try fail."""
+    pids = []
+    for dev in devices:
+        try:
+            with open_private(lock_dir() / f"gpu-{dev}.lock", os.O_RDONLY) as f:
+                text = f.read().strip()
+        except (OSError, LeaseError):
+            continue
+        if text.isdigit() and procs.Proc.of(int(text)) is not None:
+            pids.append(int(text))
+    return pids
 
 
 @dataclass

@@ -31,6 +31,7 @@ import asyncio
 import dataclasses
 import heapq
 import json
+import os
 import socket
 import threading
 import time
@@ -39,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
+
+from speedsplit.core import apikey
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default when a request names none
 STATE = web.AppKey("reference", object)
@@ -349,10 +352,12 @@ def make_app(
     served_name: str = "reference",
     model_dir: str | None = None,
     received: list | None = None,
+    api_key: str | None = None,
 ) -> web.Application:
     """The reference server as an aiohttp application; `received`, if given, collects every
-    request body as the server got it (what a client really sent)."""
-    app = web.Application(client_max_size=16 * 2**20)
+    request body as the server got it (what a client really sent); with `api_key`, a /v1/
+    request without it is refused (401)."""
+    app = web.Application(client_max_size=16 * 2**20, middlewares=apikey.middlewares(api_key))
 
     async def start(app: web.Application) -> None:  # the semaphore belongs to the serving loop
         app[STATE] = Server(speed, faults, served_name, token_counter(model_dir))
@@ -476,7 +481,7 @@ def main(argv: list[str] | None = None) -> None:
     speed, faults = speed_of(args)
     print(f"reference server: {speed} {faults} on {args.host}:{args.port}", flush=True)
     web.run_app(
-        make_app(speed, faults, args.served_model_name, args.model),
+        make_app(speed, faults, args.served_model_name, args.model, api_key=os.environ.get(apikey.ENV)),
         host=args.host,
         port=args.port,
         access_log=None,

@@ -28,10 +28,10 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from speedsplit.core import procs
+from speedsplit.core import apikey, procs
 from speedsplit.core.results import write_json_atomic
 from speedsplit.planning.plan import SessionPlan
 from speedsplit.serving import lease as leases
@@ -171,6 +171,7 @@ def open_session(
     owner: procs.Proc,
     idle_timeout_s: float,
     lease_timeout_s: float,
+    foreign_idle_s: float = 60.0,
 ) -> tuple[Session, bool, str]:
     """Find this workflow's running session for key with the same launch (stack
     definition, model and caches), or spawn one.
@@ -195,9 +196,12 @@ def open_session(
             "owner": owner.as_record(),
             "idle_timeout_s": idle_timeout_s,
             "lease_timeout_s": lease_timeout_s,
+            "foreign_idle_s": foreign_idle_s,
             "log_path": str(log_path),
             "key": key,
             "workdir": sess.workdir,
+            # drawn per session, kept only here (mode 0600) and in the servers' environment
+            "api_key": apikey.new() if launch["stack"].get("api_key_env") else None,
         }
         st = _new_generation(sess, digest=digest, owner=owner.as_record())
         write_json_atomic(sess.launch_path, {**meta, "generation": st["generation"]}, mode=0o600)
@@ -217,12 +221,15 @@ def open_session(
     return sess, False, st["generation"]
 
 
-def wait_ready(sess: Session, generation: str, timeout_s: float) -> dict:
+def wait_ready(sess: Session, generation: str, timeout_s: float, on_wait=None) -> dict:
     """This generation's state once ready or final (bounded by timeout_s); a daemon that is gone
-    without saying so, or a timeout, reads as startup_failed."""
+    without saying so, or a timeout, reads as startup_failed. on_wait(state) is called at each
+    look at a session not ready yet."""
     deadline = time.monotonic() + timeout_s
     while True:
         st = sess.state()
+        if on_wait is not None and st.get("generation") == generation and st.get("state") == STARTING:
+            on_wait(st)
         if st.get("generation") != generation:
             return {"state": STOPPED, "error": "the session was replaced by another start"}
         if st.get("state") == READY or st.get("state") in FINAL:
@@ -250,6 +257,33 @@ def wait_final(sess: Session, generation: str, timeout_s: float) -> dict:
         time.sleep(POLL_S)
 
 
+WAIT_TOLD_EVERY_S = 30.0
+
+
+def waiting_told(progress):
+    """An on_wait for wait_ready that tells progress who holds the cards a start waits for:
+    when the holders change, and every WAIT_TOLD_EVERY_S while they do not."""
+    if progress is None:
+        return None
+    told = {"holders": None, "at": 0.0}
+
+    def on_wait(st: dict) -> None:
+        holders = st.get("waiting_for")
+        if not holders or (holders == told["holders"] and time.monotonic() - told["at"] < WAIT_TOLD_EVERY_S):
+            return
+        told.update(holders=holders, at=time.monotonic())
+        waited = time.time() - float(st.get("waiting_since") or time.time())
+        progress(f"waiting {waited:.0f} s for the cards, held by: {'; '.join(holders)}")
+
+    return on_wait
+
+
+def api_key_of(sess: Session, generation: str) -> str | None:
+    """The API key the session's servers of this generation demand (None: none)."""
+    meta = _read_private_json(sess.launch_path)
+    return meta.get("api_key") if meta.get("generation") == generation else None
+
+
 @contextlib.contextmanager
 def attached(sess: Session, generation: str):
     """Hold the session for one cell's measurement: yields its ready state, or None if it was
@@ -273,6 +307,7 @@ class Held:
     generation: str
     reused: bool  # an existing daemon was found, not spawned by this job
     state: dict  # the session's ready state: urls, servers, facts, cells_measured
+    api_key: str | None = field(default=None, repr=False)  # what its servers demand (core/apikey.py)
 
 
 class NotReady(Exception):
@@ -286,9 +321,10 @@ class NotReady(Exception):
 
 
 @contextlib.contextmanager
-def hold_ready(plan: SessionPlan, launch: dict, owner: procs.Proc, ready_timeout_s: float, keep: bool):
+def hold_ready(plan: SessionPlan, launch: dict, owner: procs.Proc, ready_timeout_s: float, keep: bool, progress=None):
     """Find or start the servers of a planned session and hold them, ready, for one job (its
-    cell lock).
+    cell lock). While its start waits for cards others hold, progress (if given) is told who
+    holds them and for how long it has waited.
 
     A session stopped (evicted, idle, replaced) between being found and being held is started
     again, up to ATTACH_TRIES times. Raises NotReady when it is busy, never gets ready, died,
@@ -302,12 +338,18 @@ def hold_ready(plan: SessionPlan, launch: dict, owner: procs.Proc, ready_timeout
         for _ in range(ATTACH_TRIES):
             try:
                 sess, reused, generation = open_session(
-                    plan.key, launch, Path(plan.log), owner, plan.idle_timeout_s, plan.lease_timeout_s
+                    plan.key,
+                    launch,
+                    Path(plan.log),
+                    owner,
+                    plan.idle_timeout_s,
+                    plan.lease_timeout_s,
+                    plan.foreign_idle_s,
                 )
             except SessionBusy as busy:
                 ended_cleanly = True
                 raise NotReady(STARTUP_FAILED, str(busy)) from None
-            state = wait_ready(sess, generation, ready_timeout_s)
+            state = wait_ready(sess, generation, ready_timeout_s, waiting_told(progress))
             if state["state"] in (STOPPING, STOPPED):
                 continue  # stopped before we attached: start again
             if state["state"] != READY:  # died before this job, or never ready
@@ -317,7 +359,7 @@ def hold_ready(plan: SessionPlan, launch: dict, owner: procs.Proc, ready_timeout
             with attached(sess, generation) as held:
                 if held is None:
                     continue  # evicted between finding it and taking the cell lock
-                yield Held(sess, generation, reused, held)
+                yield Held(sess, generation, reused, held, api_key_of(sess, generation))
             ended_cleanly = True
             return
         ended_cleanly = True
@@ -369,24 +411,73 @@ def retire(sess: Session, wait_s: float) -> bool:
     return True
 
 
-def evict_idle(except_key: str | None = None) -> int:
-    """Stop every ready session on this host that no cell is using (any workflow's: they want
-    the same cards); returns how many."""
-    n = 0
+# How long another workflow's ready server must have gone without a cell before a session
+# waiting for its cards may stop it (benchmark.foreign_idle_s).
+FOREIGN_IDLE_S = 60.0
+
+
+def evict_idle(except_key: str | None = None, foreign_idle_s: float = FOREIGN_IDLE_S) -> list[str]:
+    """Stop the ready sessions on this host that no cell is using, for a session that waits for
+    their cards; returns what was stopped, in words.
+
+    The policy: this workflow's idle sessions stop at once (its lanes are planned: the next cell
+    of a stopped one is not waiting for it). Another workflow's stop only once no cell has used
+    them for foreign_idle_s: between two of its cells a session is idle for a few seconds, and
+    stopping it there made two workflows on one host stop each other's servers cell after cell.
+    So workflows take the cards in turns of whole sessions, and one that has stalled gives
+    them up. A stopped session's state says for whom (evicted_by)."""
+    me = str(Path.cwd().resolve())
+    stopped = []
     for st in host_states():
         if not st.get("key") or not st.get("workflow"):
             continue  # written before sessions knew their workflow: nothing of ours to stop
         sess = Session(st["key"], st["workflow"])
-        if except_key == sess.key and sess.workdir == str(Path.cwd().resolve()):
+        if except_key == sess.key and sess.workdir == me:
             continue
         if st.get("state") != READY or not daemon_alive(st):
             continue  # a starting session is about to be used by the cell that started it
+        if sess.workdir != me and time.time() - float(st.get("last_used") or 0.0) < foreign_idle_s:
+            continue  # another workflow's, between two of its cells
         with sess.locked(sess.cell_lock, blocking=False) as idle:
             if not idle:
                 continue
             cur = sess.state()
-            if transition(sess, cur.get("generation"), STOPPING) is None:
+            by = f"workflow {me}" + (f" (session {except_key})" if except_key else "")
+            if transition(sess, cur.get("generation"), STOPPING, evicted_by=by) is None:
                 continue
         stop_daemon(sess, cur["generation"])
-        n += 1
-    return n
+        stopped.append(describe(cur))
+    return stopped
+
+
+def describe(state: dict) -> str:
+    """A session in words, for the terminal and the result: whose it is and what it does."""
+    return f"workflow {state.get('workflow')}, session {state.get('key')} ({state.get('state', '?')})"
+
+
+def measuring_elsewhere() -> list[str]:
+    """Other workflows' sessions on this host with a cell measuring now (its cell lock held), in
+    words: what a run shares the host with."""
+    me = str(Path.cwd().resolve())
+    out = []
+    for st in host_states():
+        if st.get("workflow") in (None, me) or st.get("state") != READY or not daemon_alive(st):
+            continue
+        sess = Session(st["key"], st["workflow"])
+        with sess.locked(sess.cell_lock, blocking=False) as idle:
+            if not idle:
+                out.append(f"workflow {st['workflow']}, session {st['key']}")
+    return out
+
+
+def lease_holders(devices: list[str]) -> list[str]:
+    """Who holds the cards (or CPU slots) a waiting session wants, in words: the session whose
+    daemon holds each, or the process (a quantize job, say)."""
+    daemons = {d.pid: st for st in host_states() if (d := daemon_of(st)) is not None and d.alive()}
+    out = []
+    for pid in leases.holders(devices):
+        if pid in daemons:
+            out.append(describe(daemons[pid]))
+        elif procs.cmdline(pid):  # (none: a process that has ended, not yet reaped)
+            out.append(f"process {pid} ({' '.join(procs.cmdline(pid))[:120]})")
+    return sorted(set(out))

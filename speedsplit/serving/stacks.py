@@ -18,7 +18,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from speedsplit.core import procs
+from speedsplit.core import apikey, procs
 from speedsplit.core.results import redact
 from speedsplit.models import gguf
 from speedsplit.models.checkpoint import ModelError, is_dummy, read_model_config
@@ -26,9 +26,12 @@ from speedsplit.serving import bytecode
 from speedsplit.serving.serverlog import exit_cause, launch_output, log_cause
 
 # No vLLM server this project launches reports usage to vLLM's authors (sent from any host with
-# network unless VLLM_NO_USAGE_STATS or DO_NOT_TRACK is set). Set over the inherited environment;
-# a stack's env can still change it. (DO_NOT_TRACK and HF_HUB_DISABLE_TELEMETRY set as well, the
-# cliff test's vLLM CPU server delivered its 4-user streams in bursts, twice: not set here.)
+# network unless VLLM_NO_USAGE_STATS, VLLM_DO_NOT_TRACK or DO_NOT_TRACK is set: any one turns
+# vLLM's usage_lib off). Set over the inherited environment; a stack's env can still change it.
+# The other engines report nothing of their own: the transformers stacks run with
+# HF_HUB_OFFLINE=1 (no call to the hub at all), llama.cpp's server and speedsplit's own servers
+# have no telemetry. (DO_NOT_TRACK and HF_HUB_DISABLE_TELEMETRY set as well, the cliff test's vLLM
+# CPU server delivered its 4-user streams in bursts, twice: not set here.)
 NO_USAGE_REPORTS = {"VLLM_NO_USAGE_STATS": "1"}
 HOST = "127.0.0.1"  # servers never listen beyond loopback
 # CUDA numbers cards fastest first unless told otherwise; NVML and nvidia-smi number them by
@@ -62,6 +65,7 @@ class Server:
     wide_listeners: list[str] = field(default_factory=list)  # internal sockets beyond loopback (check_ours)
     memory_cap: dict | None = None  # what memory_cap() did, None without a cap
     host_memory: str | None = None  # the host-memory cap of a CPU server, in words
+    api_key: str | None = field(default=None, repr=False)  # what its clients send (core/apikey.py)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -279,6 +283,7 @@ def launch(
     card_total_gib: float | None = None,
     host_cache: float | None = None,
     pycache: Path | None = None,
+    api_key: str | None = None,
 ) -> Server:
     """Start one server instance in its own process group; returns at once. keep_fds (the
     lease's lock files) stay open in the server so its cards stay locked while it lives;
@@ -286,7 +291,9 @@ def launch(
     card_total_gib (the smallest of its cards' memory) is what a memory cap is taken from;
     host_cache (GiB, see host_cache_gib) runs a {python} server under speedsplit.serving.memcap so that
     it sizes its caches from that much host memory; pycache is where a server that would
-    otherwise compile its modules at every start keeps their bytecode (serving/bytecode.py)."""
+    otherwise compile its modules at every start keeps their bytecode (serving/bytecode.py);
+    api_key, where the stack names the variable its engine reads one from (api_key_env), is
+    the key the server demands of every client (core/apikey.py)."""
     values = {
         "python": sys.executable,
         "model_dir": str(model_dir),
@@ -335,6 +342,11 @@ def launch(
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
         env.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
     env["VLLM_HOST_IP"] = HOST
+    if stack.get("api_key_env"):  # through the environment (`ps` shows a command line); a key
+        env.pop(stack["api_key_env"], None)  # the caller's shell holds is not one its clients know
+        if api_key:
+            env[stack["api_key_env"]] = api_key
+    api_key = api_key if stack.get("api_key_env") else None
     # NVLink multicast (NVLS) is never used: a program that uses it can take a shared host's
     # GPUs out of service.
     env.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
@@ -370,6 +382,7 @@ def launch(
         log_offset=log_offset,
         memory_cap=cap,
         host_memory=host_memory,
+        api_key=api_key,
     )
 
 
@@ -385,7 +398,8 @@ def wait_ready(server: Server, ready_path: str, timeout_s: float) -> float:
                 server.launch_output_tail(),
             )
         try:
-            with urllib.request.urlopen(server.url + ready_path, timeout=5) as resp:
+            req = urllib.request.Request(server.url + ready_path, headers=apikey.headers(server.api_key))
+            with urllib.request.urlopen(req, timeout=5) as resp:
                 if resp.status == 200:
                     server.wide_listeners = check_ours(server)
                     server.ready_s = time.monotonic() - server.launched_at
@@ -434,7 +448,8 @@ def _listed_models(server: Server) -> list[str] | None:
     import json
 
     try:
-        with urllib.request.urlopen(server.url + "/v1/models", timeout=10) as resp:
+        req = urllib.request.Request(server.url + "/v1/models", headers=apikey.headers(server.api_key))
+        with urllib.request.urlopen(req, timeout=10) as resp:
             return [m["id"] for m in json.loads(resp.read()).get("data", [])]
     except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

@@ -4,10 +4,13 @@ the load generator measured against it (the workflow's runs on it: tests/workflo
 import asyncio
 import json
 import statistics
+import urllib.error
+import urllib.request
 
 import aiohttp
 import pytest
 
+from speedsplit.core import apikey
 from speedsplit.probes import loadgen
 from speedsplit.serving import reference as R
 
@@ -184,3 +187,28 @@ def test_the_load_generator_measures_it_within_a_few_milliseconds():
     # the client's own offset: a few milliseconds at most (speedsplit calibrate measures it)
     assert 0 <= statistics.median(r.first_token - r.sent for r in measured) - 0.05 < 0.01
     assert s.tpot_s.median == pytest.approx(0.005, rel=0.1)
+
+
+def test_with_an_api_key_it_refuses_a_request_without_it_and_the_load_generator_sends_it():
+    """benchmark.api_key (core/apikey.py): /v1/ wants the key, /health and /metrics stay open
+    (as in vLLM); a load with the key is served, its record never shows the key."""
+    key = apikey.new()
+    url = R.serve_in_thread(R.make_app(R.Speed(ttft_s=0.0, itl_s=0.001), api_key=key))
+    body = json.dumps({"prompt": "a", "max_tokens": 1}).encode()
+    for headers in ({}, apikey.headers("sk-wrong")):
+        req = urllib.request.Request(url + "/v1/completions", data=body, headers=headers, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=5)
+        assert refused.value.code == 401
+    for path in ("/health", "/metrics"):
+        with urllib.request.urlopen(url + path, timeout=5) as resp:
+            assert resp.status == 200
+    spec = loadgen.LoadSpec(
+        urls=[url], model="m", prompts=["a b"] * 2, users=1, prompt_tokens=2, output_tokens=3,
+        requests_per_user=1, warmup_requests=1,
+    )  # fmt: skip
+    assert loadgen.run(spec)[0].failed == 1  # without the key: refused
+    spec.api_key = key
+    s, records = loadgen.run(spec)
+    assert s.completed == 1 and s.failed == 0
+    assert key not in repr(spec) and all(key not in r.model_dump_json() for r in records)

@@ -3,6 +3,7 @@
 import os
 import stat
 import subprocess
+import time
 
 import pytest
 
@@ -67,11 +68,11 @@ def test_a_stale_state_naming_a_live_unrelated_process_is_never_signalled(tmp_pa
         }
     )
     assert not S.daemon_alive(sess.state())
-    assert S.evict_idle() == 0
+    assert S.evict_idle() == []
     S.stop_daemon(sess)
     legacy = S.Session("m/s/tp1/run1")  # a state written before daemons had start times
     legacy.write({"state": "ready", "pid": sleeper.pid, "key": legacy.key, "workflow": legacy.workdir})
-    assert S.evict_idle() == 0
+    assert S.evict_idle() == []
     S.stop_daemon(legacy)
     assert sleeper.poll() is None
 
@@ -84,9 +85,45 @@ def test_only_an_idle_ready_session_is_evicted(tmp_path, monkeypatch, sleeper):
     sess = S.Session("m/s/tp1/run0")
     gen = S._new_generation(sess)["generation"]
     S.transition(sess, gen, S.STARTING, daemon=daemon)
-    assert S.evict_idle() == 0 and sleeper.poll() is None
+    assert S.evict_idle() == [] and sleeper.poll() is None
     S.transition(sess, gen, S.READY)
     with S.attached(sess, gen) as held:  # a cell measures on it
-        assert held is not None and S.evict_idle() == 0
-    assert S.evict_idle() == 1
+        assert held is not None and S.evict_idle() == []
+    assert len(S.evict_idle()) == 1
     assert sleeper.wait(10) is not None and sess.state()["state"] == S.STOPPED
+
+
+def test_another_workflows_idle_session_is_stopped_only_after_foreign_idle_s(tmp_path, monkeypatch, sleeper):
+    """The eviction policy: a session of another workflow that a cell used a moment ago (between
+    two of its cells) is kept; once unused for foreign_idle_s it is stopped, and its state says
+    for whom. While a cell measures on it, it is what a run elsewhere shares the host with."""
+    (tmp_path / "other").mkdir()
+    (tmp_path / "me").mkdir()
+    theirs = S.Session("m/s/tp1/run0", tmp_path / "other")
+    gen = S._new_generation(theirs)["generation"]
+    S.transition(theirs, gen, S.STARTING, daemon=procs.Proc.of(sleeper.pid).as_record())
+    S.transition(theirs, gen, S.READY, last_used=time.time() - 5.0)
+    monkeypatch.chdir(tmp_path / "me")
+    assert S.evict_idle("m/s/tp1/run0", foreign_idle_s=30.0) == []  # used 5 s ago
+    with S.attached(theirs, gen) as held:
+        assert held is not None
+        assert S.measuring_elsewhere() == [f"workflow {theirs.workdir}, session m/s/tp1/run0"]
+    assert S.measuring_elsewhere() == []  # idle: nothing measures beside us
+    stopped = S.evict_idle("m/s/tp1/run0", foreign_idle_s=4.0)
+    assert stopped == [f"workflow {theirs.workdir}, session m/s/tp1/run0 (ready)"]
+    st = theirs.state()
+    assert st["state"] == S.STOPPED and st["evicted_by"] == f"workflow {tmp_path / 'me'} (session m/s/tp1/run0)"
+    assert sleeper.wait(10) is not None  # its "daemon" was stopped
+
+
+def test_who_holds_the_cards_is_named(tmp_path, monkeypatch, sleeper):
+    """lease_holders: the session whose daemon holds a card's lock, or the process that does."""
+    from speedsplit.serving import lease
+
+    monkeypatch.chdir(tmp_path)
+    with lease.acquire_gpus(1, timeout_s=5, devices=["cpu"]):
+        assert S.lease_holders(["cpu"]) == [f"process {os.getpid()} ({' '.join(procs.cmdline(os.getpid()))[:120]})"]
+        sess = S.Session("m/s/tp1/run0")
+        gen = S._new_generation(sess)["generation"]
+        S.transition(sess, gen, S.STARTING, daemon=procs.me().as_record())
+        assert S.lease_holders(["cpu"]) == [f"workflow {sess.workdir}, session m/s/tp1/run0 (starting)"]

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -59,8 +61,11 @@ def session_plan(
     lease_timeout_s=3600.0,
     startup_timeout_s=900.0,
     stall_timeout_s=120.0,
+    api_key_env=None,
+    foreign_idle_s=60.0,
 ):
-    """The plan of a one-cell session (or, last_in_session=False, of a longer one)."""
+    """The plan of a one-cell session (or, last_in_session=False, of a longer one); given
+    api_key_env, with benchmark.api_key on."""
     own = plan.BenchJob(stack["model"], stack["stack"], stack["topology"], cell_params["cell"], 0).result
     return plan.SessionPlan(
         key=key,
@@ -72,13 +77,25 @@ def session_plan(
         startup_timeout_s=startup_timeout_s,
         request_timeout_s=600.0,
         stall_timeout_s=stall_timeout_s,
+        foreign_idle_s=foreign_idle_s,
+        api_key=api_key_env is not None,
+        api_key_env=api_key_env or None,
     )
 
 
 def run_cell(tmp_path, stack, cell_params, model_dir, tokenizer_dir, key, last_in_session=True, **kw):
     kw.setdefault("owner", procs.me())
     timeouts = {
-        k: kw.pop(k) for k in ("idle_timeout_s", "lease_timeout_s", "startup_timeout_s", "stall_timeout_s") if k in kw
+        k: kw.pop(k)
+        for k in (
+            "idle_timeout_s",
+            "lease_timeout_s",
+            "startup_timeout_s",
+            "stall_timeout_s",
+            "api_key_env",
+            "foreign_idle_s",
+        )
+        if k in kw
     }
     return bench.measure(
         stack=stack,
@@ -550,7 +567,10 @@ def test_a_full_disk_while_the_result_is_written(cfg, tmp_path, tiny_model, limi
 
 def test_two_workflows_with_the_same_names_keep_their_own_servers(cfg, tmp_path, tiny_model, monkeypatch):
     """Two checkouts on one host, same model, stack and session key: each measures its own
-    model on its own server; one never reuses, or stops mid-cell, the other's."""
+    model on its own server; one never reuses, or stops mid-cell, the other's. One waits for
+    the other's idle server until it has gone foreign_idle_s without a cell (no stopping each
+    other's servers between cells), says on its terminal who holds the card, and its result
+    records the wait and for whom; the stopped session's state names who stopped it."""
     stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
     key = "faults/twowf/run0"
     wd = {name: tmp_path / name for name in ("a", "b")}
@@ -574,11 +594,19 @@ def test_two_workflows_with_the_same_names_keep_their_own_servers(cfg, tmp_path,
     short = cell(cfg, users=2, requests_per_user=1, output_tokens=8, prompt_tokens=16)
     a1 = cell_in("a", short)
     assert a1.status == "ok" and serving("a") is True
-    b1 = cell_in("b", short)
+    a_used = session.Session(key, wd["a"]).state()["last_used"]
+    told = []
+    b1 = cell_in("b", short, last=True, foreign_idle_s=15.0, progress=told.append)
     assert b1.status == "ok" and b1.server.reused is False
-    assert serving("b") is True  # b's server serves b's model
-    # a's idle server was evicted for the card (a CPU has one), never used by b
-    assert session.Session(key, wd["a"]).state()["state"] == "stopped"
+    # a's idle server was stopped for the card (a CPU has one) only once idle 15 s, never used by b
+    a_state, b_state = (session.Session(key, wd[n]).state() for n in "ab")
+    assert a_state["state"] == "stopped" and a_state["evicted_by"] == f"workflow {wd['b']} (session {key})"
+    assert b_state["waiting_since"] < a_used + 15.0  # b asked while a's server was protected
+    assert b_state["waiting_since"] + b1.server.lease_wait_s >= a_used + 15.0 - 0.5
+    assert b1.server.lease_holders and all(f"workflow {wd['a']}, session {key}" in h for h in b1.server.lease_holders)
+    waits = [m for m in told if m.startswith("waiting") and f"held by: workflow {wd['a']}, session {key}" in m]
+    assert waits, told
+    assert f"waited {b1.server.lease_wait_s:.0f} s for workflow {wd['a']}" in bench.finished_line(b1)
 
     # a measures (a job of its own) while b asks for the card: b waits and gives up, and never
     # stops a's server mid-cell
@@ -616,10 +644,10 @@ def test_eviction_racing_a_cell_that_attaches(cfg, tmp_path, tiny_model):
     # held by a cell: not evicted
     with session.attached(sess, gen) as held:
         assert held is not None
-        assert session.evict_idle() == 0
+        assert session.evict_idle() == []
         assert checks.health(st["urls"][0]) == 200
     # found ready, evicted before it was held: refused
-    assert session.evict_idle() == 1
+    assert len(session.evict_idle()) == 1
     with session.attached(sess, gen) as held:
         assert held is None
     assert_gone(tree + [session.daemon_of(st)])
@@ -675,6 +703,41 @@ def test_sigterm_during_the_daemons_cleanup(cfg, tmp_path, tiny_model):
     assert_gone(tree + [daemon])
     assert card_is_free()
     assert session.Session(key).state()["state"] == "stopped"
+
+
+def test_an_api_key_keeps_other_users_of_the_host_out(cfg, tmp_path, tiny_model, monkeypatch):
+    """benchmark.api_key: the session's server refuses a request without its key (checked at
+    its start and recorded), the cell is measured with it, and no log, state or result holds
+    it; a stack whose engine has no key option runs without one and says so; a variable the
+    engine does not read fails the start with the reason."""
+    monkeypatch.setenv("SPEEDSPLIT_API_KEY", "sk-from-the-users-shell")  # never handed on
+    stack = C.stack_params(cfg, "tiny", "reference", "tp1")
+    params = cell(cfg, users=2, requests_per_user=2, output_tokens=8, prompt_tokens=8, warmup_requests=1)
+    key = "faults/apikey/run0"
+    res = run_cell(tmp_path, stack, params, tiny_model, tiny_model, key, False, api_key_env="SPEEDSPLIT_API_KEY")
+    assert res.status == "ok" and res.summary.completed == 4 and res.server.api_key_required is True, res.cause
+    sess = session.Session(key)
+    st = sess.state()
+    secret = session.api_key_of(sess, st["generation"])
+    assert secret and secret.startswith("sk-speedsplit-")
+    body = json.dumps({"model": "tiny", "prompt": "a", "max_tokens": 1}).encode()
+    for headers in ({}, {"Authorization": "Bearer sk-from-the-users-shell"}):
+        req = urllib.request.Request(st["urls"][0] + "/v1/completions", data=body, headers=headers, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=10)
+        assert refused.value.code == 401
+    session.stop_daemon(sess)
+    assert_gone(server_processes(st) + [session.daemon_of(st)])
+    where = [p for d in (tmp_path, sess.launch_path.parent) for p in d.rglob("*") if p.is_file()]
+    holding = [str(p) for p in where if secret.encode() in p.read_bytes()]
+    assert holding == [str(sess.launch_path)] and oct(sess.launch_path.stat().st_mode & 0o777) == "0o600"
+
+    monkeypatch.delenv("SPEEDSPLIT_API_KEY")  # (a server that names no variable inherits the shell's)
+    res = run_cell(tmp_path, stack, params, tiny_model, tiny_model, "faults/apikey-none/run0", api_key_env="")
+    assert res.status == "ok" and res.server.api_key_required is False  # asked, but no variable named
+    res = run_cell(tmp_path, stack, params, tiny_model, tiny_model, "faults/apikey-bad/run0", api_key_env="NOT_READ")
+    assert res.status == "startup_failed" and "that is not the variable its engine reads" in res.server.error
+    assert card_is_free()
 
 
 def test_a_rerun_after_editing_the_stacks_environment_reports_the_new_launch(cfg, tmp_path, tiny_model):

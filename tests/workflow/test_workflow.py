@@ -12,6 +12,7 @@ import yaml
 from conftest import PLANTED_TOKEN, REPO, planned_outputs, run_snakemake, snakemake_bin
 
 from speedsplit.core.record import read_result
+from speedsplit.serving import session as sessions
 from speedsplit.serving.vllm_cpu import cpu_int4_route
 
 
@@ -210,13 +211,26 @@ def test_failed_rerun_remeasures_and_ends_with_fresh_tables_report_and_summary(w
 
 @pytest.mark.slow
 def test_no_secret_or_home_path_in_any_output(workdir):
+    """Neither the planted HF_TOKEN nor the sessions' API keys (ci.yaml: benchmark.api_key,
+    kept only in the sessions' private launch files) reach any output."""
     home = str(Path.home())
+    keys = {
+        json.loads(p.read_text()).get("api_key")
+        for p in sessions.sessions_dir().glob("*.launch.json")
+        if Path(json.loads(p.read_text())["workdir"]) == workdir.resolve()
+    } - {None}
+    assert len(keys) == 2, keys  # the vLLM stacks' sessions (transformers serve has no key option)
     for path in list((workdir / "results").rglob("*")):
         if path.is_file() and path.suffix in (".json", ".jsonl", ".csv", ".md", ".html", ".log"):
             text = path.read_text(errors="replace")
             assert PLANTED_TOKEN not in text, path
+            assert not any(k in text for k in keys), path
             if path.suffix != ".log":
                 assert home + "/" not in text, path
+    required = {
+        (r.stack, r.server.api_key_required) for r in map(read_result, (workdir / "results/bench").rglob("run*.json"))
+    }
+    assert required == {("hf-fp16", False), ("vllm-fp16", True), ("vllm-marlin", True)}
 
 
 @pytest.mark.slow
