@@ -1,6 +1,7 @@
 """Fault injection on the tiny model with the real servers: every fault ends in a recorded
 status or a clear error within bounded time, with no server left behind."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -563,6 +564,56 @@ def test_a_full_disk_while_the_result_is_written(cfg, tmp_path, tiny_model, limi
     assert card_is_free()
     # the job's provenance reads git without taking the index lock it could not release
     assert not (REPO / ".git/index.lock").exists()
+
+
+@pytest.fixture()
+def small_disk(tmp_path):
+    """A 4 MiB filesystem of its own (tmpfs; mounting needs root, as CI has)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small filesystem here (needs root)")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def fill(disk: Path, leave: int) -> None:
+    """Fill the filesystem of disk until `leave` bytes are free."""
+    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+    with open(disk / "ballast", "wb") as f:
+        with contextlib.suppress(OSError):
+            f.write(b"\0" * max(0, free - leave))
+
+
+@pytest.mark.parametrize("leave", [12_000, 0])
+def test_a_full_filesystem_while_a_cell_is_measured(cfg, small_disk, tiny_model, leave):
+    """A real full disk (ENOSPC, not a file-size limit) under a cell's result, its requests log
+    and its session's logs, filled during the measured phase: with a little room left, the cell
+    gets an error result naming the full disk; with none, the job fails with that cause and
+    leaves nothing half-written. Either way its server and daemon are gone and the card free."""
+    stack = C.stack_params(cfg, "tiny", "reference", "tp1")
+    params = cell(cfg, users=2, requests_per_user=40, output_tokens=16, prompt_tokens=8, warmup_requests=1)
+    key = f"faults/enospc{leave}/run0"
+    seen = {}
+
+    def progress(msg):
+        if "measured" in msg and not seen:
+            seen["state"] = session.Session(key).state()
+            fill(small_disk, leave)
+
+    if leave:
+        res = run_cell(small_disk, stack, params, tiny_model, tiny_model, key, progress=progress)
+        assert res.status == "error" and "No space left on device" in res.cause, res.cause
+        assert read_result(small_disk / "r.json").status == "error"
+    else:
+        with pytest.raises(OSError, match="No space left on device"):
+            run_cell(small_disk, stack, params, tiny_model, tiny_model, key, progress=progress)
+        assert not (small_disk / "r.json").exists()
+    assert seen, "the measured phase never began"
+    leftovers = [p.name for p in small_disk.iterdir() if p.name.startswith(".")]
+    assert not leftovers, leftovers
+    assert_gone(server_processes(seen["state"]) + [session.daemon_of(seen["state"])])
+    assert card_is_free()
 
 
 def test_two_workflows_with_the_same_names_keep_their_own_servers(cfg, tmp_path, tiny_model, monkeypatch):

@@ -219,7 +219,8 @@ def test_no_secret_or_home_path_in_any_output(workdir):
         for p in sessions.sessions_dir().glob("*.launch.json")
         if Path(json.loads(p.read_text())["workdir"]) == workdir.resolve()
     } - {None}
-    assert len(keys) == 2, keys  # the vLLM stacks' sessions (transformers serve has no key option)
+    # the vLLM stacks' sessions and the coordination profile's (transformers serve has no key option)
+    assert len(keys) == 3, keys
     for path in list((workdir / "results").rglob("*")):
         if path.is_file() and path.suffix in (".json", ".jsonl", ".csv", ".md", ".html", ".log"):
             text = path.read_text(errors="replace")
