@@ -1,5 +1,6 @@
 """Shared fixtures: a private lock folder per test session and a tiny synthesised model."""
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -135,3 +136,21 @@ def measure_alone(stack: dict, cell: dict, model, tmp_path: Path, startup_timeou
         out_requests=tmp_path / "r.requests.jsonl",
         owner=procs.me(),
     ), plan
+
+
+@pytest.fixture()
+def small_disk(tmp_path):
+    """A 4 MiB filesystem of its own (tmpfs; mounting needs root, as CI has)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small filesystem here (needs root)")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def fill(disk: Path, leave: int) -> None:
+    """Fill the filesystem of disk until `leave` bytes are free."""
+    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+    with contextlib.suppress(OSError), open(disk / "ballast", "wb", buffering=0) as f:
+        f.write(b"\0" * max(0, free - leave))

@@ -4,7 +4,7 @@ commands (exit 2) and from a workflow job (the line on the terminal, the traceba
 import subprocess
 import sys
 
-from conftest import REPO
+from conftest import REPO, fill
 from records import fake_result, write_result
 
 from speedsplit import cli
@@ -93,3 +93,31 @@ def test_a_config_file_that_is_not_yaml_is_one_line_naming_its_line(tmp_path, ca
     assert said == [
         f"speedsplit: config file {bad} line 4, column 1 is not valid YAML: expected ',' or '}}', but got '<stream end>'"
     ]
+
+
+def test_a_job_whose_log_is_on_a_full_disk_still_ends_as_its_work_did(tmp_path, small_disk):
+    """The job's log on a full filesystem: the job's exit is its own (Python's "lost
+    sys.stderr" made it 120, and Snakemake deleted the result the job had written), and what
+    it prints reaches the terminal with one line saying why."""
+    log = small_disk / "job.log"
+    script = f"""
+import sys
+sys.path.insert(0, {str(REPO / "workflow_scripts")!r})
+from _job import to_log
+class Job:
+    log = [{str(log)!r}]
+to_log(Job())
+print("the cell's finished line")
+sys.stdout.write("a line without its end")
+open({str(tmp_path / "result.json")!r}, "w").write("{{}}")
+"""
+    fill(small_disk, 0)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    said = out.stderr.splitlines()
+    assert (
+        said[0]
+        == f"[speedsplit] the job's log {log} cannot be written (No space left on device): its output follows here"
+    )
+    assert said[1:] == ["the cell's finished line", "a line without its end"]
+    assert (tmp_path / "result.json").read_text() == "{}"

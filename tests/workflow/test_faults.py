@@ -1,7 +1,6 @@
 """Fault injection on the tiny model with the real servers: every fault ends in a recorded
 status or a clear error within bounded time, with no server left behind."""
 
-import contextlib
 import json
 import os
 import shutil
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, planned_outputs, run_snakemake, snakemake_bin
+from conftest import REPO, fill, planned_outputs, run_snakemake, snakemake_bin
 
 from speedsplit.core import procs
 from speedsplit.core.record import read_result
@@ -564,25 +563,6 @@ def test_a_full_disk_while_the_result_is_written(cfg, tmp_path, tiny_model, limi
     assert card_is_free()
     # the job's provenance reads git without taking the index lock it could not release
     assert not (REPO / ".git/index.lock").exists()
-
-
-@pytest.fixture()
-def small_disk(tmp_path):
-    """A 4 MiB filesystem of its own (tmpfs; mounting needs root, as CI has)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True).returncode:
-        pytest.skip("cannot mount a small filesystem here (needs root)")
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=False)
-
-
-def fill(disk: Path, leave: int) -> None:
-    """Fill the filesystem of disk until `leave` bytes are free."""
-    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
-    with open(disk / "ballast", "wb") as f:
-        with contextlib.suppress(OSError):
-            f.write(b"\0" * max(0, free - leave))
 
 
 @pytest.mark.parametrize("leave", [12_000, 0])
