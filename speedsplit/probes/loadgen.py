@@ -22,7 +22,7 @@ from typing import Callable
 
 import aiohttp
 
-from speedsplit.core import apikey
+from speedsplit.core import apikey, awake
 from speedsplit.core.record import OUTLIER_FACTOR, OUTLIER_MIN_S, Distribution, InstanceLoad, Summary
 from speedsplit.core.requestlog import RequestRecord
 from speedsplit.probes import slo
@@ -311,7 +311,8 @@ async def run_async(
     # connections waited up to 29 ms longer for its first token).
     timeout = aiohttp.ClientTimeout(total=None, sock_read=spec.stall_timeout_s, sock_connect=30)
     connector = aiohttp.TCPConnector(limit=0, force_close=not spec.keep_alive)
-    async with aiohttp.ClientSession(
+    # Awake: a client idle 300 ms for a first token would read it milliseconds late (core/awake.py)
+    async with awake.held(), aiohttp.ClientSession(
         timeout=timeout, connector=connector, trace_configs=[_on_the_wire()], headers=apikey.headers(spec.api_key)
     ) as http:
         if spec.warmup_requests:
