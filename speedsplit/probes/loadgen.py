@@ -312,9 +312,12 @@ async def run_async(
     timeout = aiohttp.ClientTimeout(total=None, sock_read=spec.stall_timeout_s, sock_connect=30)
     connector = aiohttp.TCPConnector(limit=0, force_close=not spec.keep_alive)
     # Awake: a client idle 300 ms for a first token would read it milliseconds late (core/awake.py)
-    async with awake.held(), aiohttp.ClientSession(
-        timeout=timeout, connector=connector, trace_configs=[_on_the_wire()], headers=apikey.headers(spec.api_key)
-    ) as http:
+    async with (
+        awake.held(),
+        aiohttp.ClientSession(
+            timeout=timeout, connector=connector, trace_configs=[_on_the_wire()], headers=apikey.headers(spec.api_key)
+        ) as http,
+    ):
         if spec.warmup_requests:
             w0, w1 = await _phase(http, spec, "warmup", spec.warmup_requests, warm, progress)
             warm_s = w1 - w0
