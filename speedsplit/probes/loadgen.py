@@ -29,6 +29,13 @@ from speedsplit.probes import slo
 from speedsplit.probes.traffic import Arrival
 
 
+# vLLM and transformers serve (uvicorn) close a connection idle 5 s; a request sent on one as
+# it closes fails ('connection', 4 of 16 at a 16-user level of vLLM's CPU build whose first 8
+# users' connections sat idle about 5 s while the other 8 finished their warm-ups). The client
+# lets go of an idle connection first, and opens a new one.
+IDLE_CLOSE_S = 4.0
+
+
 @dataclass
 class LoadSpec:
     """What one cell asks of the servers."""
@@ -46,6 +53,7 @@ class LoadSpec:
     seed: int = 0
     dialect: str = "vllm"
     keep_alive: bool = True  # reuse connections (False: one per request, for a server that drops them)
+    idle_close_s: float = IDLE_CLOSE_S  # a kept connection idle this long is closed, not reused
     request_timeout_s: float = 600.0
     stall_timeout_s: float = 120.0
     outlier_factor: float = OUTLIER_FACTOR  # a latency outlier: see latency_outliers
@@ -310,7 +318,8 @@ async def run_async(
     # connections the warm-up opened, not on new ones (a burst of 16 first requests on fresh
     # connections waited up to 29 ms longer for its first token).
     timeout = aiohttp.ClientTimeout(total=None, sock_read=spec.stall_timeout_s, sock_connect=30)
-    connector = aiohttp.TCPConnector(limit=0, force_close=not spec.keep_alive)
+    kept = {"keepalive_timeout": spec.idle_close_s} if spec.keep_alive else {"force_close": True}
+    connector = aiohttp.TCPConnector(limit=0, **kept)
     # Awake: a client idle 300 ms for a first token would read it milliseconds late (core/awake.py)
     async with (
         awake.held(),

@@ -1,6 +1,7 @@
 import json
 
 import pytest
+from aiohttp import web
 
 from speedsplit.core.requestlog import RequestRecord
 from speedsplit.planning import config as C
@@ -212,3 +213,25 @@ def test_a_request_counts_as_sent_when_its_body_goes_to_the_socket(server_url):
 
     rec, took = asyncio.run(go())
     assert 0.05 <= rec.sent < took
+
+
+def test_a_connection_idle_past_the_idle_limit_is_not_reused():
+    """A server that closes idle connections (uvicorn: 5 s) would fail a request sent on one as
+    it closes: the client lets go of a connection idle longer than idle_close_s first. Here the
+    server serves one request at a time: user 0's warm-up ends 0.3 s before user 1's, and its
+    connection sits idle that long before the measured phase."""
+    ports = []
+
+    @web.middleware
+    async def peer(request, handler):
+        ports.append(request.transport.get_extra_info("peername")[1])
+        return await handler(request)
+
+    app = reference.make_app(reference.Speed(ttft_s=0.3, itl_s=0.001, max_concurrency=1))
+    app.middlewares.append(peer)
+    url = reference.serve_in_thread(app)
+    for idle_close_s, connections in ((4.0, 2), (0.15, 3)):
+        ports.clear()
+        summary, _ = loadgen.run(spec(url, users=2, requests_per_user=1, idle_close_s=idle_close_s))
+        assert summary.failed == 0 and len(ports) == 4
+        assert len(set(ports)) == connections, (idle_close_s, ports)
