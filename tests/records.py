@@ -14,6 +14,25 @@ from speedsplit.core.record import (
     to_json,
 )
 from speedsplit.core.results import write_json_atomic
+from speedsplit.core.specs import StackSpec
+
+
+def stack_spec(**changes) -> StackSpec:
+    """A CPU stack of the tiny model with these fields changed."""
+    base = dict(
+        stack="s", model="tiny", topology="tp1", platform="cpu", variant="fp16", args=["{python}"],
+        dtype="float16", max_model_len=64,
+    )  # fmt: skip
+    return StackSpec(**{**base, **changes})
+
+
+def cell_spec(**changes) -> CellParams:
+    """A closed-loop cell at 8 users with these fields changed."""
+    base = dict(
+        cell="u8-wide-greedy", workload="wide", sampling="greedy", users=8, prompt_tokens=8, output_tokens=16,
+        requests_per_user=2, warmup_requests=1, temperature=0.0, top_p=1.0, seed=0, min_measured_s=0.0,
+    )  # fmt: skip
+    return CellParams(**{**base, **changes})
 
 
 def fake_result(

@@ -7,7 +7,7 @@
 - `TraceReplay`: a window of a recorded trace's arrivals at a speedup.
 
 A cell's job file (planning/grid.cell_params) names its kind by the keys it holds: `trace`, else
-`arrival`, else neither (closed loop); `load_of` reads it. Whoever does something per kind keys a
+`arrival`, else neither (closed loop); `load_of` reads it from the typed cell. Whoever does something per kind keys a
 registry by the load's type (measuring/bench.py's prompts and schedule, planning/estimate.py's
 arrivals span) rather than testing keys.
 """
@@ -62,10 +62,11 @@ def kind_of(entry: dict) -> str:
     return "trace" if entry.get("trace") else "open" if entry.get("arrival") else "closed"
 
 
-def load_of(cell: dict) -> ClosedLoop | OpenLoop | TraceReplay:
-    """A cell's load from its job-file params. An open-loop cell's `users` is 0: its load has
-    none (the warm-up runs one user)."""
-    kind = kind_of(cell)
-    if kind == "closed":
-        return ClosedLoop(users=cell["users"], ramp_s=cell.get("ramp_s", 0.0))
-    return KINDS[kind].model_validate(cell)
+def load_of(cell) -> ClosedLoop | OpenLoop | TraceReplay:
+    """A cell's load from its params (core/record.CellParams). An open-loop cell's `users` is 0:
+    its load has none (the warm-up runs one user)."""
+    if cell.trace:
+        return TraceReplay(trace=cell.trace, max_client_lag_s=cell.max_client_lag_s)
+    if cell.arrival:
+        return OpenLoop(arrival=cell.arrival, lengths=cell.lengths, max_client_lag_s=cell.max_client_lag_s)
+    return ClosedLoop(users=cell.users, ramp_s=cell.ramp_s)

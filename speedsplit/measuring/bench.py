@@ -16,9 +16,8 @@ from typing import Callable
 
 from speedsplit.core import procs
 from speedsplit.core.loads import ClosedLoop, OpenLoop, TraceReplay, load_of
+from speedsplit.core.specs import StackSpec
 from speedsplit.core.record import (
-    OUTLIER_FACTOR,
-    OUTLIER_MIN_S,
     Calibration,
     CellParams,
     EngineFacts,
@@ -70,10 +69,10 @@ def build_prompts(tokenizer_dir: str | Path, n: int, prompt_tokens: int, seed: i
     return prompts_of(tokenizer_dir, [prompt_tokens] * n, seed)
 
 
-def prompt_seed(cell: dict, run: int) -> int:
+def prompt_seed(cell: CellParams, run: int) -> int:
     """Prompts differ between cells and runs (a server measures several, and a repeated prompt
     is served from its prefix cache) and are the same for every stack."""
-    return cell["seed"] + zlib.crc32(f"{cell['cell']}/run{run}".encode())
+    return cell.seed + zlib.crc32(f"{cell.cell}/run{run}".encode())
 
 
 def measure(
@@ -98,6 +97,10 @@ def measure(
     redacted message when nothing more specific fits), so the lane after it goes on. Only a
     stop signal ends the job without one: the cell was not measured and reruns.
     """
+    # The job file's stack and cell, typed. Keys their types do not know (a job file of another
+    # version) are left out of the record, and the run fails naming them.
+    stack, unknown_stack = _typed(StackSpec, stack)
+    cell, unknown = _typed(CellParams, cell)
     try:  # the plan is read here, where a failure is recorded like any other
         session, plan_error = (session() if callable(session) else session), None
         stack, cell = session.with_startup(stack), session.with_limits(cell)
@@ -112,13 +115,13 @@ def measure(
         try:
             if plan_error is not None:
                 raise plan_error
-            unknown = sorted(set(cell) - set(CellParams.model_fields))
-            if unknown:  # a job file of another version: recorded without them (_new_result)
-                raise ConfigError(f"the job's cell has keys no cell has: {unknown}")
+            if unknown or unknown_stack:
+                what = [f"{k}: {v}" for k, v in (("cell", unknown), ("stack", unknown_stack)) if v]
+                raise ConfigError(f"the job file has keys of another version ({'; '.join(what)})")
             result.weights = ModelSource(**model_info(model_dir))
             result.model_shape = _model_shape(model_dir)
             launch = {
-                "stack": stack,
+                "stack": stack.model_dump(),
                 "model_dir": str(Path(model_dir).resolve()),
                 "model": model_identity(model_dir),
                 "cache_dir": str(Path(session.cache_dir).resolve()),
@@ -150,7 +153,7 @@ def measure(
         result.finished = _now()
         result.timing.job_end = time.time()
         result.provenance = Provenance.model_validate(provenance(workdir))
-        if result.provenance.hardware.platform != stack["platform"]:
+        if result.provenance.hardware.platform != stack.platform:
             # planned on another machine (a cluster's submitting host) for a platform this node lacks
             result.flags.append("platform_mismatch")
         try:
@@ -160,19 +163,23 @@ def measure(
             return _write(_stripped(result), [], out_json, out_requests, workdir)
 
 
-def _new_result(stack: dict, cell: dict, run: int, session_key: str) -> RunResult:
-    """The run's record before anything is measured. A cell with keys its type does not know
-    (a job file of another version) is recorded without them; measure fails the run, naming them."""
-    known = {k: v for k, v in cell.items() if k in CellParams.model_fields}
+def _typed(model, entry: dict):
+    """entry as a `model`, less the keys it does not know, and those keys."""
+    unknown = sorted(set(entry) - set(model.model_fields))
+    return model(**{k: v for k, v in entry.items() if k not in unknown}), unknown
+
+
+def _new_result(stack: StackSpec, cell: CellParams, run: int, session_key: str) -> RunResult:
+    """The run's record before anything is measured."""
     return RunResult(
-        model=stack["model"],
-        stack=stack["stack"],
-        topology=stack["topology"],
-        cell=cell["cell"],
+        model=stack.model,
+        stack=stack.stack,
+        topology=stack.topology,
+        cell=cell.cell,
         run=run,
-        params=CellParams(**known),
+        params=cell.model_copy(deep=True),  # its warm-up count is what the run really sent
         session_key=session_key,
-        stack_def=StackDef(**{k: stack[k] for k in StackDef.model_fields}),
+        stack_def=StackDef(**{k: getattr(stack, k) for k in StackDef.model_fields}),
         started=_now(),
         timing=Timing(job_start=time.time()),
     )
@@ -185,11 +192,11 @@ def _stripped(result: RunResult) -> RunResult:
     return RunResult(**{k: getattr(result, k) for k in keep}, status="error")
 
 
-def capacity_skip(out_json, run: int, cell: dict) -> str | None:
+def capacity_skip(out_json, run: int, cell: CellParams) -> str | None:
     """For a capacity level: the reason to skip it when the `capacity_stop_after` levels just
     under it (same model, stack, topology and run) all failed; None when any of them passed
     or is not measured yet (it is then measured)."""
-    below, n = cell.get("capacity_below") or [], int(cell.get("capacity_stop_after", 2))
+    below, n = cell.capacity_below, cell.capacity_stop_after
     if len(below) < n:
         return None
     reasons = []
@@ -225,8 +232,8 @@ def _measure_on_session(
     result: RunResult,
     launch: dict,
     plan: SessionPlan,
-    stack: dict,
-    cell: dict,
+    stack: StackSpec,
+    cell: CellParams,
     run: int,
     tokenizer_dir,
     owner: procs.Proc,
@@ -239,7 +246,7 @@ def _measure_on_session(
             plan,
             launch,
             owner,
-            ready_timeout_s=stack["startup_timeout_s"] + plan.lease_timeout_s,
+            ready_timeout_s=stack.startup_timeout_s + plan.lease_timeout_s,
             keep=not plan.is_last(result),
             progress=progress,
         ) as held:
@@ -281,8 +288,8 @@ def _server_facts(result: RunResult, state: dict, reused: bool) -> None:
 
 def cell_load(
     state: dict,
-    stack: dict,
-    cell: dict,
+    stack: StackSpec,
+    cell: CellParams,
     run: int,
     tokenizer_dir,
     requests_per_user: int | None = None,
@@ -290,8 +297,8 @@ def cell_load(
 ) -> loadgen.LoadSpec:
     """The load of one cell run on a ready session (its URLs and model id in state), with the
     cell's own request counts unless others are given; prompts are the run's own."""
-    per_user = cell["requests_per_user"] if requests_per_user is None else requests_per_user
-    warmup = cell["warmup_requests"] if warmup_requests is None else warmup_requests
+    per_user = cell.requests_per_user if requests_per_user is None else requests_per_user
+    warmup = cell.warmup_requests if warmup_requests is None else warmup_requests
     load = load_of(cell)
     run_load = _RUN_LOAD[type(load)]
     prompts, schedule, fitted = run_load(load, cell, stack, tokenizer_dir, per_user, warmup, prompt_seed(cell, run))
@@ -299,52 +306,56 @@ def cell_load(
         urls=state["urls"],
         model=state["model_id"],
         prompts=prompts,
-        users=cell["users"] or 1,
-        prompt_tokens=cell["prompt_tokens"],
-        output_tokens=cell["output_tokens"],
+        users=cell.users or 1,
+        prompt_tokens=cell.prompt_tokens,
+        output_tokens=cell.output_tokens,
         requests_per_user=per_user,
         warmup_requests=warmup,
-        temperature=cell["temperature"],
-        top_p=cell["top_p"],
-        seed=cell["seed"] + 100003 * run,
-        dialect=stack["dialect"],
-        keep_alive=stack.get("keep_alive", True),
-        request_timeout_s=cell["request_timeout_s"],
-        stall_timeout_s=cell["stall_timeout_s"],
-        outlier_factor=cell.get("outlier_factor", OUTLIER_FACTOR),  # named in a cell only where not the default
-        outlier_min_s=cell.get("outlier_min_s", OUTLIER_MIN_S),
+        temperature=cell.temperature,
+        top_p=cell.top_p,
+        seed=cell.seed + 100003 * run,
+        dialect=stack.dialect,
+        keep_alive=stack.keep_alive,
+        request_timeout_s=cell.request_timeout_s,
+        stall_timeout_s=cell.stall_timeout_s,
+        outlier_factor=cell.outlier_factor,
+        outlier_min_s=cell.outlier_min_s,
         ramp_s=load.ramp_s if isinstance(load, ClosedLoop) else 0.0,
         schedule=schedule,
         fitted=fitted,
     )
 
 
-def _closed_loop(load: ClosedLoop, cell: dict, stack: dict, tokenizer_dir, per_user: int, warmup: int, seed: int):
+def _closed_loop(
+    load: ClosedLoop, cell: CellParams, stack: StackSpec, tokenizer_dir, per_user: int, warmup: int, seed: int
+):
     """Each user's warm-up and measured requests, a prompt of the cell's length each."""
-    return build_prompts(tokenizer_dir, load.users * (per_user + warmup), cell["prompt_tokens"], seed), None, None
+    return build_prompts(tokenizer_dir, load.users * (per_user + warmup), cell.prompt_tokens, seed), None, None
 
 
-def _open_loop(load: OpenLoop, cell: dict, stack: dict, tokenizer_dir, per_user: int, warmup: int, seed: int):
+def _open_loop(
+    load: OpenLoop, cell: CellParams, stack: StackSpec, tokenizer_dir, per_user: int, warmup: int, seed: int
+):
     """The schedule, then one warm-up user; prompts of their own lengths (with a shared prefix:
     one system prompt, block 0, opens every measured prompt)."""
     mix = load.lengths or {}
-    schedule = traffic.schedule(
-        load.arrival, mix, cell["prompt_tokens"], cell["output_tokens"], seed, stack["max_model_len"]
-    )
+    schedule = traffic.schedule(load.arrival, mix, cell.prompt_tokens, cell.output_tokens, seed, stack.max_model_len)
     if mix.get("shared_prefix_tokens"):
         prompts = _warmup_then_blocks(
             tokenizer_dir, cell, warmup, seed, [(a.prompt_tokens, (0,)) for a in schedule], mix["shared_prefix_tokens"]
         )
     else:
-        lengths = [cell["prompt_tokens"]] * warmup + [a.prompt_tokens for a in schedule]
+        lengths = [cell.prompt_tokens] * warmup + [a.prompt_tokens for a in schedule]
         prompts = prompts_of(tokenizer_dir, lengths, seed)
     return prompts, schedule, None
 
 
-def _trace_replay(load: TraceReplay, cell: dict, stack: dict, tokenizer_dir, per_user: int, warmup: int, seed: int):
+def _trace_replay(
+    load: TraceReplay, cell: CellParams, stack: StackSpec, tokenizer_dir, per_user: int, warmup: int, seed: int
+):
     """A trace window: its arrivals, prompts made of its shared blocks."""
     window = traffic.TraceWindow(**load.trace)
-    schedule, fitted = traffic.read_trace(window, stack["max_model_len"])
+    schedule, fitted = traffic.read_trace(window, stack.max_model_len)
     block = max(1, round(window.block_tokens * window.length_scale))
     prompts = _warmup_then_blocks(
         tokenizer_dir, cell, warmup, seed, [(a.prompt_tokens, a.blocks) for a in schedule], block
@@ -352,9 +363,9 @@ def _trace_replay(load: TraceReplay, cell: dict, stack: dict, tokenizer_dir, per
     return prompts, schedule, fitted
 
 
-def _warmup_then_blocks(tokenizer_dir, cell: dict, warmup: int, seed: int, pairs: list, block: int) -> list[str]:
+def _warmup_then_blocks(tokenizer_dir, cell: CellParams, warmup: int, seed: int, pairs: list, block: int) -> list[str]:
     """The warm-up's prompts at the cell's length, then measured prompts made of shared blocks."""
-    return prompts_of(tokenizer_dir, [cell["prompt_tokens"]] * warmup, seed) + block_prompts(
+    return prompts_of(tokenizer_dir, [cell.prompt_tokens] * warmup, seed) + block_prompts(
         load_tokenizer(tokenizer_dir), pairs, block, seed
     )
 
@@ -364,18 +375,25 @@ _RUN_LOAD = {ClosedLoop: _closed_loop, OpenLoop: _open_loop, TraceReplay: _trace
 
 
 def _run_load(
-    result: RunResult, state: dict, stack: dict, cell: dict, run: int, tokenizer_dir, progress, api_key: str | None
+    result: RunResult,
+    state: dict,
+    stack: StackSpec,
+    cell: CellParams,
+    run: int,
+    tokenizer_dir,
+    progress,
+    api_key: str | None,
 ) -> list[RequestRecord]:
     if state.get("cpus"):  # the client runs on its servers' cores, off the other lanes'
         os.sched_setaffinity(0, leases.parse_cpu_ranges(state["cpus"]))
-    warm = 0 if cell.get("warmup") == "session_start" and state.get("cells_measured") else None
+    warm = 0 if cell.warmup == "session_start" and state.get("cells_measured") else None
     load = cell_load(state, stack, cell, run, tokenizer_dir, warmup_requests=warm)
     result.params.warmup_requests = load.warmup_requests
     load.api_key = api_key
     sampler = telemetry.Sampler(
         telemetry.ServerProbe(state["urls"], api_key=api_key),
         telemetry.GpuProbe(state.get("devices") or []),
-        cell["telemetry_s"],
+        cell.telemetry_s,
     )
     shared = sessions.measuring_elsewhere()
     result.timing.load_start = time.time()
@@ -385,7 +403,7 @@ def _run_load(
     shared += [s for s in sessions.measuring_elsewhere() if s not in shared]
     result.server.shared_with = shared or None
     s = result.summary
-    result.slo = slo.assess(records, s, cell["slo_ttft_p99_s"], cell["slo_tpot_p99_s"])
+    result.slo = slo.assess(records, s, cell.slo_ttft_p99_s, cell.slo_tpot_p99_s)
     result.telemetry = telemetry.summarize(
         sampler, s.measured_from, s.measured_from + s.wall_s, s.output_tokens, state.get("devices") or []
     )

@@ -8,7 +8,8 @@ import urllib.error
 import urllib.request
 
 from speedsplit.core import plausible, procs
-from speedsplit.core.record import EngineFacts, ErrorInfo, RunResult
+from speedsplit.core.record import CellParams, EngineFacts, ErrorInfo, RunResult
+from speedsplit.core.specs import StackSpec
 from speedsplit.core.requestlog import RequestRecord
 from speedsplit.serving import serverlog
 from speedsplit.serving import session as sessions
@@ -37,12 +38,12 @@ def late_facts(result: RunResult, state: dict) -> None:
 
 
 def check_servers(
-    result: RunResult, records: list[RequestRecord], sess, generation: str, state: dict, stack: dict
+    result: RunResult, records: list[RequestRecord], sess, generation: str, state: dict, stack: StackSpec
 ) -> None:
     """Set the run's status from the load's outcome and what its servers do now; every status
     but ok comes with its cause in result.error (the failing answer, the server's exit, the
     failure its log names)."""
-    answers = [health(u, stack["ready_path"]) for u in state["urls"]]
+    answers = [health(u, stack.ready_path) for u in state["urls"]]
     s = result.summary
     if all(a == 200 for a in answers) and s.completed:
         result.status = "ok"
@@ -121,7 +122,7 @@ def over_memory_cap(result: RunResult) -> bool:
     return False
 
 
-def honesty_flags(result: RunResult, stack: dict, cell: dict) -> list[str]:
+def honesty_flags(result: RunResult, stack: StackSpec, cell: CellParams) -> list[str]:
     """Reasons not to take a run's numbers at face value; also sets result.kernel_ok."""
     s, flags = result.summary, []
     if s.failed:
@@ -134,16 +135,16 @@ def honesty_flags(result: RunResult, stack: dict, cell: dict) -> list[str]:
         flags.append("usage_mismatch")  # the server's usage is not what it streamed
     if s.latency_outliers:
         flags.append("latency_outlier")  # a request held far longer than its length predicts
-    if s.wall_s < cell["min_measured_s"]:
+    if s.wall_s < cell.min_measured_s:
         flags.append("short_measurement")
     lag = s.lag_s.p99 if s.lag_s else None
-    if lag is not None and cell.get("max_client_lag_s") is not None and lag > cell["max_client_lag_s"]:
+    if lag is not None and cell.max_client_lag_s is not None and lag > cell.max_client_lag_s:
         flags.append("client_lag")  # the server was not offered the schedule's rate
     if over_memory_cap(result):
         flags.append("over_memory_cap")  # the engine held more than the emulated card has
     if plausible.reasons(result):
         flags.append("implausible")  # numbers no measurement makes: a bug wrote them
-    ok = serverlog.kernel_matches(stack["expect_kernel"], result.engine.linear_kernel)
+    ok = serverlog.kernel_matches(stack.expect_kernel, result.engine.linear_kernel)
     result.kernel_ok = ok
     if ok is False:
         flags.append("kernel_mismatch")

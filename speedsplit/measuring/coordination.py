@@ -21,7 +21,9 @@ from pathlib import Path
 
 from speedsplit.core import apikey, procs
 from speedsplit.core.intervals import length, overlap, union
+from speedsplit.core.record import CellParams
 from speedsplit.core.results import provenance, redact, write_json_atomic
+from speedsplit.core.specs import StackSpec
 from speedsplit.measuring.bench import cell_load
 from speedsplit.models.checkpoint import model_identity
 from speedsplit.planning.plan import SessionPlan
@@ -132,27 +134,28 @@ def profile_cell(
     workdir: str | Path = ".",
 ) -> dict:
     """Profile one cell's steady decode on a server of its own; always writes out_json."""
-    stack, cell = session.with_startup(stack), session.with_limits(cell)
+    stack = session.with_startup(StackSpec.model_validate(stack))
+    cell = session.with_limits(CellParams.model_validate(cell))
     trace_dir = Path(trace_dir).resolve()
     trace_dir.mkdir(parents=True, exist_ok=True)
     for old in trace_files(trace_dir):
         old.unlink()
     result: dict = {
-        "model": stack["model"],
-        "stack": stack["stack"],
-        "topology": stack["topology"],
-        "cell": cell["cell"],
-        "users": cell["users"],
-        "tensor_parallel": stack["tensor_parallel"],
-        "platform": stack["platform"],
+        "model": stack.model,
+        "stack": stack.stack,
+        "topology": stack.topology,
+        "cell": cell.cell,
+        "users": cell.users,
+        "tensor_parallel": stack.tensor_parallel,
+        "platform": stack.platform,
         "delay_iterations": delay_iterations,
         "iterations": iterations,
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "status": "error",
     }
-    profiled = {**stack, "args": [*stack["args"], *profiler_args(trace_dir, delay_iterations, iterations)]}
+    profiled = stack.model_copy(update={"args": [*stack.args, *profiler_args(trace_dir, delay_iterations, iterations)]})
     launch = {
-        "stack": profiled,
+        "stack": profiled.model_dump(),
         "model_dir": str(Path(model_dir).resolve()),
         "model": model_identity(model_dir),
         "cache_dir": str(Path(session.cache_dir).resolve()),
@@ -168,7 +171,7 @@ def profile_cell(
             ) as held:
                 _profile_load(result, held.state, stack, cell, tokenizer_dir, held.api_key)
                 # the workers write their traces late: the servers stay up until they are complete
-                files = wait_for_traces(trace_dir, stack["tensor_parallel"] * stack["instances"], 600.0)
+                files = wait_for_traces(trace_dir, stack.tensor_parallel * stack.instances, 600.0)
             _breakdown(result, files, iterations)
         except sessions.NotReady as no:
             result.update(status=no.status, error=redact(no.error, workdir))
@@ -183,7 +186,9 @@ def profile_cell(
     return result
 
 
-def _profile_load(result: dict, held: dict, stack: dict, cell: dict, tokenizer_dir, api_key: str | None) -> None:
+def _profile_load(
+    result: dict, held: dict, stack: StackSpec, cell: CellParams, tokenizer_dir, api_key: str | None
+) -> None:
     """Warm the server with the cell once, arm the profiler, run the cell again under it."""
 
     def load(run: int) -> loadgen.LoadSpec:  # one request per user: all decode together

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speedsplit.core.loads import load_of
-from speedsplit.core.record import ResultError, read_result
+from speedsplit.core.record import CellParams, ResultError, read_result
 from speedsplit.models.checkpoint import ModelError, read_model_config, shape_config
 from speedsplit.planning import config as cfgmod
 from speedsplit.planning import grid as gridmod
@@ -116,7 +116,7 @@ def _bandwidth(config: dict, path: str) -> float | None:
 
 
 def roofline_rate(
-    config: dict, shape: dict | None, stack: str, topology: str, cell: dict, bandwidth: float | None
+    config: dict, shape: dict | None, stack: str, topology: str, cell: CellParams, bandwidth: float | None
 ) -> float | None:
     """Output tok/s at the decode roofline times the configured efficiency (cuda only), for a
     model of this shape (config.json) on cards of this copy bandwidth (GB/s)."""
@@ -130,16 +130,16 @@ def roofline_rate(
             "quantization_config": {"quant_method": variant, "bits": q["bits"], "group_size": q["group_size"]},
         }
     topo = config["topologies"][topology]
-    if not cell["users"]:  # open loop: no fixed batch to price
+    if not cell.users:  # open loop: no fixed batch to price
         return None
-    batch = cell["users"] / topo["instances"]
-    context = cell["prompt_tokens"] + cell["output_tokens"] / 2
+    batch = cell.users / topo["instances"]
+    context = cell.prompt_tokens + cell.output_tokens / 2
     step_bytes = roofline.decode_step_bytes(shape, variant, batch, context) / topo["tensor_parallel"]
     step_s = step_bytes / (bandwidth * 1e9 * config["estimate"]["roofline_efficiency"])
-    return cell["users"] / step_s
+    return cell.users / step_s
 
 
-def schedule_s(cell: dict) -> float | None:
+def schedule_s(cell: CellParams) -> float | None:
     """An open-loop cell's arrivals span (its requests at its rate, its duration, or its trace
     window at its speedup), or None: a closed-loop cell, or a trace window counted in requests."""
     return load_of(cell).schedule_s()
@@ -161,10 +161,10 @@ def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: 
         before = prev[job]
         lanes[job] = lanes[before] if before else len(set(lanes.values()))
         first = before is None or planmod.session_key(config, before) != planmod.session_key(config, job)
-        cell = cfgmod.cell_params(config, cfgmod.cell_by_name(config, job.cell))
+        cell = CellParams.model_validate(cfgmod.cell_params(config, cfgmod.cell_by_name(config, job.cell)))
         key = (job.model, job.stack, job.topology, job.cell)
-        warmup = cell["warmup_requests"] if first or cell["warmup"] == "every_cell" else 0
-        tokens = cell["users"] * (cell["requests_per_user"] + warmup) * cell["output_tokens"]
+        warmup = cell.warmup_requests if first or cell.warmup == "every_cell" else 0
+        tokens = cell.users * (cell.requests_per_user + warmup) * cell.output_tokens
         rate, source = measured.rate.get(key), "measured"
         if rate is None:
             rate = roofline_rate(config, shapes[job.model], job.stack, job.topology, cell, bandwidth)

@@ -13,6 +13,8 @@ from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from speedsplit.core.record import CellParams
+from speedsplit.core.specs import StackSpec
 from speedsplit.models.checkpoint import INT4_FORMATS
 from speedsplit.planning import config as cfgmod
 
@@ -147,19 +149,22 @@ class SessionPlan:
 
     # Timeouts change no measurement, so no job file holds them (a changed one reruns no
     # cell): a job's stack and cell get them here.
-    def with_startup(self, stack: dict) -> dict:
+    def with_startup(self, stack: StackSpec) -> StackSpec:
         """The job's stack with its start-up timeout and, with benchmark.api_key, the variable
         its servers read their API key from (none: no key)."""
-        return {
-            **stack,
-            "startup_timeout_s": self.startup_timeout_s,
-            "api_key": self.api_key,
-            "api_key_env": self.api_key_env if self.api_key else None,
-        }
+        return stack.model_copy(
+            update={
+                "startup_timeout_s": self.startup_timeout_s,
+                "api_key": self.api_key,
+                "api_key_env": self.api_key_env if self.api_key else None,
+            }
+        )
 
-    def with_limits(self, cell: dict) -> dict:
+    def with_limits(self, cell: CellParams) -> CellParams:
         """The job's cell with its request and stall timeouts."""
-        return {**cell, "request_timeout_s": self.request_timeout_s, "stall_timeout_s": self.stall_timeout_s}
+        return cell.model_copy(
+            update={"request_timeout_s": self.request_timeout_s, "stall_timeout_s": self.stall_timeout_s}
+        )
 
     def is_last(self, job) -> bool:
         """Whether `job` (anything with model, stack, topology, cell and run) ends the session."""

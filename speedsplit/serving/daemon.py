@@ -19,6 +19,7 @@ from pathlib import Path
 from speedsplit.core import procs
 from speedsplit.core.procs import Stop, signals_held, stop_on_signals
 from speedsplit.core.results import redact
+from speedsplit.core.specs import StackSpec
 from speedsplit.models.checkpoint import ModelError, check_model
 from speedsplit.probes import loadgen, telemetry
 from speedsplit.serving import lease as leases
@@ -44,7 +45,7 @@ def _daemon(launch_path: Path) -> int:
     meta = _read_private_json(launch_path)
     launch, key, generation = meta["launch"], meta["key"], meta["generation"]
     sess = Session(key, meta["workdir"])
-    stack = launch["stack"]
+    stack = StackSpec.model_validate(launch["stack"])
     with sess.locked(sess.spawn_lock):  # the spawning job has finished writing its own state
         st = sess.state()
     if st.get("generation") != generation or daemon_of(st) != procs.me():
@@ -56,11 +57,11 @@ def _daemon(launch_path: Path) -> int:
     pycache = bytecode.prefix_of(shared)
     with stop_on_signals():
         try:
-            check_model(launch["model_dir"], stack["variant"])
+            check_model(launch["model_dir"], stack.variant)
             # a CPU is one "card" (its servers never overlap), or benchmark.cpu_lanes of them
             slots = int(launch.get("cpu_slots") or 1)
-            platform_devices = None if stack["platform"] == "cuda" else ["cpu"] + [f"cpu{i}" for i in range(1, slots)]
-            need = stack["tensor_parallel"] * stack["instances"] if platform_devices is None else 1
+            platform_devices = None if stack.platform == "cuda" else ["cpu"] + [f"cpu{i}" for i in range(1, slots)]
+            need = stack.tensor_parallel * stack.instances if platform_devices is None else 1
             t_lease = time.monotonic()
             held = leases.acquire_gpus(
                 need,
@@ -77,18 +78,18 @@ def _daemon(launch_path: Path) -> int:
                 launch.get("model") or {"path": launch["model_dir"]},  # its identity (bench gives it)
             )
             pinned: list[int] = []
-            for i in range(stack["instances"]):
-                devs = held.devices[i * stack["tensor_parallel"] : (i + 1) * stack["tensor_parallel"]]
+            for i in range(stack.instances):
+                devs = held.devices[i * stack.tensor_parallel : (i + 1) * stack.tensor_parallel]
                 devs = devs if platform_devices is None else []
-                cpus = leases.cpu_share(devs) if stack.get("cpu_isolation") else []
+                cpus = leases.cpu_share(devs) if stack.cpu_isolation else []
                 pinned += cpus
-                env_stack = dict(stack, env={**stack["env"], "VLLM_PORT": str(held.port())})
-                total = card_total_gib(devs) if stack.get("card_memory_gib") and devs else None
+                env_stack = stack.model_copy(update={"env": {**stack.env, "VLLM_PORT": str(held.port())}})
+                total = card_total_gib(devs) if stack.card_memory_gib and devs else None
                 servers.append(
                     stacks.launch(
                         env_stack,
                         Path(launch["model_dir"]),
-                        stack["model"],
+                        stack.model,
                         held.port(),
                         devs,
                         Path(str(log_path).removesuffix(".log") + f".server{i}.log"),
@@ -104,10 +105,10 @@ def _daemon(launch_path: Path) -> int:
                 if transition(sess, generation, STARTING, servers=[s.proc_id.as_record() for s in servers]) is None:
                     raise Stop("the session was stopped while it started")
             for srv in servers:
-                stacks.wait_ready(srv, stack["ready_path"], stack["startup_timeout_s"])
+                stacks.wait_ready(srv, stack.ready_path, stack.startup_timeout_s)
             for srv in servers:  # a server that cannot serve fails its start, not every cell's timeout
                 preflight(srv, stack)
-            required = key_required(servers[0], stack) if stack.get("api_key") else None
+            required = key_required(servers[0], stack) if stack.api_key else None
             cache.release()
             st = transition(
                 sess,
@@ -175,7 +176,7 @@ def _daemon(launch_path: Path) -> int:
 PREFLIGHT_TOKENS = 2
 
 
-def preflight(server: stacks.Server, stack: dict) -> float:
+def preflight(server: stacks.Server, stack: StackSpec) -> float:
     """One short request through the load generator on a server that says it is ready;
     returns its seconds, or raises StartupFailed with the answer and the failure the server's
     log names (e.g. an INT4 kernel this CPU's build lacks answers HTTP 500)."""
@@ -188,10 +189,10 @@ def preflight(server: stacks.Server, stack: dict) -> float:
         output_tokens=PREFLIGHT_TOKENS,
         requests_per_user=1,
         warmup_requests=0,
-        dialect=stack["dialect"],
-        keep_alive=stack.get("keep_alive", True),
-        request_timeout_s=stack["startup_timeout_s"],
-        stall_timeout_s=min(120.0, stack["startup_timeout_s"]),
+        dialect=stack.dialect,
+        keep_alive=stack.keep_alive,
+        request_timeout_s=stack.startup_timeout_s,
+        stall_timeout_s=min(120.0, stack.startup_timeout_s),
         api_key=server.api_key,
     )
     t0 = time.monotonic()
@@ -210,14 +211,12 @@ def preflight(server: stacks.Server, stack: dict) -> float:
     return time.monotonic() - t0
 
 
-def key_required(server: stacks.Server, stack: dict) -> bool:
+def key_required(server: stacks.Server, stack: StackSpec) -> bool:
     """With benchmark.api_key: whether the server refuses a request without its key (HTTP 401),
     False where its engine has no key option (api_key_env null). A server handed a key that
     answers without it fails its start: its api_key_env is not the variable it reads."""
     if server.api_key is None:
-        print(
-            f"[session] {server.url} runs without an API key: stack {stack['stack']} names no api_key_env", flush=True
-        )
+        print(f"[session] {server.url} runs without an API key: stack {stack.stack} names no api_key_env", flush=True)
         return False
     body = json.dumps({"model": server.model_id, "prompt": "Say hello.", "max_tokens": 1}).encode()
     req = urllib.request.Request(
@@ -230,7 +229,7 @@ def key_required(server: stacks.Server, stack: dict) -> bool:
         status = exc.code
     if status != 401:
         raise stacks.StartupFailed(
-            f"given an API key through {stack['api_key_env']}, the server answered a request without it "
+            f"given an API key through {stack.api_key_env}, the server answered a request without it "
             f"(HTTP {status}): that is not the variable its engine reads a key from (stack api_key_env)"
         )
     return True

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from speedsplit.core import apikey, procs
 from speedsplit.core.results import write_json_atomic
+from speedsplit.core.specs import StackSpec
 from speedsplit.planning.plan import SessionPlan
 from speedsplit.serving import lease as leases
 from speedsplit.serving import stacks
@@ -201,7 +202,7 @@ def open_session(
             "key": key,
             "workdir": sess.workdir,
             # drawn per session, kept only here (mode 0600) and in the servers' environment
-            "api_key": apikey.new() if launch["stack"].get("api_key_env") else None,
+            "api_key": apikey.new() if StackSpec.model_validate(launch["stack"]).api_key_env else None,
         }
         st = _new_generation(sess, digest=digest, owner=owner.as_record())
         write_json_atomic(sess.launch_path, {**meta, "generation": st["generation"]}, mode=0o600)

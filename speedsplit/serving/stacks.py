@@ -20,6 +20,7 @@ from pathlib import Path
 
 from speedsplit.core import apikey, procs
 from speedsplit.core.results import redact
+from speedsplit.core.specs import StackSpec
 from speedsplit.models import gguf
 from speedsplit.models.checkpoint import ModelError, is_dummy, read_model_config
 from speedsplit.serving import bytecode
@@ -98,35 +99,33 @@ def render_args(args: list[str], values: dict) -> list[str]:
     return out
 
 
-def memory_cap(stack: dict, argv: list[str], card_total_gib: float | None) -> tuple[list[str], dict | None]:
+def memory_cap(stack: StackSpec, argv: list[str], card_total_gib: float | None) -> tuple[list[str], dict | None]:
     """The server command under the stack's memory cap (card_memory_gib), and what was done.
 
     A stack caps itself through its own flag where it has one (memory_cap_args, with
     {memory_fraction} = cap / the card's memory, e.g. vLLM's --gpu-memory-utilization);
     otherwise its Python server runs under speedsplit.serving.memcap. Only a CUDA card is capped.
     A vLLM stack's kv_cache_gib sizes its cache explicitly (--kv-cache-memory-bytes), cap or not."""
-    if stack.get("kv_cache_gib") and stack["platform"] == "cuda":  # the cache sized by hand (vLLM)
-        argv = argv + ["--kv-cache-memory-bytes", str(int(stack["kv_cache_gib"] * GIB))]
-    gib = stack.get("card_memory_gib")
+    if stack.kv_cache_gib and stack.platform == "cuda":  # the cache sized by hand (vLLM)
+        argv = argv + ["--kv-cache-memory-bytes", str(int(stack.kv_cache_gib * GIB))]
+    gib = stack.card_memory_gib
     if not gib:
         return argv, None
     record = {"card_memory_gib": gib, "card_total_gib": card_total_gib, "fraction": None, "how": None}
-    if stack["platform"] != "cuda" or card_total_gib is None:
+    if stack.platform != "cuda" or card_total_gib is None:
         return argv, {**record, "applied": False, "reason": "not on a CUDA card: nothing to cap"}
     if gib >= card_total_gib:
-        raise ValueError(
-            f"stack {stack['stack']}: card_memory_gib {gib} is not below the card's {card_total_gib:.1f} GiB"
-        )
+        raise ValueError(f"stack {stack.stack}: card_memory_gib {gib} is not below the card's {card_total_gib:.1f} GiB")
     fraction = int(gib / card_total_gib * 10_000) / 10_000  # rounded down: never above the cap
-    if stack.get("memory_cap_args"):
-        extra = render_args(stack["memory_cap_args"], {"memory_fraction": f"{fraction:.4f}", "memory_gib": gib})
+    if stack.memory_cap_args:
+        extra = render_args(stack.memory_cap_args, {"memory_fraction": f"{fraction:.4f}", "memory_gib": gib})
         argv, how = argv + extra, " ".join(extra)
     elif argv[0] == sys.executable:
         argv = [argv[0], "-m", "speedsplit.serving.memcap", "--gib", f"{gib:g}", "--", *argv[1:]]
         how = "speedsplit.serving.memcap: allocator capped, mem_get_info reports the small card"
     else:
         raise ValueError(
-            f"stack {stack['stack']}: card_memory_gib needs memory_cap_args (the server's own memory flag) "
+            f"stack {stack.stack}: card_memory_gib needs memory_cap_args (the server's own memory flag) "
             "or a command that starts with {python} (run under speedsplit.serving.memcap)"
         )
     return argv, {**record, "fraction": fraction, "how": how, "applied": True, "reason": None}
@@ -181,7 +180,7 @@ def engine_versions() -> str:
     return ",".join(out)
 
 
-def compile_cache(shared_root: Path, private: Path, stack: dict, model: dict) -> CompileCache:
+def compile_cache(shared_root: Path, private: Path, stack: StackSpec, model: dict) -> CompileCache:
     """One cache for every session that would build the same thing: the same model (its
     identity), stack definition (arguments, environment, dtype), topology and engine versions
     (the key of its folder under shared_root), so a later start reads back what an earlier one
@@ -195,12 +194,12 @@ def compile_cache(shared_root: Path, private: Path, stack: dict, model: dict) ->
 
     what = {
         "model": model,
-        "args": cache_args(stack["args"]),
-        "env": stack["env"],
-        "dtype": stack["dtype"],
-        "tensor_parallel": stack["tensor_parallel"],
-        "instances": stack["instances"],
-        "platform": stack["platform"],
+        "args": cache_args(stack.args),
+        "env": stack.env,
+        "dtype": stack.dtype,
+        "tensor_parallel": stack.tensor_parallel,
+        "instances": stack.instances,
+        "platform": stack.platform,
         "engine": engine_versions(),
     }
     key = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -210,7 +209,7 @@ def compile_cache(shared_root: Path, private: Path, stack: dict, model: dict) ->
         cache = CompileCache(private, "private: another session is filling or reading the shared cache")
     else:
         cache = CompileCache(shared_root / key, f"shared {key}", lock)
-    cache.modelinfos = _model_inspection(shared_root, stack["platform"])
+    cache.modelinfos = _model_inspection(shared_root, stack.platform)
     return cache
 
 
@@ -251,12 +250,12 @@ def _model_inspection(shared_root: Path, platform: str) -> Path:
     return common
 
 
-def host_cache_gib(stack: dict, model_dir: str | Path, kv_tokens: int) -> float | None:
+def host_cache_gib(stack: StackSpec, model_dir: str | Path, kv_tokens: int) -> float | None:
     """Host memory a CPU server with host_cache_cap may size its caches from: twice the KV
     cache of what its session keeps in flight (at least one full-length sequence), the logit
     rows transformers reserves, and 0.25 GiB for its other buffers; None where no such cap
     applies."""
-    if not stack.get("host_cache_cap"):
+    if not stack.host_cache_cap:
         return None
     try:
         cfg = read_model_config(model_dir)
@@ -265,13 +264,13 @@ def host_cache_gib(stack: dict, model_dir: str | Path, kv_tokens: int) -> float 
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     kv_heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
     per_token = 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * 2  # K and V, 16-bit
-    tokens = max(kv_tokens, stack["max_model_len"])
+    tokens = max(kv_tokens, stack.max_model_len)
     logit_rows = CB_LOGIT_ROWS * (cfg["hidden_size"] * 2 + cfg["vocab_size"] * 4)
     return round((2 * per_token * tokens + logit_rows) / GIB + HOST_CACHE_FLOOR_GIB, 3)
 
 
 def launch(
-    stack: dict,
+    stack: StackSpec,
     model_dir: Path,
     served_name: str,
     port: int,
@@ -300,38 +299,38 @@ def launch(
         "served_name": served_name,
         "host": HOST,
         "port": port,
-        "tp": stack["tensor_parallel"],
-        "max_model_len": stack["max_model_len"],
-        "dtype": stack["dtype"],
+        "tp": stack.tensor_parallel,
+        "max_model_len": stack.max_model_len,
+        "dtype": stack.dtype,
         "llama_server": gguf.server_binary() or "llama-server",
     }
-    argv, cap = memory_cap(stack, render_args(stack["args"], values), card_total_gib)
+    argv, cap = memory_cap(stack, render_args(stack.args, values), card_total_gib)
     host_memory = None
     if host_cache is None:  # a launch that names no size still gets the cap (one full-length sequence)
         host_cache = host_cache_gib(stack, model_dir, 0)
     if host_cache is not None:
         if argv[0] != sys.executable:
-            raise ValueError(f"stack {stack['stack']}: host_cache_cap needs a command that starts with {{python}}")
+            raise ValueError(f"stack {stack.stack}: host_cache_cap needs a command that starts with {{python}}")
         argv = [argv[0], "-m", "speedsplit.serving.memcap", "--host-cache-gib", f"{host_cache:g}", "--", *argv[1:]]
         host_memory = (
             f"caches sized from {host_cache:g} GiB of host memory (speedsplit.serving.memcap --host-cache-gib)"
         )
     if not any(a == HOST or a.endswith("=" + HOST) for a in argv):
         raise ValueError(
-            f"stack {stack['stack']}: its command never passes {{host}} ({HOST}); refusing to start a server "
+            f"stack {stack.stack}: its command never passes {{host}} ({HOST}); refusing to start a server "
             "that would listen on its default address (add e.g. --host {host} to its args)"
         )
     if is_dummy(model_dir):
-        if stack["dialect"] != "vllm":
+        if stack.dialect != "vllm":
             raise ValueError(
-                f"stack {stack['stack']} cannot serve {model_dir}: it has dummy weights, "
+                f"stack {stack.stack} cannot serve {model_dir}: it has dummy weights, "
                 "which only vLLM initialises itself"
             )
         if "--load-format" not in argv:
             argv += ["--load-format", "dummy"]
     env = dict(os.environ)
     env.update(NO_USAGE_REPORTS)  # over the inherited environment; a stack's own env may change them
-    env.update({k: v.format(**values) for k, v in stack["env"].items()})
+    env.update({k: v.format(**values) for k, v in stack.env.items()})
     if devices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     env["CUDA_DEVICE_ORDER"] = CUDA_DEVICE_ORDER
@@ -342,11 +341,11 @@ def launch(
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
         env.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
     env["VLLM_HOST_IP"] = HOST
-    if stack.get("api_key_env"):  # through the environment (`ps` shows a command line); a key
-        env.pop(stack["api_key_env"], None)  # the caller's shell holds is not one its clients know
+    if stack.api_key_env:  # through the environment (`ps` shows a command line); a key
+        env.pop(stack.api_key_env, None)  # the caller's shell holds is not one its clients know
         if api_key:
-            env[stack["api_key_env"]] = api_key
-    api_key = api_key if stack.get("api_key_env") else None
+            env[stack.api_key_env] = api_key
+    api_key = api_key if stack.api_key_env else None
     # NVLink multicast (NVLS) is never used: a program that uses it can take a shared host's
     # GPUs out of service.
     env.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
@@ -377,7 +376,7 @@ def launch(
         log_path=log_path,
         devices=devices,
         launched_at=time.monotonic(),
-        model_id=stack.get("request_model", "{served_name}").format(**values),
+        model_id=stack.request_model.format(**values),
         argv=argv,
         log_offset=log_offset,
         memory_cap=cap,

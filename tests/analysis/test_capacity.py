@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from conftest import REPO, run_snakemake, snakemake_bin
-from records import fake_result, write_result
+from records import cell_spec, fake_result, write_result
 
 from speedsplit.core.record import Slo, read_result
 from speedsplit.measuring.bench import capacity_skip
@@ -34,7 +34,7 @@ def write_levels(root, stack, verdicts):
 
 
 def cell(below, stop_after=2):
-    return {"capacity_below": [f"u{u}-wide-greedy" for u in below], "capacity_stop_after": stop_after}
+    return cell_spec(capacity_below=[f"u{u}-wide-greedy" for u in below], capacity_stop_after=stop_after)
 
 
 def test_a_level_above_two_failing_ones_is_skipped_with_their_reasons(tmp_path):
@@ -52,7 +52,7 @@ def test_a_level_above_two_failing_ones_is_skipped_with_their_reasons(tmp_path):
     assert why == "the 2 levels below failed (u32-wide-greedy: p99 TTFT 3 s > 2 s | u64-wide-greedy: server_died)"
     assert capacity_skip(out, 0, cell([16, 32, 64], stop_after=3)) is None  # u16 passed
     assert capacity_skip(out, 1, cell([16, 32, 64])) is None  # run 1 of the levels below not measured: measure
-    assert capacity_skip(out, 0, cell([16])) is None and capacity_skip(out, 0, {}) is None
+    assert capacity_skip(out, 0, cell([16])) is None and capacity_skip(out, 0, cell_spec()) is None
     # a skipped level counts as failing: everything above the cliff is skipped
     write_result(tmp_path / "u96-wide-greedy" / "run0.json", level("vllm-fp16", 96, status="skipped"))
     assert "u96-wide-greedy: skipped" in capacity_skip(

@@ -3,8 +3,10 @@ config's cells."""
 
 import pytest
 from conftest import REPO
+from records import cell_spec
 
 from speedsplit.core.loads import ClosedLoop, OpenLoop, TraceReplay, load_of
+from speedsplit.core.record import CellParams
 from speedsplit.planning import config as C
 
 CONFIGS = [
@@ -19,7 +21,7 @@ def test_every_cell_of_a_shipped_config_has_its_kind_of_load(files):
     cfg = C.load(*(REPO / f for f in files))
     kinds = set()
     for cell in C.cells(cfg):
-        load = load_of(C.cell_params(cfg, cell))
+        load = load_of(CellParams.model_validate(C.cell_params(cfg, cell)))
         expect = TraceReplay if cell.trace else OpenLoop if cell.rate is not None else ClosedLoop
         assert type(load) is expect, cell.name
         if isinstance(load, ClosedLoop):
@@ -33,9 +35,11 @@ def test_every_cell_of_a_shipped_config_has_its_kind_of_load(files):
 
 
 def test_the_load_kinds_say_how_long_their_arrivals_span():
-    common = {"users": 0, "max_client_lag_s": 1.0}
-    assert load_of({**common, "arrival": {"rate_rps": 4.0, "requests": 100}}).schedule_s() == 25.0
-    assert load_of({**common, "arrival": {"rate_rps": 4.0, "duration_s": 10}}).schedule_s() == 10.0
-    assert load_of({**common, "trace": {"speedup": 2.0, "duration_s": 60}}).schedule_s() == 30.0
-    assert load_of({**common, "trace": {"speedup": 2.0, "requests": 60}}).schedule_s() is None
-    assert load_of({"users": 8, "ramp_s": 2.0}) == ClosedLoop(users=8, ramp_s=2.0)
+    def cell(**kw):
+        return cell_spec(users=0, max_client_lag_s=1.0, **kw)
+
+    assert load_of(cell(arrival={"rate_rps": 4.0, "requests": 100})).schedule_s() == 25.0
+    assert load_of(cell(arrival={"rate_rps": 4.0, "duration_s": 10})).schedule_s() == 10.0
+    assert load_of(cell(trace={"speedup": 2.0, "duration_s": 60})).schedule_s() == 30.0
+    assert load_of(cell(trace={"speedup": 2.0, "requests": 60})).schedule_s() is None
+    assert load_of(cell_spec(users=8, ramp_s=2.0)) == ClosedLoop(users=8, ramp_s=2.0)

@@ -1,12 +1,15 @@
 import pytest
 from conftest import REPO, measure_alone
+from records import cell_spec, stack_spec
+
+from speedsplit.core.record import CellParams
 
 from speedsplit.measuring import bench, checks
 from speedsplit.planning import config as C
 
 
 def test_prompts_differ_between_cells_and_runs_and_match_across_stacks(tiny_model):
-    wide, narrow = {"cell": "u8-wide-greedy", "seed": 0}, {"cell": "u2-narrow-greedy", "seed": 0}
+    wide, narrow = cell_spec(cell="u8-wide-greedy"), cell_spec(cell="u2-narrow-greedy", users=2)
     seeds = {bench.prompt_seed(c, r) for c in (wide, narrow) for r in (0, 1)}
     assert len(seeds) == 4
     a = bench.build_prompts(tiny_model, 8, 32, bench.prompt_seed(wide, 0))
@@ -21,14 +24,13 @@ def test_a_length_mix_with_a_shared_prefix_opens_every_prompt_with_the_same_toke
     (a shorter prompt is a cut of it), the rest each prompt's own; lengths stay exact."""
     from speedsplit.models.checkpoint import load_tokenizer
 
-    cell = {
-        "cell": "r2-mix-greedy", "seed": 0, "users": 0, "prompt_tokens": 24, "output_tokens": 4,
-        "requests_per_user": 1, "warmup_requests": 1, "temperature": 0.0, "top_p": 1.0,
-        "request_timeout_s": 10.0, "stall_timeout_s": 10.0,
-        "arrival": {"pattern": "poisson", "rate_rps": 2.0, "requests": 12},
-        "lengths": {"kind": "lognormal", "prompt_spread": 0.6, "output_spread": 0.3, "shared_prefix_tokens": 16},
-    }  # fmt: skip
-    stack = {"max_model_len": 256, "dialect": "vllm"}
+    cell = cell_spec(
+        cell="r2-mix-greedy", users=0, prompt_tokens=24, output_tokens=4, requests_per_user=1,
+        request_timeout_s=10.0, stall_timeout_s=10.0,
+        arrival={"pattern": "poisson", "rate_rps": 2.0, "requests": 12},
+        lengths={"kind": "lognormal", "prompt_spread": 0.6, "output_spread": 0.3, "shared_prefix_tokens": 16},
+    )  # fmt: skip
+    stack = stack_spec(max_model_len=256)
     load = bench.cell_load({"urls": ["http://127.0.0.1:1"], "model_id": "m"}, stack, cell, 0, tiny_model)
     tok = load_tokenizer(tiny_model)
     ids = [tok.encode(p, add_special_tokens=False) for p in load.prompts[1:]]  # after the warm-up
@@ -50,12 +52,12 @@ def test_honesty_flags():
     result = with_wall(fake_result("vllm-marlin", 8, 0, 100.0), 0.5)
     result.summary.failed, result.summary.wrong_output_length = 1, 2
     result.engine = EngineFacts(linear_kernel="MacheteLinearKernel")
-    flags = checks.honesty_flags(result, {"expect_kernel": "Marlin"}, {"min_measured_s": 1.0})
+    flags = checks.honesty_flags(result, stack_spec(expect_kernel="Marlin"), cell_spec(min_measured_s=1.0))
     assert flags == ["request_failures", "output_length_mismatch", "short_measurement", "kernel_mismatch"]
     assert result.kernel_ok is False
     ok = fake_result("vllm-marlin", 8, 0, 100.0)
     ok.engine = EngineFacts(linear_kernel="MarlinLinearKernel")
-    assert checks.honesty_flags(ok, {"expect_kernel": "Marlin"}, {"min_measured_s": 1.0}) == []
+    assert checks.honesty_flags(ok, stack_spec(expect_kernel="Marlin"), cell_spec(min_measured_s=1.0)) == []
     assert ok.kernel_ok is True
 
 
@@ -115,7 +117,7 @@ def test_a_result_its_own_type_refuses_is_written_as_an_error_result(tmp_path, t
     assert read_result(path).status == "error" and read_result(path).cell == "u8-wide-greedy"
 
 
-def test_a_cell_with_keys_no_cell_has_is_an_error_result(tmp_path, tiny_model):
+def test_a_job_file_with_keys_of_another_version_is_an_error_result(tmp_path, tiny_model):
     """A job file of another version (a key the record type does not know): an error result
     naming the key, not a job that dies without one."""
     from conftest import REPO
@@ -127,6 +129,10 @@ def test_a_cell_with_keys_no_cell_has_is_an_error_result(tmp_path, tiny_model):
     cell = {**C.cell_params(cfg, C.cells(cfg)[0]), "rate_rps": 3.0}
     res, path = _skipped_level(tmp_path, tiny_model, cell=cell)
     assert res.status == "error" and "rate_rps" in res.error.message and read_result(path).status == "error"
+    stack = {**C.stack_params(cfg, "tiny", "vllm-fp16", "tp1"), "gpu_arch": "sm90"}
+    res, path = _skipped_level(tmp_path / "stack", tiny_model, stack=stack)
+    assert res.status == "error" and "stack: ['gpu_arch']" in res.error.message
+    assert read_result(path).stack_def.variant == "fp16"  # recorded without it
 
 
 @pytest.mark.slow
@@ -152,7 +158,8 @@ def test_an_open_loop_cell_on_a_real_server(tiny_model, tmp_path):
     assert res.status == "ok", res.error
     s = res.summary
     assert s.completed == 12 and s.wrong_output_length == 0 and s.wrong_prompt_length == 0
-    expected = traffic.schedule(cell["arrival"], cell["lengths"], 24, 6, bench.prompt_seed(cell, 0), 1024)
+    seed = bench.prompt_seed(CellParams.model_validate(cell), 0)
+    expected = traffic.schedule(cell["arrival"], cell["lengths"], 24, 6, seed, 1024)
     measured = sorted(
         (r for r in read_requests(tmp_path / "r.requests.jsonl") if r.phase == "measured"), key=lambda r: r.index
     )

@@ -3,6 +3,7 @@ import sys
 import time
 
 import pytest
+from records import stack_spec
 
 from speedsplit.core import procs
 from speedsplit.serving import serverlog, stacks
@@ -41,7 +42,7 @@ def test_the_kv_cache_of_transformers_continuous_batching_is_read_in_gib():
 
 
 def _capped(**over):
-    return {"stack": "s", "platform": "cuda", "card_memory_gib": 24, "memory_cap_args": [], **over}
+    return stack_spec(**{"platform": "cuda", "card_memory_gib": 24, "memory_cap_args": [], **over})
 
 
 def test_a_memory_cap_uses_the_servers_own_flag_with_the_cards_share():
@@ -148,16 +149,7 @@ def test_render_args_names_an_unknown_placeholder():
 
 
 def _stack(args):
-    return {
-        "stack": "s",
-        "args": args,
-        "env": {},
-        "tensor_parallel": 1,
-        "max_model_len": 64,
-        "dtype": "float16",
-        "dialect": "vllm",
-        "request_model": "{served_name}",
-    }
+    return stack_spec(args=args)
 
 
 def test_stop_takes_down_the_whole_process_tree(tmp_path, tiny_model):
@@ -335,11 +327,11 @@ def test_a_cpu_server_sizes_its_cache_from_its_grid_not_the_host(tiny_model):
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 2
     rows = 1024 * (cfg["hidden_size"] * 2 + cfg["vocab_size"] * 4)
-    stack = {"host_cache_cap": True, "max_model_len": 1024}
+    stack = stack_spec(host_cache_cap=True, max_model_len=1024)
     want = round((2 * per_token * 64 * 2048 + rows) / 2**30 + 0.25, 3)
     assert stacks.host_cache_gib(stack, tiny_model, 64 * 2048) == want
     assert stacks.host_cache_gib(stack, tiny_model, 10) == round((2 * per_token * 1024 + rows) / 2**30 + 0.25, 3)
-    assert stacks.host_cache_gib({"host_cache_cap": False}, tiny_model, 10) is None
+    assert stacks.host_cache_gib(stack_spec(host_cache_cap=False), tiny_model, 10) is None
 
 
 @pytest.mark.slow
@@ -399,8 +391,7 @@ def test_sessions_that_build_the_same_thing_share_one_compile_cache_one_at_a_tim
     """One folder per model identity, stack definition, topology and engine versions: a later
     session reads back what an earlier one compiled; while one holds it, another takes its
     private folder (never two writers); another argument is another folder."""
-    stack = {"args": ["{python}", "-m", "vllm.entrypoints.openai.api_server"], "env": {}, "dtype": "float16"}
-    stack |= {"tensor_parallel": 1, "instances": 1, "platform": "cuda"}
+    stack = stack_spec(args=["{python}", "-m", "vllm.entrypoints.openai.api_server"], platform="cuda")
     model = {"path": "/m", "digest": "abc"}
     shared, private = tmp_path / "shared", tmp_path / "session-a"
     first = stacks.compile_cache(shared, private, stack, model)
@@ -411,7 +402,8 @@ def test_sessions_that_build_the_same_thing_share_one_compile_cache_one_at_a_tim
     again = stacks.compile_cache(shared, tmp_path / "session-c", stack, model)
     assert again.dir == first.dir  # read back what the first one compiled
     again.release()
-    other = stacks.compile_cache(shared, private, {**stack, "args": stack["args"] + ["--max-num-seqs", "8"]}, model)
+    longer = stack.model_copy(update={"args": stack.args + ["--max-num-seqs", "8"]})
+    other = stacks.compile_cache(shared, private, longer, model)
     assert other.dir.parent == shared and other.dir != first.dir
     other.release()
     assert stacks.compile_cache(shared, private, stack, {**model, "digest": "new"}).dir != first.dir
@@ -422,7 +414,7 @@ def test_flags_that_only_size_memory_or_switch_prefix_caching_share_a_compile_ca
     (and keys its own graphs on a hash of what does): such stacks share one folder; and every
     cache, private or shared, reads one engine-wide model inspection (vLLM's modelinfos)."""
     base = ["{python}", "-m", "vllm.entrypoints.openai.api_server", "--port", "{port}"]
-    stack = {"args": base, "env": {}, "dtype": "float16", "tensor_parallel": 1, "instances": 1, "platform": "cuda"}
+    stack = stack_spec(args=base, platform="cuda")
     model, shared = {"path": "/m"}, tmp_path / "shared"
     first = stacks.compile_cache(shared, tmp_path / "a", stack, model)
     first.release()
@@ -431,7 +423,7 @@ def test_flags_that_only_size_memory_or_switch_prefix_caching_share_a_compile_ca
         ["--gpu-memory-utilization", "0.5"],
         ["--kv-cache-memory-bytes=1000", "--enable-prefix-caching"],
     ):
-        again = stacks.compile_cache(shared, tmp_path / "a", {**stack, "args": base + extra}, model)
+        again = stacks.compile_cache(shared, tmp_path / "a", stack.model_copy(update={"args": base + extra}), model)
         assert again.dir == first.dir, extra
         again.release()
     assert stacks.cache_args(base + ["--gpu-memory-utilization", "0.5", "--seed", "0"]) == base + ["--seed", "0"]

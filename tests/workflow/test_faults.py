@@ -18,6 +18,7 @@ from conftest import REPO, fill, planned_outputs, run_snakemake, snakemake_bin
 
 from speedsplit.core import procs
 from speedsplit.core.record import read_result
+from speedsplit.core.specs import StackSpec
 from speedsplit.measuring import bench, checks
 from speedsplit.planning import config as C
 from speedsplit.planning import plan
@@ -349,7 +350,7 @@ def test_lease_not_had_in_time(cfg, tmp_path, tiny_model):
 def test_a_foreign_server_on_our_port_is_not_adopted(cfg, tmp_path, tiny_model):
     """Another server takes the port our lease handed out before ours binds it: ours must not
     take the other one's answers for its own (startup_failed: port taken)."""
-    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    stack = StackSpec.model_validate(C.stack_params(cfg, "tiny", "hf-fp16", "tp1"))
     with lease.Lease() as held:
         port = held.port()
         foreign = stacks.launch(stack, tiny_model, "tiny", port, [], tmp_path / "foreign.log")
