@@ -269,6 +269,39 @@ def _fidelity(args) -> int:
     return 0
 
 
+def _bundle_args(p):
+    p.add_argument("--requirements", default="requirements/gpu.txt", help="what the host must be able to run")
+    p.add_argument("--have", metavar="FREEZE", help="the host's `pip freeze`: what it has already")
+    p.add_argument("--python-version", default="3.12", help="the host's Python (major.minor)")
+    p.add_argument("--out", default="bundle", help="the folder to write (parts, SHA256SUMS, install.py)")
+    p.add_argument("--part-mib", type=float, default=58.0, help="the largest part, in MiB")
+
+
+def _bundle(args) -> int:
+    from speedsplit.offline import bundle
+
+    bundle.build(args.requirements, args.out, bundle.Target(args.python_version), args.have, args.part_mib)
+    return 0
+
+
+def _host_args(p):
+    from speedsplit.offline import host
+
+    p.add_argument("action", choices=["install"], help="install: join, check and install a bundle")
+    host.add_args(p)
+
+
+def _host(args) -> int:
+    from speedsplit.core.errors import UserError
+    from speedsplit.offline import host
+
+    try:
+        host.install(args.bundle, args.target)
+    except host.BundleError as exc:
+        raise UserError(str(exc)) from None
+    return 0
+
+
 # name: (what it answers, its flags, its run). loadgen and peakmem take their own arguments.
 COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "estimate": ("How long will this grid take, before it runs? (per job and per lane)", _estimate_args, _estimate),
@@ -310,6 +343,12 @@ COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
         _fidelity_args,
         _fidelity,
     ),
+    "bundle": (
+        "What must travel to a GPU host without network? (the wheels it lacks, in checked parts)",
+        _bundle_args,
+        _bundle,
+    ),
+    "host": ("On that host: join, check and install a bundle", _host_args, _host),
     "pack": (
         "How do results travel and get committed small? (request records as columnar parquet, lossless)",
         _pack_args,

@@ -1,0 +1,312 @@
+"""An install set for a host without network (`speedsplit bundle`): the wheels a target Python
+needs for a requirements file, less what the host already has, with the project's own wheel,
+a manifest, and the whole split into parts of a given size with their checksums.
+
+    speedsplit bundle --requirements requirements/gpu.txt --have host-freeze.txt \\
+        --python-version 3.12 --out bundle/ [--part-mib 58]
+
+`--have` is the host's `pip freeze`: a package it holds at a version the requirements accept
+is left out (torch and its CUDA libraries stay the host's); one it holds at a version they
+refuse is bundled and named in the manifest as shadowing the host's. Every other requirement is
+fetched for the target (its Python, its platform tags: `pip download --only-binary=:all:`), one
+version each, and its own requirements followed for the target's markers; a package with no
+wheel for the target is built from its sdist where it is pure Python. Two requirements that no
+one version meets fail the build with one line naming both (pin it in the requirements file).
+
+The archive holds the wheels and the project (the checkout's tracked files, of its evidence
+folders only their configs and notes: the workflow runs from there). The folder it writes:
+`bundle.tar.partNNN`, `SHA256SUMS`, `manifest.json` (a copy, to read) and `install.py`
+(speedsplit/offline/host.py, which needs only Python on the host).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.markers import default_environment
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from speedsplit.core.errors import UserError
+from speedsplit.offline import host
+
+REPO = Path(__file__).resolve().parents[2]
+# manylinux tags a wheel for an x86-64 Linux host may carry (glibc 2.17 to 2.39)
+LINUX_X86_64 = [f"manylinux_2_{n}_x86_64" for n in range(17, 40)] + ["manylinux2014_x86_64", "linux_x86_64"]
+
+
+class BundleBuildError(UserError, ValueError):
+    """A bundle that cannot be built, and why (one line)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """The host's Python: its version (3.12) and the platform tags its wheels may carry."""
+
+    python_version: str
+    platforms: tuple[str, ...] = tuple(LINUX_X86_64)
+
+    def environment(self) -> dict[str, str]:
+        """Marker values of the target (PEP 508), for the requirements' markers."""
+        env = default_environment()
+        env.update(
+            python_version=self.python_version,
+            python_full_version=f"{self.python_version}.0",
+            sys_platform="linux",
+            platform_system="Linux",
+            platform_machine="x86_64",
+            os_name="posix",
+            implementation_name="cpython",
+            platform_python_implementation="CPython",
+        )
+        return env
+
+    def pip_args(self) -> list[str]:
+        args = ["--python-version", self.python_version, "--implementation", "cp", "--only-binary=:all:"]
+        for p in self.platforms:
+            args += ["--platform", p]
+        return args
+
+
+def read_freeze(path: str | Path) -> dict[str, Version | None]:
+    """A `pip freeze`: canonical name -> version (None: installed from a path or URL)."""
+    have: dict[str, Version | None] = {}
+    for raw in Path(path).read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line or line.startswith("-"):
+            continue
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            raise BundleBuildError(f"{path}: {raw!r} is not a `pip freeze` line") from None
+        pins = [s.version for s in req.specifier if s.operator == "=="]
+        try:
+            have[canonicalize_name(req.name)] = Version(pins[0]) if pins else None
+        except InvalidVersion:
+            have[canonicalize_name(req.name)] = None
+    return have
+
+
+def read_requirements(path: str | Path) -> list[Requirement]:
+    out = []
+    for raw in Path(path).read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            out.append(Requirement(line))
+        except InvalidRequirement:
+            raise BundleBuildError(f"{path}: {raw!r} is not a requirement") from None
+    return out
+
+
+@dataclass
+class Picked:
+    name: str
+    version: Version
+    file: str
+    needed_by: list[str] = field(default_factory=list)
+    extras: set[str] = field(default_factory=set)
+
+
+def _requires(wheel: Path) -> list[Requirement]:
+    """A wheel's own requirements (its METADATA's Requires-Dist)."""
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        text = z.read(meta).decode("utf-8", "replace")
+    reqs = []
+    for line in text.split("\n\n", 1)[0].splitlines():
+        if line.startswith("Requires-Dist:"):
+            reqs.append(Requirement(line.split(":", 1)[1].strip()))
+    return reqs
+
+
+def _fetch(req: Requirement, target: Target, into: Path) -> Path:
+    """One wheel for the target meeting req (no dependencies): the newest the index has, else
+    a wheel built from its sdist (pure Python only)."""
+    spec = f"{req.name}{req.specifier}"
+    before = set(into.iterdir())
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(into), *target.pip_args(), spec]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:  # no wheel for the target: build one from the sdist
+        src = Path(tempfile.mkdtemp(dir=into.parent))
+        cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-binary", ":all:", "-w", str(src), spec]
+        built = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(src.glob("*-none-any.whl"))
+        if built.returncode != 0 or not wheels:
+            why = (done.stderr or done.stdout).strip().splitlines()[-1:]
+            raise BundleBuildError(f"{spec}: no wheel for Python {target.python_version} on Linux x86-64 ({why})")
+        shutil.move(str(wheels[0]), into / wheels[0].name)
+        shutil.rmtree(src)
+    new = [p for p in set(into.iterdir()) - before if p.suffix == ".whl"]
+    if len(new) != 1:
+        raise BundleBuildError(f"{spec}: pip fetched {len(new)} wheels, not one")
+    return new[0]
+
+
+def resolve(
+    requirements: list[Requirement], have: dict[str, Version | None], target: Target, into: Path, progress=print
+) -> tuple[dict[str, Picked], list[dict], list[str]]:
+    """The wheels the target lacks, fetched into `into`: picked packages, the host packages they
+    shadow, and the host packages that were enough."""
+    env = target.environment()
+    queue: list[tuple[Requirement, str]] = [(r, "requirements") for r in requirements]
+    picked: dict[str, Picked] = {}
+    shadows: list[dict] = []
+    kept: set[str] = set()
+    while queue:
+        req, by = queue.pop(0)
+        if req.marker and not req.marker.evaluate({**env, "extra": ""}):
+            continue
+        name = canonicalize_name(req.name)
+        if name in picked:
+            p = picked[name]
+            if not req.specifier.contains(p.version, prereleases=True):
+                raise BundleBuildError(
+                    f"{name}: {p.version} was picked for {p.needed_by[0]}, but {by} needs {name}{req.specifier}; "
+                    "pin one version in the requirements file"
+                )
+            p.needed_by.append(by)
+            new_extras = set(req.extras) - p.extras
+            if new_extras:
+                p.extras |= new_extras
+                queue += _extra_requires(into / p.file, new_extras, env, name)
+            continue
+        if name in have:
+            held = have[name]
+            if held is None or req.specifier.contains(held, prereleases=True):
+                kept.add(name)
+                continue
+        wheel = _fetch(req, target, into)
+        _, version, _, _ = parse_wheel_filename(wheel.name)
+        picked[name] = Picked(name, version, wheel.name, [by], set(req.extras))
+        if name in have:
+            shadows.append({"name": name, "host": str(have[name]), "bundled": str(version), "why": f"{by}: {req}"})
+        progress(f"bundle: {wheel.name} (for {by})")
+        queue += [(r, name) for r in _requires(wheel) if not r.marker or r.marker.evaluate({**env, "extra": ""})]
+        queue += _extra_requires(wheel, set(req.extras), env, name)
+    return picked, shadows, sorted(kept)
+
+
+def _extra_requires(wheel: Path, extras: set[str], env: dict, by: str) -> list[tuple[Requirement, str]]:
+    out = []
+    for r in _requires(wheel):
+        if r.marker and any(r.marker.evaluate({**env, "extra": e}) for e in extras):
+            if not r.marker.evaluate({**env, "extra": ""}):
+                out.append((r, f"{by}[{','.join(sorted(extras))}]"))
+    return out
+
+
+# what of an evidence folder travels: its configs and notes, not its committed results
+EVIDENCE_KEEPS = (".yaml", ".yml", ".md", ".sh")
+
+
+def project_files(repo: Path = REPO) -> list[str]:
+    """The checkout's tracked files that a host runs the workflow from (git ls-files)."""
+    done = subprocess.run(["git", "ls-files", "-z"], cwd=repo, capture_output=True)
+    if done.returncode != 0:
+        raise BundleBuildError(f"{repo}: not a git checkout (the bundle takes its tracked files)")
+    files = [f for f in done.stdout.decode().split("\0") if f and (repo / f).is_file()]
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True)
+    if dirty.stdout.strip():
+        print(f"bundle: {repo} has uncommitted changes: the bundle takes the files as they are on disk", flush=True)
+    return [f for f in files if not f.startswith("docs/evidence/") or f.endswith(EVIDENCE_KEEPS)]
+
+
+def project_wheel(project: Path, into: Path) -> Path:
+    """speedsplit's own wheel, built from the project's copy (the checkout gets no build/)."""
+    before = set(into.iterdir())
+    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(into), str(project)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    new = [p for p in set(into.iterdir()) - before if p.name.startswith("speedsplit-")]
+    if done.returncode != 0 or not new:
+        raise BundleBuildError(f"building speedsplit's wheel failed: {(done.stderr or done.stdout).strip()[-300:]}")
+    return new[0]
+
+
+def build(
+    requirements: str | Path,
+    out: str | Path,
+    target: Target,
+    have: str | Path | None = None,
+    part_mib: float = 58.0,
+    progress=print,
+) -> dict:
+    """Build the bundle in `out` (emptied first); returns its manifest."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not (out / host.SUMS).exists():
+        raise BundleBuildError(f"{out}: exists and is not a bundle; refusing to empty it")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    held = read_freeze(have) if have else {}
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
+        stage = Path(tmp) / "stage"
+        wheels = stage / "wheels"
+        wheels.mkdir(parents=True)
+        picked, shadows, kept = resolve(read_requirements(requirements), held, target, wheels, progress)
+        tree = project_files()
+        for f in tree:
+            (stage / "project" / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / f, stage / "project" / f)
+        own = project_wheel(stage / "project", wheels)
+        shutil.rmtree(stage / "project" / "build", ignore_errors=True)
+        files = sorted(p.file for p in picked.values()) + [own.name]
+        manifest = {
+            "target": {"python_version": target.python_version, "platforms": list(target.platforms)},
+            "requirements": Path(requirements).read_text().splitlines(),
+            "wheels": [_entry(wheels / f, picked) for f in files],
+            "project": {"files": len(tree), "bytes": sum((REPO / f).stat().st_size for f in tree)},
+            "host_has": kept,
+            "shadows": shadows,
+        }
+        (stage / host.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        archive = Path(tmp) / host.ARCHIVE
+        with tarfile.open(archive, "w") as tar:  # wheels are compressed already
+            tar.add(stage / host.MANIFEST, host.MANIFEST)
+            for f in files:
+                tar.add(wheels / f, f"wheels/{f}")
+            for f in tree:
+                tar.add(stage / "project" / f, f"project/{f}")
+        parts = _split(archive, out, int(part_mib * 2**20))
+        sums = {host.ARCHIVE: host.sha256(archive), **{p.name: host.sha256(p) for p in parts}}
+    (out / host.SUMS).write_text("".join(f"{d}  {n}\n" for n, d in sums.items()))
+    (out / host.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    shutil.copy(Path(host.__file__), out / "install.py")
+    total = sum(w["bytes"] for w in manifest["wheels"])
+    progress(
+        f"bundle: {len(files)} wheels, {total / 2**20:.1f} MiB in {len(parts)} parts of at most {part_mib:g} MiB "
+        f"under {out}; the host's own: {len(kept)}, shadowed: {len(shadows)}"
+    )
+    return manifest
+
+
+def _entry(path: Path, picked: dict[str, Picked]) -> dict:
+    name, version, _, _ = parse_wheel_filename(path.name)
+    p = picked.get(canonicalize_name(name))
+    return {
+        "file": path.name,
+        "name": str(name),
+        "version": str(version),
+        "sha256": host.sha256(path),
+        "bytes": path.stat().st_size,
+        "needed_by": sorted(set(p.needed_by)) if p else ["the project"],
+    }
+
+
+def _split(archive: Path, out: Path, size: int) -> list[Path]:
+    parts = []
+    with open(archive, "rb") as f:
+        while block := f.read(size):
+            part = out / f"{host.ARCHIVE}.part{len(parts):03d}"
+            part.write_bytes(block)
+            parts.append(part)
+    return parts
