@@ -10,8 +10,10 @@ is left out (torch and its CUDA libraries stay the host's); one it holds at a ve
 refuse is bundled and named in the manifest as shadowing the host's. Every other requirement is
 fetched for the target (its Python, its platform tags: `pip download --only-binary=:all:`), one
 version each, and its own requirements followed for the target's markers; a package with no
-wheel for the target is built from its sdist where it is pure Python. Two requirements that no
-one version meets fail the build with one line naming both (pin it in the requirements file).
+wheel for the target is built from its sdist where it is pure Python. With `--lock` (name==version
+lines, requirements/gpu.lock: what ran), a package takes its pinned version. It does not
+backtrack: two requirements that no one version meets fail the build with one line naming both
+(pin the package in the lock or the requirements file).
 
 The archive holds the wheels and the project (the checkout's tracked files, of its evidence
 folders only their configs and notes: the workflow runs from there). The folder it writes:
@@ -21,6 +23,7 @@ folders only their configs and notes: the workflow runs from there). The folder 
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import shutil
 import subprocess
@@ -50,10 +53,13 @@ class BundleBuildError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class Target:
-    """The host's Python: its version (3.12) and the platform tags its wheels may carry."""
+    """The host's Python: its version (3.12) and the platform tags its wheels may carry, and
+    folders of wheels built elsewhere that pip may take first (a C extension with no wheel on
+    the index, built on a Python of the host's version)."""
 
     python_version: str
     platforms: tuple[str, ...] = tuple(LINUX_X86_64)
+    find_links: tuple[str, ...] = ()
 
     def environment(self) -> dict[str, str]:
         """Marker values of the target (PEP 508), for the requirements' markers."""
@@ -74,6 +80,8 @@ class Target:
         args = ["--python-version", self.python_version, "--implementation", "cp", "--only-binary=:all:"]
         for p in self.platforms:
             args += ["--platform", p]
+        for d in self.find_links:
+            args += ["--find-links", str(d)]
         return args
 
 
@@ -94,6 +102,24 @@ def read_freeze(path: str | Path) -> dict[str, Version | None]:
         except InvalidVersion:
             have[canonicalize_name(req.name)] = None
     return have
+
+
+def read_omit(path: str | Path) -> dict[str, str]:
+    """Packages left out on purpose: `pattern: why` lines (fnmatch patterns: `nvidia-*`)."""
+    omit = {}
+    for raw in Path(path).read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, why = line.partition(":")
+        if not sep or not why.strip():
+            raise BundleBuildError(f"{path}: {raw!r} is not a 'package: why it is left out' line")
+        omit[canonicalize_name(name.strip()) if "*" not in name else name.strip().lower()] = why.strip()
+    return omit
+
+
+def _omitted(name: str, omit: dict[str, str]) -> str | None:
+    return next((why for pat, why in omit.items() if fnmatch.fnmatchcase(name, pat)), None)
 
 
 def read_requirements(path: str | Path) -> list[Requirement]:
@@ -130,10 +156,10 @@ def _requires(wheel: Path) -> list[Requirement]:
     return reqs
 
 
-def _fetch(req: Requirement, target: Target, into: Path) -> Path:
-    """One wheel for the target meeting req (no dependencies): the newest the index has, else
-    a wheel built from its sdist (pure Python only)."""
-    spec = f"{req.name}{req.specifier}"
+def _fetch(req: Requirement, target: Target, into: Path, pin: Version | None = None) -> Path:
+    """One wheel for the target meeting req (no dependencies): the pinned version, else the
+    newest the index has; else a wheel built from its sdist (pure Python only)."""
+    spec = f"{req.name}=={pin}" if pin is not None else f"{req.name}{req.specifier}"
     before = set(into.iterdir())
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(into), *target.pip_args(), spec]
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -153,16 +179,31 @@ def _fetch(req: Requirement, target: Target, into: Path) -> Path:
     return new[0]
 
 
+@dataclass
+class Resolved:
+    """What the target lacks (picked, fetched), the host packages picked ones shadow, the host
+    packages that were enough, and the requirements left unmet on purpose (omitted)."""
+
+    picked: dict[str, Picked] = field(default_factory=dict)
+    shadows: list[dict] = field(default_factory=list)
+    kept: set[str] = field(default_factory=set)
+    unmet: dict[str, dict] = field(default_factory=dict)
+
+
 def resolve(
-    requirements: list[Requirement], have: dict[str, Version | None], target: Target, into: Path, progress=print
-) -> tuple[dict[str, Picked], list[dict], list[str]]:
-    """The wheels the target lacks, fetched into `into`: picked packages, the host packages they
-    shadow, and the host packages that were enough."""
+    requirements: list[Requirement],
+    have: dict[str, Version | None],
+    target: Target,
+    into: Path,
+    omit: dict[str, str] | None = None,
+    lock: dict[str, Version | None] | None = None,
+    progress=print,
+) -> Resolved:
+    """The wheels the target lacks, fetched into `into`, following each one's requirements."""
     env = target.environment()
     queue: list[tuple[Requirement, str]] = [(r, "requirements") for r in requirements]
-    picked: dict[str, Picked] = {}
-    shadows: list[dict] = []
-    kept: set[str] = set()
+    out = Resolved()
+    picked, shadows, kept = out.picked, out.shadows, out.kept
     while queue:
         req, by = queue.pop(0)
         if req.marker and not req.marker.evaluate({**env, "extra": ""}):
@@ -181,12 +222,19 @@ def resolve(
                 p.extras |= new_extras
                 queue += _extra_requires(into / p.file, new_extras, env, name)
             continue
-        if name in have:
-            held = have[name]
-            if held is None or req.specifier.contains(held, prereleases=True):
-                kept.add(name)
-                continue
-        wheel = _fetch(req, target, into)
+        held = have.get(name)
+        if name in have and (held is None or req.specifier.contains(held, prereleases=True)):
+            kept.add(name)
+            continue
+        why = _omitted(name, omit or {})
+        if why is not None:  # left out on purpose: the host's, if it has one, or none
+            entry = out.unmet.setdefault(name, {"name": name, "host": str(held) if held else None, "why": why})
+            entry.setdefault("needed_by", []).append(f"{by}: {req}")
+            continue
+        pin = (lock or {}).get(name)
+        if pin is not None and not req.specifier.contains(pin, prereleases=True):
+            raise BundleBuildError(f"{name}: the lock pins {pin}, but {by} needs {name}{req.specifier}")
+        wheel = _fetch(req, target, into, pin)
         _, version, _, _ = parse_wheel_filename(wheel.name)
         picked[name] = Picked(name, version, wheel.name, [by], set(req.extras))
         if name in have:
@@ -194,7 +242,7 @@ def resolve(
         progress(f"bundle: {wheel.name} (for {by})")
         queue += [(r, name) for r in _requires(wheel) if not r.marker or r.marker.evaluate({**env, "extra": ""})]
         queue += _extra_requires(wheel, set(req.extras), env, name)
-    return picked, shadows, sorted(kept)
+    return out
 
 
 def _extra_requires(wheel: Path, extras: set[str], env: dict, by: str) -> list[tuple[Requirement, str]]:
@@ -239,6 +287,8 @@ def build(
     target: Target,
     have: str | Path | None = None,
     part_mib: float = 58.0,
+    omit: str | Path | None = None,
+    lock: str | Path | None = None,
     progress=print,
 ) -> dict:
     """Build the bundle in `out` (emptied first); returns its manifest."""
@@ -252,7 +302,9 @@ def build(
         stage = Path(tmp) / "stage"
         wheels = stage / "wheels"
         wheels.mkdir(parents=True)
-        picked, shadows, kept = resolve(read_requirements(requirements), held, target, wheels, progress)
+        reqs, pins = read_requirements(requirements), read_freeze(lock) if lock else {}
+        got = resolve(reqs, held, target, wheels, read_omit(omit) if omit else {}, pins, progress)
+        picked, shadows, kept = got.picked, got.shadows, sorted(got.kept)
         tree = project_files()
         for f in tree:
             (stage / "project" / f).parent.mkdir(parents=True, exist_ok=True)
@@ -265,8 +317,10 @@ def build(
             "requirements": Path(requirements).read_text().splitlines(),
             "wheels": [_entry(wheels / f, picked) for f in files],
             "project": {"files": len(tree), "bytes": sum((REPO / f).stat().st_size for f in tree)},
+            "commit": _commit(),
             "host_has": kept,
             "shadows": shadows,
+            "left_out": sorted(got.unmet.values(), key=lambda u: u["name"]),
         }
         (stage / host.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         archive = Path(tmp) / host.ARCHIVE
@@ -284,9 +338,17 @@ def build(
     total = sum(w["bytes"] for w in manifest["wheels"])
     progress(
         f"bundle: {len(files)} wheels, {total / 2**20:.1f} MiB in {len(parts)} parts of at most {part_mib:g} MiB "
-        f"under {out}; the host's own: {len(kept)}, shadowed: {len(shadows)}"
+        f"under {out}; the host's own: {len(kept)}, shadowed: {len(shadows)}, left out: {len(got.unmet)}"
     )
+    for u in manifest["left_out"]:
+        progress(f"  left out {u['name']} (host: {u['host'] or 'none'}; {u['why']}), needed by {u['needed_by'][0]}")
     return manifest
+
+
+def _commit() -> str | None:
+    """The checkout's commit: the host's copy has no .git (SPEEDSPLIT_WORKFLOW_COMMIT there)."""
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return done.stdout.strip() or None
 
 
 def _entry(path: Path, picked: dict[str, Picked]) -> dict:

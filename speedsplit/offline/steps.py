@@ -1,0 +1,229 @@
+"""The steps an evidence folder is measured with, run on the host from an installed bundle:
+
+    speedsplit host run --steps docs/evidence/NAME/evidence.yaml [--project DIR] [--site SITE]
+    speedsplit host status [--project DIR] [--pack OUT]
+
+`steps:` in the file lists Snakemake runs, one after another, each with its config files, its
+target (default: the workflow's default) and its environment:
+
+    steps:
+      - name: fp8
+        configfile: [config/h200-smoke.yaml, config/h200-fp8.yaml]
+        target: measurements
+        env: {VLLM_USE_FLASHINFER_SAMPLER: "0"}
+
+`run` returns at once: a runner in its own session (it outlives the shell that started it)
+runs the steps in the project folder and records each one's start, end and exit code in
+results/host/steps.json, its output in results/host/<name>.out. A failing step is recorded
+and the next one runs. `status` says what each step did or is doing (its output's last line)
+and how the cells stand; with --pack, it packs the request records (`speedsplit pack`) and
+writes results (no caches, no models) and the step records to OUT/results.tar.gz.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from speedsplit.core.errors import UserError
+from speedsplit.core.results import write_json_atomic
+
+RECORDS = Path("results/host")
+LEFT_BEHIND = ("results/cache",)  # compile caches: large, and rebuilt by any server
+
+
+class StepsError(UserError, ValueError):
+    """A steps file that cannot be run, and why (one line)."""
+
+
+@dataclass
+class Step:
+    name: str
+    configfile: list[str]
+    target: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    started: float | None = None
+    ended: float | None = None
+    exit_code: int | None = None
+
+
+def read_steps(path: str | Path, project: Path) -> list[Step]:
+    """The file's steps, each config file checked to exist in the project."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise StepsError(f"{path}: {exc}") from None
+    raw = doc.get("steps")
+    if not isinstance(raw, list) or not raw:
+        raise StepsError(f"{path}: no steps (a list under 'steps:')")
+    steps, names = [], set()
+    for i, s in enumerate(raw):
+        if not isinstance(s, dict) or not s.get("name") or not s.get("configfile"):
+            raise StepsError(f"{path}: steps[{i}] needs a name and a configfile")
+        unknown = set(s) - {"name", "configfile", "target", "env"}
+        if unknown:
+            raise StepsError(f"{path}: steps[{i}] has unknown keys {sorted(unknown)}")
+        files = [s["configfile"]] if isinstance(s["configfile"], str) else list(s["configfile"])
+        for f in files:
+            if not (project / f).is_file():
+                raise StepsError(f"{path}: steps[{i}].configfile: {project / f} does not exist")
+        if s["name"] in names:
+            raise StepsError(f"{path}: steps[{i}]: a second step named {s['name']!r}")
+        names.add(s["name"])
+        steps.append(Step(str(s["name"]), files, s.get("target"), {k: str(v) for k, v in (s.get("env") or {}).items()}))
+    return steps
+
+
+def _record(project: Path, steps: list[Step], **extra) -> None:
+    write_json_atomic(project / RECORDS / "steps.json", {"steps": [asdict(s) for s in steps], **extra})
+
+
+def read_record(project: Path) -> dict:
+    path = project / RECORDS / "steps.json"
+    if not path.is_file():
+        raise StepsError(f"{path}: no steps have run in {project} (speedsplit host run)")
+    return json.loads(path.read_text())
+
+
+def _commit(project: Path) -> str | None:
+    """The measured commit: the bundle's manifest beside the project (its copy has no .git)."""
+    manifest = project.parent / "manifest.json"
+    return json.loads(manifest.read_text()).get("commit") if manifest.is_file() else None
+
+
+def environment(project: Path, site: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (site, str(project), env.get("PYTHONPATH")) if p)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    if not (project / ".git").exists() and _commit(project):
+        env.setdefault("SPEEDSPLIT_WORKFLOW_COMMIT", _commit(project))
+    return env
+
+
+def _gpus() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 1
+    return max(1, sum(1 for line in out.splitlines() if line.startswith("GPU ")))
+
+
+def command(step: Step, gpus: int) -> list[str]:
+    cmd = [sys.executable, "-m", "snakemake", "--cores", "all", "--resources", f"gpu={gpus}"]
+    cmd += ["--configfile", *step.configfile]
+    return cmd + (["--", step.target] if step.target else [])
+
+
+def start(steps_file: str | Path, project: str | Path, site: str | None = None) -> Path:
+    """Check the steps and start their runner in its own session; the folder of its records."""
+    project = Path(project).resolve()
+    steps = read_steps(steps_file, project)
+    records = project / RECORDS
+    records.mkdir(parents=True, exist_ok=True)
+    _record(project, steps, steps_file=str(steps_file), runner=None)
+    with open(records / "runner.out", "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "speedsplit.offline.steps", str(Path(steps_file).resolve()), str(project)],
+            cwd=project,
+            env=environment(project, site),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    (records / "runner.pid").write_text(f"{proc.pid}\n")
+    print(
+        f"started {len(steps)} steps in {project} (runner pid {proc.pid}): speedsplit host status --project {project}"
+    )
+    return records
+
+
+def run_all(steps_file: str | Path, project: Path) -> int:
+    """The runner: every step in turn, each one's start, end and exit code recorded."""
+    steps = read_steps(steps_file, project)
+    gpus = _gpus()
+    for step in steps:
+        step.started = time.time()
+        _record(project, steps, steps_file=str(steps_file), runner=os.getpid())
+        with open(project / RECORDS / f"{step.name}.out", "ab") as out:
+            env = {**os.environ, **step.env}
+            done = subprocess.run(command(step, gpus), cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT)
+        step.ended, step.exit_code = time.time(), done.returncode
+        _record(project, steps, steps_file=str(steps_file), runner=os.getpid())
+    return 0 if all(s.exit_code == 0 for s in steps) else 1
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:200] if lines else ""
+
+
+def _runner_alive(project: Path) -> bool:
+    try:
+        pid = int((project / RECORDS / "runner.pid").read_text())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    try:  # a zombie (its parent has not reaped it yet) has ended
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"
+    except OSError:
+        return True
+
+
+def status_lines(project: str | Path) -> list[str]:
+    project = Path(project).resolve()
+    rec = read_record(project)
+    now, lines = time.time(), []
+    unfinished = any(s["exit_code"] is None for s in rec["steps"])
+    if unfinished and not _runner_alive(project):
+        lines.append(f"the runner has ended with steps unfinished: {_last_line(project / RECORDS / 'runner.out')}")
+    for s in rec["steps"]:
+        out = project / RECORDS / f"{s['name']}.out"
+        if s["exit_code"] is not None:
+            how = "done" if s["exit_code"] == 0 else f"FAILED (exit {s['exit_code']}): {_last_line(out)}"
+            lines.append(f"{s['name']}: {how} in {s['ended'] - s['started']:.0f} s")
+        elif s["started"] is not None:
+            lines.append(f"{s['name']}: running for {now - s['started']:.0f} s: {_last_line(out)}")
+        else:
+            lines.append(f"{s['name']}: waiting")
+    counts = Counter()
+    for path in (project / "results/bench").rglob("run*.json"):
+        try:
+            counts[json.loads(path.read_text()).get("status", "?")] += 1
+        except (OSError, ValueError):
+            counts["unreadable"] += 1
+    if counts:
+        lines.append("cells: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    return lines
+
+
+def pack(project: str | Path, out: str | Path) -> Path:
+    """The results so far (request records packed, no caches or models) as OUT/results.tar.gz."""
+    from speedsplit.core.requestlog import pack as pack_requests
+
+    project = Path(project).resolve()
+    for p in sorted((project / "results").rglob("run*.requests.jsonl")):
+        pack_requests(p)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    dest = Path(out) / "results.tar.gz"
+    part = dest.with_name(dest.name + ".partial")
+    with tarfile.open(part, "w:gz") as tar:
+        tar.add(project / "results", "results", filter=lambda t: None if t.name.startswith(LEFT_BEHIND) else t)
+    part.replace(dest)
+    return dest
+
+
+if __name__ == "__main__":  # the runner (start): steps file, project
+    sys.exit(run_all(sys.argv[1], Path(sys.argv[2])))
