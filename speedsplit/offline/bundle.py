@@ -246,11 +246,13 @@ def resolve(
 
 
 def _extra_requires(wheel: Path, extras: set[str], env: dict, by: str) -> list[tuple[Requirement, str]]:
+    """What the wheel requires for these extras only, its markers met (and so dropped)."""
     out = []
     for r in _requires(wheel):
         if r.marker and any(r.marker.evaluate({**env, "extra": e}) for e in extras):
             if not r.marker.evaluate({**env, "extra": ""}):
-                out.append((r, f"{by}[{','.join(sorted(extras))}]"))
+                extras_of = f"[{','.join(sorted(r.extras))}]" if r.extras else ""
+                out.append((Requirement(f"{r.name}{extras_of}{r.specifier}"), f"{by}[{','.join(sorted(extras))}]"))
     return out
 
 

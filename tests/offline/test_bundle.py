@@ -86,3 +86,12 @@ def test_a_freeze_and_requirements_are_read_for_the_target():
     args = bundle.Target("3.12").pip_args()
     assert args[:4] == ["--python-version", "3.12", "--implementation", "cp"] and "manylinux_2_28_x86_64" in args
     assert json.dumps(args)  # plain strings, as pip takes them
+
+
+@pytest.mark.slow
+def test_a_requirements_extras_are_followed(tmp_path):
+    """fastapi[standard]: the extra's own requirements (uvicorn[standard] and its extras too)."""
+    (tmp_path / "req.txt").write_text("fastapi[standard]==0.115.0\n")
+    got = bundle.resolve(bundle.read_requirements(tmp_path / "req.txt"), {}, bundle.Target(PY), tmp_path)
+    assert {"fastapi", "uvicorn", "fastapi-cli", "email-validator", "httptools", "websockets"} <= set(got.picked)
+    assert "fastapi[standard]" in got.picked["uvicorn"].needed_by
