@@ -292,6 +292,9 @@ def _host_args(p):
     p.add_argument("action", choices=["install", "run", "status"], help="install a bundle; run steps; how they stand")
     p.add_argument("--bundle", help="install: the bundle's folder")
     p.add_argument("--target", help="install: into this folder (put it on PYTHONPATH) instead of this Python")
+    p.add_argument(
+        "--rehearse", action="store_true", help="install: into --target for the bundle's Python, from another"
+    )
     p.add_argument("--steps", help="run: the file whose 'steps:' to run (an evidence folder's evidence.yaml)")
     p.add_argument("--project", default=".", help="run, status: the workflow's folder (the bundle's project)")
     p.add_argument("--site", help="run: the folder the bundle was installed into (--target)")
@@ -306,7 +309,7 @@ def _host(args) -> int:
         if not args.bundle:
             raise UserError("speedsplit host install needs --bundle DIR")
         try:
-            host.install(args.bundle, args.target)
+            host.install(args.bundle, args.target, args.rehearse)
         except host.BundleError as exc:
             raise UserError(str(exc)) from None
     elif args.action == "run":

@@ -91,13 +91,21 @@ def unpack(bundle: Path) -> tuple[Path, dict]:
     return dest, manifest
 
 
-def install(bundle: str | Path, target: str | Path | None = None, python: str = sys.executable) -> dict:
-    """Check, unpack and install the bundle's wheels (into target, a folder, if given); its manifest."""
+def install(bundle: str | Path, target: str | Path | None = None, rehearse: bool = False) -> dict:
+    """Check, unpack and install the bundle's wheels (into target, a folder, if given); its
+    manifest. rehearse: into target for the bundle's own Python and platform, from another
+    Python (a rehearsal off the host: pip checks every wheel against the target's tags)."""
     bundle = Path(bundle)
     dest, manifest = unpack(bundle)
     wheels = [str(dest / "wheels" / w["file"]) for w in manifest["wheels"]]
     where = ["--target", str(target)] if target else []
-    cmd = [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", *where, *wheels]
+    if rehearse:
+        if not target:
+            raise BundleError("a rehearsal installs into a folder: give --target")
+        t = manifest["target"]
+        where += ["--python-version", t["python_version"], "--implementation", "cp", "--only-binary=:all:"]
+        where += [a for p in t["platforms"] for a in ("--platform", p)]
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", *where, *wheels]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise BundleError(f"pip install failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
@@ -112,6 +120,7 @@ def add_args(p: argparse.ArgumentParser, bundle: str | None = None) -> None:
     """The install flags; `bundle`, the folder a bundle's own install.py sits in (else required)."""
     p.add_argument("--bundle", default=bundle, required=bundle is None, help="the bundle's folder")
     p.add_argument("--target", help="install into this folder (put it on PYTHONPATH) instead of this Python")
+    p.add_argument("--rehearse", action="store_true", help="into --target for the bundle's Python, from another one")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     add_args(sub.add_parser("install", help="join, check and install the bundle"), str(Path(__file__).resolve().parent))
     args = p.parse_args(argv)
     try:
-        install(args.bundle, args.target)
+        install(args.bundle, args.target, args.rehearse)
     except BundleError as exc:
         print(f"install: {exc}", file=sys.stderr)
         return 2

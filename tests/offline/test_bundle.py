@@ -50,6 +50,10 @@ def test_a_bundle_holds_what_the_host_lacks_one_version_each_and_installs_from_i
     project = d / "out" / "unpacked" / "project"
     assert (project / "Snakefile").is_file() and (project / "config/config.yaml").is_file()
     assert not list((project / "docs/evidence").rglob("*.parquet"))  # evidence travels as configs and notes
+    host.install(d / "out", tmp_path / "rehearsed", rehearse=True)  # pip checks the target's tags
+    assert (tmp_path / "rehearsed" / "requests").is_dir()
+    with pytest.raises(host.BundleError, match="give --target"):
+        host.install(d / "out", None, rehearse=True)
 
 
 @pytest.mark.slow
