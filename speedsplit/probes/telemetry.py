@@ -134,7 +134,8 @@ class GpuProbe:
 class Sampler:
     """Samples the probes every interval_s on a thread, from start() to stop(), and at once
     when poked (the measured phase's start: a phase shorter than the interval still has a
-    reading inside it)."""
+    reading inside it). A poke reads on a thread of its own: a reading still in flight on the
+    sampler's thread (a slow /metrics answer on a busy CPU) would hold it past a short phase."""
 
     def __init__(self, server: ServerProbe, gpu: GpuProbe, interval_s: float = 0.5):
         self.server, self.gpu, self.interval_s = server, gpu, interval_s
@@ -143,6 +144,7 @@ class Sampler:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="telemetry", daemon=True)
+        self._pokes: list[threading.Thread] = []
 
     def _sample(self) -> None:
         now = time.time()
@@ -158,8 +160,9 @@ class Sampler:
             self._wake.clear()
 
     def poke(self) -> None:
-        """Take a reading now (on the sampler's thread: the caller does not wait)."""
-        self._wake.set()
+        """Take a reading now (on a thread of its own: the caller does not wait)."""
+        self._pokes.append(threading.Thread(target=self._sample, name="telemetry-poke", daemon=True))
+        self._pokes[-1].start()
 
     def __enter__(self) -> Sampler:
         self._thread.start()
@@ -169,7 +172,11 @@ class Sampler:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=10)
+        for poke in self._pokes:
+            poke.join(timeout=10)
         self._sample()  # one reading after the load, so the window's end is bracketed
+        for samples in (self.server_samples, self.gpu_samples):  # a poke's reading may land late
+            samples.sort(key=lambda sample: sample[0])
 
 
 def _at(samples: list[tuple[float, dict]], key: str, t: float) -> float | None:

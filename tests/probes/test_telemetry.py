@@ -173,3 +173,35 @@ def test_a_measured_phase_shorter_than_the_interval_still_has_a_reading_when_the
     loop.call_soon_threadsafe(loop.stop)
     assert readings[False].server is None and readings[False].server_absent.startswith("no sample inside")
     assert readings[True].server.samples == 1 and readings[True].server.kv_cache_usage_peak == 0.25
+
+
+def test_a_poke_is_not_held_back_by_a_slow_reading_in_flight():
+    """The sampler's own reading is in flight (a /metrics answer taking 1 s, as on a busy CPU)
+    when a 0.3 s measured phase starts: the poke's reading is taken on a thread of its own and
+    lands inside the phase; the samples come out in time order."""
+    import asyncio
+
+    calls = []
+
+    async def metrics(_):
+        calls.append(time.time())
+        if len(calls) == 1:
+            await asyncio.sleep(1.0)
+        return web.Response(text="vllm:kv_cache_usage_perc 0.5\nvllm:num_requests_running 1\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    url, loop = _serve(app)
+    sampler = T.Sampler(T.ServerProbe([url]), T.GpuProbe(["cpu"]), interval_s=10.0)
+    with sampler:
+        threading.Event().wait(0.2)  # the first reading is in flight
+        start = time.time()
+        sampler.poke()
+        threading.Event().wait(0.3)
+        end = time.time()
+    loop.call_soon_threadsafe(loop.stop)
+    assert len(calls) == 3  # the slow one, the poke's, the one after the load
+    tel = T.summarize(sampler, start, end, 100, ["cpu"])
+    assert tel.server is not None and tel.server.samples == 1, tel
+    times = [t for t, _ in sampler.server_samples]
+    assert times == sorted(times) and times[0] < start < times[1] < end < times[2]
