@@ -206,8 +206,15 @@ def signals_held():
 def die_with_parent() -> None:
     """In a child before exec (preexec_fn): its own process group, and SIGTERM when the process
     that started it dies, however it dies (Linux PR_SET_PDEATHSIG): a killed job never leaves
-    its servers or ranks behind."""
-    os.setsid()
+    its servers or ranks behind.
+
+    A process group, not a session (setsid): Linux's autogroup scheduler
+    (/proc/sys/kernel/sched_autogroup_enabled, on by default) gives each session one share of
+    the CPUs, and a session of busy-waiting threads (vLLM's CPU worker and engine core spin
+    while they wait) kept the client's session, which sleeps between chunks, off the CPUs for
+    0.7-3 s at a time on two cores: it read first tokens seconds late. In the client's session
+    the CPUs are shared thread by thread."""
+    os.setpgid(0, 0)
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     if os.getppid() == 1:  # the parent died before prctl took effect

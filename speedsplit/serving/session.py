@@ -213,7 +213,7 @@ def open_session(
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                start_new_session=True,
+                process_group=0,  # its own group, in the workflow's session (core/procs.die_with_parent)
                 cwd=sess.workdir,
             )
         daemon = procs.Proc.of(proc.pid)

@@ -392,6 +392,7 @@ def test_hanging_server_is_server_hung(cfg, tmp_path, tiny_model):
     def freezer():
         st = wait_state(key, ("ready",))
         seen["tree"] = server_processes(st)
+        seen["sessions"] = {os.getsid(p.pid) for p in seen["tree"]} | {os.getsid(st["daemon"]["pid"])}
         measuring.wait(240)
         time.sleep(0.5)
         os.killpg(st["servers"][0]["pid"], signal.SIGSTOP)
@@ -832,6 +833,7 @@ def test_a_daemon_killed_mid_cell_is_said_so(cfg, tmp_path, tiny_model):
     def killer():
         st = wait_state(key, ("ready",))
         seen["tree"] = server_processes(st)
+        seen["sessions"] = {os.getsid(p.pid) for p in seen["tree"]} | {os.getsid(st["daemon"]["pid"])}
         measuring.wait(240)
         time.sleep(0.5)
         os.kill(st["daemon"]["pid"], signal.SIGKILL)
@@ -846,5 +848,7 @@ def test_a_daemon_killed_mid_cell_is_said_so(cfg, tmp_path, tiny_model):
     t.join()
     assert res.status == "server_died" and res.error.type == "SessionLost", res.error
     assert "killed from outside" in res.error.message
+    # the daemon and its servers share the client's session (core/procs.die_with_parent)
+    assert seen["sessions"] == {os.getsid(0)}
     assert_gone(seen["tree"])
     assert card_is_free()
