@@ -12,6 +12,7 @@ import polars as pl
 from speedsplit.analysis.frames import clean_runs
 from speedsplit.analysis.traffic import NO_DIFFERENCE, OPEN_LOOP
 from speedsplit.core.formats import value_text
+from speedsplit.core.record import CLIENT_STALL_S
 
 GROUP = ["chain", "model", "topology", "cell"]
 SENTENCE_SCHEMA = {**{k: pl.Utf8 for k in GROUP}, "users": pl.Int64, "sentence": pl.Utf8}
@@ -252,6 +253,11 @@ def qualifiers(runs: pl.DataFrame, attribution: pl.DataFrame) -> list[str]:
                 "benchmark.outlier_factor)",
             ),
             ("client_lag", "fell behind their arrival schedule (the client, not the server)"),
+            (
+                "client_stalled",
+                f"had a client whose event loop did not run for over {CLIENT_STALL_S:g} s in the measured phase "
+                "(off the CPUs: its timestamps may be that late)",
+            ),
             (
                 "implausible",
                 "hold numbers no measurement makes (a negative one, a rate its tokens and wall time do not give, "

@@ -10,19 +10,31 @@ millisecond rounding of the event loop's own timers.
 
     async with Awake():   # or: with awake.held(): inside a running loop
         ...               # every await in here wakes on time
+
+The ticker also says when the loop itself did not run: a tick that wakes late marks a stretch
+in which no callback of the loop ran (one callback held it, or the process was off the CPUs),
+and every timestamp the loop took in it may be that late (`longest_stall`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import deque
 from contextlib import asynccontextmanager
 
 PERIOD_S = 0.002  # the tick: 500 wakeups a second, a fraction of a percent of a core
+LATE_S = 0.01  # a tick later than this is kept: the loop did not run (busy, or off the CPUs)
 
 
-async def _tick(period_s: float) -> None:
+async def _tick(period_s: float, late: deque[tuple[float, float]]) -> None:
+    """Wake every period_s; each wake-up later than LATE_S is kept as (when it woke, how late)."""
     while True:
+        t = time.perf_counter()
         await asyncio.sleep(period_s)
+        woke = time.perf_counter()
+        if woke - t - period_s > LATE_S:
+            late.append((woke, woke - t - period_s))
 
 
 class Awake:
@@ -32,13 +44,21 @@ class Awake:
     def __init__(self, period_s: float = PERIOD_S) -> None:
         self.period_s = period_s
         self.holders = 0
+        # (time.perf_counter it woke, seconds late); a long-serving server keeps the latest
+        self.late: deque[tuple[float, float]] = deque(maxlen=10_000)
         self._task: asyncio.Task | None = None
 
     async def __aenter__(self) -> Awake:
         self.holders += 1
         if self._task is None:
-            self._task = asyncio.create_task(_tick(self.period_s))
+            self._task = asyncio.create_task(_tick(self.period_s, self.late))
         return self
+
+    def longest_stall(self, start: float, end: float) -> float:
+        """The longest the loop went without running inside [start, end] (time.perf_counter; a
+        late tick counts the part of its lateness inside), 0.0 when no tick was above LATE_S."""
+        inside = [min(w, end) - max(w - late, start) for w, late in self.late if w > start and w - late < end]
+        return max(inside, default=0.0)
 
     async def __aexit__(self, *exc) -> None:
         self.holders -= 1

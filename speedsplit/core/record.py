@@ -27,6 +27,9 @@ SCHEMA_VERSION = 2
 # least this many seconds more (speedsplit/probes/loadgen.py: latency_outliers).
 OUTLIER_FACTOR = 5.0
 OUTLIER_MIN_S = 1.0
+# A run whose client loop went this long without running in its measured phase is flagged
+# client_stalled: its timestamps may be that late (speedsplit/core/awake.py: longest_stall).
+CLIENT_STALL_S = 0.25
 
 Status = Literal["ok", "startup_failed", "server_died", "server_hung", "server_error", "failed", "error", "skipped"]
 Flag = Literal[
@@ -40,6 +43,7 @@ Flag = Literal[
     "over_memory_cap",
     "usage_mismatch",
     "latency_outlier",
+    "client_stalled",
     "implausible",  # numbers no measurement makes (speedsplit/core/plausible.py)
 ]
 
@@ -111,6 +115,12 @@ class Summary(_Record):
     trace_capped: int | None = Field(None, description="trace replay: prompts cut (by whole blocks) to fit the context")
     lag_s: Distribution | None = Field(
         None, description="open loop: how late each request was sent after it was due (the client's lag)"
+    )
+    client_stall_s: float | None = Field(
+        None,
+        description="the longest the client's event loop went without running in the measured phase (its "
+        "ticker woke that late: the process was off the CPUs or one callback held it); above CLIENT_STALL_S "
+        "the run is flagged client_stalled (null: not recorded)",
     )
 
 

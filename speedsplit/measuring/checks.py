@@ -8,7 +8,7 @@ import urllib.error
 import urllib.request
 
 from speedsplit.core import plausible, procs
-from speedsplit.core.record import CellParams, EngineFacts, ErrorInfo, RunResult
+from speedsplit.core.record import CLIENT_STALL_S, CellParams, EngineFacts, ErrorInfo, RunResult
 from speedsplit.core.specs import StackSpec
 from speedsplit.core.requestlog import RequestRecord
 from speedsplit.serving import serverlog
@@ -140,6 +140,8 @@ def honesty_flags(result: RunResult, stack: StackSpec, cell: CellParams) -> list
     lag = s.lag_s.p99 if s.lag_s else None
     if lag is not None and cell.max_client_lag_s is not None and lag > cell.max_client_lag_s:
         flags.append("client_lag")  # the server was not offered the schedule's rate
+    if s.client_stall_s is not None and s.client_stall_s > CLIENT_STALL_S:
+        flags.append("client_stalled")  # the client's loop did not run: its timestamps are late
     if over_memory_cap(result):
         flags.append("over_memory_cap")  # the engine held more than the emulated card has
     if plausible.reasons(result):

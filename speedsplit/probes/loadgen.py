@@ -322,7 +322,7 @@ async def run_async(
     connector = aiohttp.TCPConnector(limit=0, **kept)
     # Awake: a client idle 300 ms for a first token would read it milliseconds late (core/awake.py)
     async with (
-        awake.held(),
+        awake.held() as ticker,
         aiohttp.ClientSession(
             timeout=timeout, connector=connector, trace_configs=[_on_the_wire()], headers=apikey.headers(spec.api_key)
         ) as http,
@@ -333,6 +333,7 @@ async def run_async(
         measured: list[RequestRecord] = []
         t0, t1 = await _phase(http, spec, "measured", spec.requests_per_user, measured, progress, on_measured)
     summary = summarize(measured, t1 - t0, spec, warm_s, sum(1 for r in warm if not r.ok))
+    summary.client_stall_s = ticker.longest_stall(t0, t1)
     summary.measured_from = time.time() - (time.perf_counter() - t0)
     return summary, warm + measured
 

@@ -59,6 +59,10 @@ def test_honesty_flags():
     ok.engine = EngineFacts(linear_kernel="MarlinLinearKernel")
     assert checks.honesty_flags(ok, stack_spec(expect_kernel="Marlin"), cell_spec(min_measured_s=1.0)) == []
     assert ok.kernel_ok is True
+    ok.summary.client_stall_s = 0.3  # the client's loop did not run for 0.3 s (core/awake.py)
+    assert checks.honesty_flags(ok, stack_spec(expect_kernel="Marlin"), cell_spec(min_measured_s=1.0)) == [
+        "client_stalled"
+    ]
 
 
 def _skipped_level(tmp_path, tiny_model, **kw):

@@ -1,4 +1,5 @@
 import json
+import time
 
 import pytest
 from aiohttp import web
@@ -235,3 +236,16 @@ def test_a_connection_idle_past_the_idle_limit_is_not_reused():
         summary, _ = loadgen.run(spec(url, users=2, requests_per_user=1, idle_close_s=idle_close_s))
         assert summary.failed == 0 and len(ports) == 4
         assert len(set(ports)) == connections, (idle_close_s, ports)
+
+
+def test_a_client_loop_that_did_not_run_says_how_long():
+    """The client's event loop held 0.4 s as its measured phase starts (on_measured sleeps in
+    it: as when the process is off the CPUs): the summary gives that stall, and a run that
+    nothing held gives none above the ticker's few milliseconds."""
+    url, _ = serve_in_thread(make_app(delay_s=0.01))
+    base = dict(users=2, output_tokens=60, requests_per_user=1, warmup_requests=1)
+    held, _ = loadgen.run(spec(url, **base), on_measured=lambda: time.sleep(0.4))
+    free, _ = loadgen.run(spec(url, **base))
+    assert 0.38 < held.client_stall_s < 0.6, held.client_stall_s
+    assert free.client_stall_s < 0.1, free.client_stall_s
+    assert held.wall_s > free.wall_s + 0.3  # and the measured phase took it
