@@ -31,8 +31,9 @@ from speedsplit.serving.serverlog import exit_cause, launch_output, log_cause
 # vLLM's usage_lib off). Set over the inherited environment; a stack's env can still change it.
 # The other engines report nothing of their own: the transformers stacks run with
 # HF_HUB_OFFLINE=1 (no call to the hub at all), llama.cpp's server and speedsplit's own servers
-# have no telemetry. (DO_NOT_TRACK and HF_HUB_DISABLE_TELEMETRY set as well, the cliff test's vLLM
-# CPU server delivered its 4-user streams in bursts, twice: not set here.)
+# have no telemetry. (DO_NOT_TRACK and HF_HUB_DISABLE_TELEMETRY were set as well once, and taken
+# out when the cliff test's vLLM CPU server delivered its 4-user streams in bursts; those bursts
+# were the scheduler's, found later (core/procs.die_with_parent), so that trial proved nothing.)
 NO_USAGE_REPORTS = {"VLLM_NO_USAGE_STATS": "1"}
 HOST = "127.0.0.1"  # servers never listen beyond loopback
 # CUDA numbers cards fastest first unless told otherwise; NVML and nvidia-smi number them by
