@@ -33,8 +33,8 @@ async def _tick(period_s: float, late: deque[tuple[float, float]]) -> None:
         t = time.perf_counter()
         await asyncio.sleep(period_s)
         woke = time.perf_counter()
-        if woke - t - period_s > LATE_S:
-            late.append((woke, woke - t - period_s))
+        if (late_s := woke - t - period_s) > LATE_S:
+            late.append((woke, late_s))
 
 
 class Awake:

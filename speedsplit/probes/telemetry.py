@@ -142,7 +142,6 @@ class Sampler:
         self.server_samples: list[tuple[float, dict]] = []
         self.gpu_samples: list[tuple[float, dict]] = []
         self._stop = threading.Event()
-        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="telemetry", daemon=True)
         self._pokes: list[threading.Thread] = []
 
@@ -156,8 +155,7 @@ class Sampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._sample()
-            self._wake.wait(self.interval_s)
-            self._wake.clear()
+            self._stop.wait(self.interval_s)
 
     def poke(self) -> None:
         """Take a reading now (on a thread of its own: the caller does not wait)."""
@@ -170,7 +168,6 @@ class Sampler:
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._wake.set()
         self._thread.join(timeout=10)
         for poke in self._pokes:
             poke.join(timeout=10)
