@@ -126,8 +126,7 @@ def measure_alone(stack: dict, cell: dict, model, tmp_path: Path, startup_timeou
         key, str(tmp_path / "s.log"), str(tmp_path / "c"), last, 120.0, 600.0, startup_timeout_s, 600.0, 120.0
     )
     return bench.measure(
-        stack=stack,
-        cell=cell,
+        job={"stack": stack, "cell": cell, "run": 0},
         run=0,
         session=plan,
         model_dir=model,

@@ -1,6 +1,6 @@
 """Rule bench: measure one cell run on its session's server and write its result.
 
-Reads only its inputs and params: the job file (stack and cell), the model folders, the
+Reads only its inputs and params: the job file (a JobSpec: stack, cell and run), the model folders, the
 client's calibration on this host, and the plan its params name (its server session; written
 when the workflow starts)."""
 
@@ -18,8 +18,7 @@ to_log(sm)
 job = json.loads(Path(sm.input.job).read_text())
 w = sm.wildcards
 result = measure(
-    stack=job["stack"],
-    cell=job["cell"],
+    job=job,
     run=int(w.run),
     session=lambda: session_of(sm.params.plan, sm.output.result),
     model_dir=sm.input.model,

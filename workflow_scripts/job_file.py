@@ -1,9 +1,11 @@
-"""Rule job_file: write what one cell run measures (the stack and the cell) as JSON."""
+"""Rule job_file: write what one cell run measures (a JobSpec: its stack, cell and run) as JSON."""
 
 from _job import to_log
 
 from speedsplit.core.results import write_job_file
+from speedsplit.core.specs import JobSpec
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
 to_log(sm)
-write_job_file(sm.output[0], sm.params.stack, sm.params.cell)
+job = JobSpec(stack=sm.params.stack, cell=sm.params.cell, run=int(sm.wildcards.run))
+write_job_file(sm.output[0], job.model_dump(mode="json"))

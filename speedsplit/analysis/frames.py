@@ -130,7 +130,7 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
     the results given (so every table built from it is too)."""
     rows = []
     for res in results:
-        p, s, ok = res.params, res.summary, res.status == "ok"
+        p, s, ok = res.job.cell, res.summary, res.status == "ok"
         row = {
             "model": res.model,
             "stack": res.stack,
@@ -173,12 +173,12 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
             "startup_warmup_s": res.engine.warmup_s,
             "compile_cache": res.engine.compile_cache,
             "reused": bool(res.server and res.server.reused),
-            "platform": res.stack_def.platform,
+            "platform": res.job.stack.platform,
             "hardware": _gpu_name(res),
             "error": res.cause,
-            "variant": res.stack_def.variant,
-            "tensor_parallel": res.stack_def.tensor_parallel,
-            "instances": res.stack_def.instances,
+            "variant": res.job.stack.variant,
+            "tensor_parallel": res.job.stack.tensor_parallel,
+            "instances": res.job.stack.instances,
             "model_shape": res.model_shape.model_dump_json(exclude_none=True),
             "devices": (res.server.devices if res.server else None) or [],
             "lease_wait_s": res.server.lease_wait_s if res.server else None,

@@ -79,7 +79,7 @@ def true_records(result: RunResult, measured: list[RequestRecord], speed: refere
     """The run's measured phase as a perfect client of this server would record it: each
     measured request beside its true self (closed loop: the same user's same request; open
     loop: the same arrival)."""
-    p = result.params
+    p = result.job.cell
     mine = [r for r in measured if r.phase == "measured"]
     if any(r.due is not None for r in mine):
         arrivals = [
@@ -125,7 +125,7 @@ def true_result(result: RunResult, measured: list[RequestRecord], speed: referen
     """The run as its server's rules make it: the same record, its summary and objectives
     those of the true requests (status and flags kept, so the same runs make the factors)."""
     truth = true_records(result, measured, speed)
-    p = result.params
+    p = result.job.cell
     spec = loadgen.LoadSpec(
         urls=sorted({r.url for r in truth}) or [""],
         model="",

@@ -63,7 +63,7 @@ def kind_of(entry: dict) -> str:
 
 
 def load_of(cell) -> ClosedLoop | OpenLoop | TraceReplay:
-    """A cell's load from its params (core/record.CellParams). An open-loop cell's `users` is 0:
+    """A cell's load from its params (core/specs.CellParams). An open-loop cell's `users` is 0:
     its load has none (the warm-up runs one user)."""
     if cell.trace:
         return TraceReplay(trace=cell.trace, max_client_lag_s=cell.max_client_lag_s)

@@ -10,6 +10,9 @@ Version history:
 - 1: `summary` was `{}` and `server` absent when nothing was measured; `error` absent unless
   the job failed; the session key was `session`, the model's shape `model_config`.
 - 2: absent parts are `null`; `session` is `session_key`, `model_config` is `model_shape`.
+- 3: the job as it ran is embedded whole (`job`: the job file's JobSpec, core/specs.py), in place
+  of `params` (now `job.cell`) and `stack_def` (now `job.stack`, which held only a few of the
+  stack's fields: a version 2 file's `job.stack` is that `StackDef`).
 """
 
 from __future__ import annotations
@@ -21,12 +24,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from speedsplit.core.errors import UserError
+from speedsplit.core.specs import (  # noqa: F401 (re-exported: the record's cell)
+    OUTLIER_FACTOR,
+    OUTLIER_MIN_S,
+    CellParams,
+    JobSpec,
+    StackSpec,
+)
 
-SCHEMA_VERSION = 2
-# A request is a latency outlier when it took this many times what its length predicts, and at
-# least this many seconds more (speedsplit/probes/loadgen.py: latency_outliers).
-OUTLIER_FACTOR = 5.0
-OUTLIER_MIN_S = 1.0
+SCHEMA_VERSION = 3
 # A run whose client loop went this long without running in its measured phase is flagged
 # client_stalled: its timestamps may be that late (speedsplit/core/awake.py: longest_stall).
 CLIENT_STALL_S = 0.25
@@ -124,50 +130,8 @@ class Summary(_Record):
     )
 
 
-class CellParams(_Record):
-    """The cell as measured: load shape, sampling and the run's time limits."""
-
-    cell: str
-    workload: str
-    sampling: str
-    users: int = Field(description="concurrent closed-loop users")
-    prompt_tokens: int
-    output_tokens: int
-    requests_per_user: int
-    warmup_requests: int = Field(description="warm-up requests per user, before the measured phase")
-    ramp_s: float = Field(0.0, description="users joined the measured phase evenly over this many seconds (0: at once)")
-    telemetry_s: float = Field(0.5, description="seconds between telemetry readings")
-    slo_ttft_p99_s: float = Field(2.0, description="latency objective: p99 TTFT at most this")
-    slo_tpot_p99_s: float = Field(0.1, description="latency objective: p99 TPOT at most this")
-    capacity_below: list[str] = Field(
-        default_factory=list, description="capacity levels under this one, ascending (empty: not a level)"
-    )
-    capacity_stop_after: int = Field(2, description="consecutive failing levels below after which this one is skipped")
-    warmup: Literal["every_cell", "session_start"] = Field(
-        "every_cell", description="which cells warm up: every one, or only a session's first (later ones: 0 requests)"
-    )
-    temperature: float
-    top_p: float
-    seed: int
-    request_timeout_s: float | None = Field(None, description="seconds one request may take (null: plan unreadable)")
-    stall_timeout_s: float | None = Field(None, description="seconds without a token before a request stalls")
-    outlier_factor: float = Field(
-        OUTLIER_FACTOR, description="a request this many times slower than its length predicts is a latency outlier"
-    )
-    outlier_min_s: float = Field(OUTLIER_MIN_S, description="... and at least this many seconds slower")
-    min_measured_s: float = Field(description="a shorter measured phase is flagged short_measurement")
-    arrival: dict | None = Field(
-        None, description="open loop: pattern, rate_rps, burstiness, requests or duration_s (null: closed loop)"
-    )
-    lengths: dict | None = Field(None, description="open loop: the length mix (null: every request the cell's lengths)")
-    trace: dict | None = Field(
-        None, description="trace replay: the trace, its window, speedup and fitting (null: none)"
-    )
-    max_client_lag_s: float | None = Field(None, description="open loop: a larger p99 send lag is flagged client_lag")
-
-
 class StackDef(_Record):
-    """What the stack was asked to be."""
+    """What a result of schema version 2 kept of the stack (a version 3 result keeps all of it)."""
 
     variant: str = Field(description="weights served: fp16 or gptq")
     dialect: str = Field(description="request dialect: vllm, llamacpp or transformers")
@@ -176,6 +140,14 @@ class StackDef(_Record):
     tensor_parallel: int
     instances: int
     expect_kernel: str = Field(description="regex the engine's linear kernel must match ('' = no expectation)")
+
+
+class RecordedJob(JobSpec):
+    """The job as it ran: the job file's JobSpec, its cell's warm-up count what the run sent."""
+
+    stack: StackSpec | StackDef = Field(
+        description="the stack as the job file gave it (a StackDef: a result of schema version 2, which kept no more)"
+    )
 
 
 class EngineFacts(_Record):
@@ -458,7 +430,7 @@ class Calibration(_Record):
 class RunResult(_Record):
     """One benchmark run of one cell on one stack: always written, whatever happened."""
 
-    schema_version: Literal[2] = SCHEMA_VERSION
+    schema_version: Literal[3] = SCHEMA_VERSION
     model: str
     stack: str
     topology: str
@@ -467,9 +439,8 @@ class RunResult(_Record):
     status: Status | None = Field(
         default=None, description="ok, or why not (null only while the job runs; never written)"
     )
-    params: CellParams
+    job: RecordedJob
     session_key: str = Field(description="the server session: {model}/{stack}/{topology}/{run|all}")
-    stack_def: StackDef
     summary: Summary | None = Field(default=None, description="null when no load ran")
     flags: list[Flag] = Field(default_factory=list, description="reasons not to take the numbers at face value")
     kernel_ok: bool | None = Field(default=None, description="the engine's kernel matched expect_kernel")
@@ -513,14 +484,18 @@ def upgrade(data: dict) -> dict:
         else:
             data["server"] = None
         data.setdefault("error", None)
-        data["schema_version"] = 2
+        data["schema_version"] = version = 2
+    if version == 2:
+        data = dict(data)
+        data["job"] = {"stack": data.pop("stack_def"), "cell": data.pop("params"), "run": data["run"]}
+        data["schema_version"] = 3
     return data
 
 
 def parse_result(data: dict, where: str = "result") -> RunResult:
     """A result record from its JSON form (any known version); ResultError if it is not one."""
-    if not isinstance(data, dict) or data.get("schema_version") not in (1, SCHEMA_VERSION):
-        raise ResultError(f"{where} is not a speedsplit result of schema version 1 or {SCHEMA_VERSION}")
+    if not isinstance(data, dict) or data.get("schema_version") not in (1, 2, SCHEMA_VERSION):
+        raise ResultError(f"{where} is not a speedsplit result of schema version 1 to {SCHEMA_VERSION}")
     try:
         res = RunResult.model_validate(upgrade(data))
     except ValidationError as exc:

@@ -193,7 +193,8 @@ def redact_env(env: dict[str, str]) -> dict[str, str]:
     return {k: ("<redacted>" if looks_secret(k) else v) for k, v in env.items()}
 
 
-def write_job_file(path: str | Path, stack: dict, cell: dict) -> None:
-    """What one cell run measures, as a file (results/jobs/...), with no secret in it: the
-    config refuses secrets in stacks, and whatever the environment holds is redacted too."""
-    write_json_atomic(path, json.loads(redact_secrets(json.dumps({"stack": stack, "cell": cell}))))
+def write_job_file(path: str | Path, job: dict) -> None:
+    """What one cell run measures (a JobSpec's JSON) as a file (results/jobs/...), with no
+    secret in it: the config refuses secrets in stacks, and whatever the environment holds is
+    redacted too."""
+    write_json_atomic(path, json.loads(redact_secrets(json.dumps(job))))

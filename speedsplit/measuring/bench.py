@@ -16,7 +16,6 @@ from typing import Callable
 
 from speedsplit.core import procs
 from speedsplit.core.loads import ClosedLoop, OpenLoop, TraceReplay, load_of
-from speedsplit.core.specs import StackSpec
 from speedsplit.core.record import (
     Calibration,
     CellParams,
@@ -26,16 +25,17 @@ from speedsplit.core.record import (
     ModelSource,
     Provenance,
     QuantConfig,
+    RecordedJob,
     ResultError,
     RunResult,
     ServerFacts,
-    StackDef,
     Timing,
     parse_result,
     read_result,
     to_json,
 )
 from speedsplit.core.requestlog import RequestRecord
+from speedsplit.core.specs import JobSpec, StackSpec, parse_job
 from speedsplit.core.results import provenance, redact, write_json_atomic, write_lines_atomic
 from speedsplit.measuring import checks
 from speedsplit.models.checkpoint import ModelError, load_tokenizer, model_identity, model_info, read_model_config
@@ -77,8 +77,7 @@ def prompt_seed(cell: CellParams, run: int) -> int:
 
 def measure(
     *,
-    stack: dict,
-    cell: dict,
+    job: dict,
     run: int,
     session: SessionPlan | Callable[[], SessionPlan],
     model_dir: str | Path,
@@ -90,23 +89,24 @@ def measure(
     progress: Callable[[str], None] | None = None,
     calibration: Calibration | None = None,
 ) -> RunResult:
-    """Measure one cell run on its session's server; writes out_json and out_requests
-    atomically and returns the result. `session` may be a function that reads the plan.
+    """Measure one cell run (`job`: its job file's JSON, a JobSpec's) on its session's server;
+    writes out_json and out_requests atomically and returns the result. `session` may be a
+    function that reads the plan.
 
     Whatever fails ends in a result file (status error with the exception's class and a
     redacted message when nothing more specific fits), so the lane after it goes on. Only a
     stop signal ends the job without one: the cell was not measured and reruns.
     """
-    # The job file's stack and cell, typed. Keys their types do not know (a job file of another
-    # version) are left out of the record, and the run fails naming them.
-    stack, unknown_stack = _typed(StackSpec, stack)
-    cell, unknown = _typed(CellParams, cell)
+    # The job file, typed. Keys its types do not know (a job file of another version) are left
+    # out of the record, and the run fails naming them.
+    job, unknown = parse_job(job, run)
     try:  # the plan is read here, where a failure is recorded like any other
         session, plan_error = (session() if callable(session) else session), None
-        stack, cell = session.with_startup(stack), session.with_limits(cell)
+        job = job.model_copy(update={"stack": session.with_startup(job.stack), "cell": session.with_limits(job.cell)})
     except Exception as exc:
         session, plan_error = None, exc
-    result = _new_result(stack, cell, run, session.key if session else "")
+    stack, cell = job.stack, job.cell
+    result = _new_result(job, session.key if session else "")
     result.calibration = calibration
     records: list[RequestRecord] = []
     # A file-size limit (RLIMIT_FSIZE) must surface as an error we can record, not kill us mid-write.
@@ -115,9 +115,8 @@ def measure(
         try:
             if plan_error is not None:
                 raise plan_error
-            if unknown or unknown_stack:
-                what = [f"{k}: {v}" for k, v in (("cell", unknown), ("stack", unknown_stack)) if v]
-                raise ConfigError(f"the job file has keys of another version ({'; '.join(what)})")
+            if unknown:
+                raise ConfigError(f"the job file has keys of another version ({'; '.join(unknown)})")
             result.weights = ModelSource(**model_info(model_dir))
             result.model_shape = _model_shape(model_dir)
             launch = {
@@ -129,22 +128,14 @@ def measure(
                 "kv_tokens": session.kv_tokens,  # what a CPU server sizes its caches for (host_cache_cap)
                 "cpu_slots": session.cpu_slots,  # how many CPU servers may run at once
             }
-            skip = capacity_skip(out_json, run, cell)
+            skip = capacity_skip(out_json, job.run, cell)
             if skip:  # past the cliff: not measured, and a session this job would end is stopped
                 result.status, result.error = "skipped", ErrorInfo(type="CapacitySkip", message=skip)
                 if session.is_last(result):
                     sessions.retire(sessions.Session(session.key, workdir), wait_s=60.0)
             else:
                 records = _measure_on_session(
-                    result,
-                    launch,
-                    session,
-                    stack,
-                    cell,
-                    run,
-                    tokenizer_dir,
-                    owner or sessions.workflow_owner(),
-                    progress,
+                    result, launch, session, job, tokenizer_dir, owner or sessions.workflow_owner(), progress
                 )
         except procs.Stop:
             raise
@@ -163,23 +154,17 @@ def measure(
             return _write(_stripped(result), [], out_json, out_requests, workdir)
 
 
-def _typed(model, entry: dict):
-    """entry as a `model`, less the keys it does not know, and those keys."""
-    unknown = sorted(set(entry) - set(model.model_fields))
-    return model(**{k: v for k, v in entry.items() if k not in unknown}), unknown
-
-
-def _new_result(stack: StackSpec, cell: CellParams, run: int, session_key: str) -> RunResult:
+def _new_result(job: JobSpec, session_key: str) -> RunResult:
     """The run's record before anything is measured."""
     return RunResult(
-        model=stack.model,
-        stack=stack.stack,
-        topology=stack.topology,
-        cell=cell.cell,
-        run=run,
-        params=cell.model_copy(deep=True),  # its warm-up count is what the run really sent
+        model=job.model,
+        stack=job.stack.stack,
+        topology=job.topology,
+        cell=job.cell.cell,
+        run=job.run,
+        # a copy: its warm-up count becomes what the run really sent
+        job=RecordedJob(stack=job.stack, cell=job.cell.model_copy(deep=True), run=job.run),
         session_key=session_key,
-        stack_def=StackDef(**{k: getattr(stack, k) for k in StackDef.model_fields}),
         started=_now(),
         timing=Timing(job_start=time.time()),
     )
@@ -187,7 +172,7 @@ def _new_result(stack: StackSpec, cell: CellParams, run: int, session_key: str) 
 
 def _stripped(result: RunResult) -> RunResult:
     """What is left of a result that could not be written: who, what, when and why."""
-    keep = ("model", "stack", "topology", "cell", "run", "params", "session_key", "stack_def", "error")
+    keep = ("model", "stack", "topology", "cell", "run", "job", "session_key", "error")
     keep += ("started", "finished", "timing", "provenance", "flags", "calibration")
     return RunResult(**{k: getattr(result, k) for k in keep}, status="error")
 
@@ -232,9 +217,7 @@ def _measure_on_session(
     result: RunResult,
     launch: dict,
     plan: SessionPlan,
-    stack: StackSpec,
-    cell: CellParams,
-    run: int,
+    job: JobSpec,
     tokenizer_dir,
     owner: procs.Proc,
     progress,
@@ -246,12 +229,12 @@ def _measure_on_session(
             plan,
             launch,
             owner,
-            ready_timeout_s=stack.startup_timeout_s + plan.lease_timeout_s,
+            ready_timeout_s=job.stack.startup_timeout_s + plan.lease_timeout_s,
             keep=not plan.is_last(result),
             progress=progress,
         ) as held:
             _server_facts(result, held.state, held.reused)
-            records = _run_load(result, held.state, stack, cell, run, tokenizer_dir, progress, held.api_key)
+            records = _run_load(result, held.state, job, tokenizer_dir, progress, held.api_key)
             sessions.transition(
                 held.sess,
                 held.generation,
@@ -259,7 +242,7 @@ def _measure_on_session(
                 cells_measured=held.state["cells_measured"] + 1,
                 last_used=time.time(),  # another workflow waits foreign_idle_s from here (evict_idle)
             )
-            checks.check_servers(result, records, held.sess, held.generation, held.state, stack)
+            checks.check_servers(result, records, held.sess, held.generation, held.state, job.stack)
     except sessions.NotReady as no:
         result.status = no.status
         if no.state is None:
@@ -268,7 +251,7 @@ def _measure_on_session(
             _server_facts(result, no.state, no.reused)
             result.server.error = no.error
         return []
-    result.flags = checks.honesty_flags(result, stack, cell)
+    result.flags = checks.honesty_flags(result, job.stack, job.cell)
     return records
 
 
@@ -375,20 +358,14 @@ _RUN_LOAD = {ClosedLoop: _closed_loop, OpenLoop: _open_loop, TraceReplay: _trace
 
 
 def _run_load(
-    result: RunResult,
-    state: dict,
-    stack: StackSpec,
-    cell: CellParams,
-    run: int,
-    tokenizer_dir,
-    progress,
-    api_key: str | None,
+    result: RunResult, state: dict, job: JobSpec, tokenizer_dir, progress, api_key: str | None
 ) -> list[RequestRecord]:
+    cell = job.cell
     if state.get("cpus"):  # the client runs on its servers' cores, off the other lanes'
         os.sched_setaffinity(0, leases.parse_cpu_ranges(state["cpus"]))
     warm = 0 if cell.warmup == "session_start" and state.get("cells_measured") else None
-    load = cell_load(state, stack, cell, run, tokenizer_dir, warmup_requests=warm)
-    result.params.warmup_requests = load.warmup_requests
+    load = cell_load(state, job.stack, cell, job.run, tokenizer_dir, warmup_requests=warm)
+    result.job.cell.warmup_requests = load.warmup_requests
     load.api_key = api_key
     sampler = telemetry.Sampler(
         telemetry.ServerProbe(state["urls"], api_key=api_key),

@@ -57,7 +57,7 @@ def side(folder: str | Path) -> tuple[pl.DataFrame, Provenance, dict[tuple, dict
         raise SystemExit(f"speedsplit: {folder}: {exc}") from None
     loads = {}
     for r in results:
-        loads.setdefault((r.model, r.stack, r.topology, r.cell), {k: getattr(r.params, k) for k in LOAD})
+        loads.setdefault((r.model, r.stack, r.topology, r.cell), {k: getattr(r.job.cell, k) for k in LOAD})
     return runs, results[0].provenance, loads
 
 

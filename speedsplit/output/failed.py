@@ -62,7 +62,7 @@ def skipped_above(results_dir: str | Path, rerun: list[Path]) -> list[tuple[Path
     for path in sorted(Path(results_dir).rglob("run*.json")):
         with contextlib.suppress(ResultError):
             res = read_result(path)
-            below = {(path.parent.parent / name / path.name).resolve() for name in res.params.capacity_below}
+            below = {(path.parent.parent / name / path.name).resolve() for name in res.job.cell.capacity_below}
             if res.status == "skipped" and below & again:
                 out.append((path, "skipped past levels now re-measured"))
     return out

@@ -73,7 +73,7 @@ class Measured:
                 r = read_result(path)
             except (ResultError, OSError, ValueError):
                 continue
-            if r.stack_def.platform != platform:
+            if r.job.stack.platform != platform:
                 continue
             key = (r.model, r.stack, r.topology)
             if r.server and r.server.startup_s and not r.server.reused:  # once per session

@@ -182,8 +182,8 @@ def test_an_open_loop_workload_sweeps_a_ladder_of_rates(tmp_path):
     for stack, verdicts in {"vllm-fp16": (True, True, False), "vllm-marlin": (True, True, True)}.items():
         for rate, met in zip((1, 2, 4), verdicts):
             res = level(stack, 0, met, why=() if met else ("p99 TTFT 3 s > 2 s",))
-            res.cell = res.params.cell = f"r{rate}-mix-greedy"
-            res.params.workload, res.params.arrival = "mix", {"pattern": "poisson", "rate_rps": float(rate)}
+            res.cell = res.job.cell.cell = f"r{rate}-mix-greedy"
+            res.job.cell.workload, res.job.cell.arrival = "mix", {"pattern": "poisson", "rate_rps": float(rate)}
             paths.append(write_result(tmp_path / f"{stack}-{rate}.json", res))
     spec = {"workload": "mix", "sampling": "greedy", "rates": [1, 2, 4], "reference": "vllm-fp16"}
     frames = aggregate.build_frames(paths, {}, specs={"capacity": spec})

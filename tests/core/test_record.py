@@ -10,7 +10,9 @@ from conftest import REPO
 from records import fake_result, write_result
 
 from speedsplit.core.record import (
+    JobSpec,
     ResultError,
+    StackDef,
     json_schema,
     parse_result,
     read_result,
@@ -56,13 +58,35 @@ def test_an_unknown_key_or_a_wrong_type_is_refused_with_its_place():
         parse_result({**data, "status": None})
 
 
+def _as_version_2(v3: dict) -> dict:
+    """A version 3 record as version 2 wrote it: the cell as `params`, a few stack fields as `stack_def`."""
+    v2 = {k: v for k, v in v3.items() if k != "job"}
+    stack_def = {k: v3["job"]["stack"][k] for k in StackDef.model_fields}
+    return {**v2, "schema_version": 2, "params": v3["job"]["cell"], "stack_def": stack_def}
+
+
+def test_a_result_embeds_its_job_file_whole():
+    """A result's `job` is the job file's JobSpec: the stack with its command line, the cell, the run."""
+    res = fake_result("vllm-fp16", 8, 1, 100.0)
+    job = JobSpec.model_validate(to_json(res)["job"])
+    assert job.stack.args == ["{python}"] and job.cell.users == 8 and job.run == 1
+
+
+def test_a_version_2_result_is_upgraded():
+    v3 = to_json(fake_result("vllm-fp16", 8, 1, 100.0))
+    res = parse_result(_as_version_2(v3))
+    assert res.schema_version == 3 and isinstance(res.job.stack, StackDef) and res.job.run == 1
+    assert to_json(res)["job"]["cell"] == v3["job"]["cell"] and res.job.stack.platform == "cpu"
+
+
 def test_a_version_1_result_is_upgraded():
-    v2 = to_json(fake_result("hf-fp16", 8, 0, None, status="error"))
+    v2 = _as_version_2(to_json(fake_result("hf-fp16", 8, 0, None, status="error")))
     v1 = {k: v for k, v in v2.items() if k not in ("session_key", "model_shape", "server", "error")}
     v1.update(schema_version=1, session="tiny/hf-fp16/tp1/all", model_config={"hidden_size": 128}, summary={})
     res = parse_result(v1)
-    assert res.schema_version == 2 and res.session_key == "tiny/hf-fp16/tp1/all"
+    assert res.schema_version == 3 and res.session_key == "tiny/hf-fp16/tp1/all"
     assert res.summary is None and res.server is None and res.model_shape.hidden_size == 128
+    assert res.job.cell.cell == "u8-wide-greedy"
 
 
 EVIDENCE_RESULTS = sorted((REPO / "docs/evidence").rglob("run*.json"))

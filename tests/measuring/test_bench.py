@@ -76,9 +76,10 @@ def _skipped_level(tmp_path, tiny_model, **kw):
     from speedsplit.planning.plan import SessionPlan
 
     cfg = C.load(REPO / "config/config.yaml")
-    stack = C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
+    stack = kw.pop("stack", None) or C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
     cell = C.cell_params(cfg, C.cells(cfg)[0])
     cell.update(capacity_below=["u2-wide-greedy", "u4-wide-greedy"], capacity_stop_after=2, cell="u8-wide-greedy")
+    cell = kw.pop("cell", cell)
     for users in (2, 4):
         write_result(
             tmp_path / f"u{users}-wide-greedy/run0.json", fake_result("vllm-fp16", users, 0, None, "server_died")
@@ -87,8 +88,7 @@ def _skipped_level(tmp_path, tiny_model, **kw):
         "t/vllm-fp16/tp1/run0", str(tmp_path / "s.log"), str(tmp_path / "c"), "other", 60.0, 60.0, 60.0, 60.0, 60.0
     )
     args = dict(
-        stack=stack,
-        cell=cell,
+        job={"stack": stack, "cell": cell, "run": 0},
         run=0,
         session=plan,
         model_dir=tiny_model,
@@ -135,8 +135,8 @@ def test_a_job_file_with_keys_of_another_version_is_an_error_result(tmp_path, ti
     assert res.status == "error" and "rate_rps" in res.error.message and read_result(path).status == "error"
     stack = {**C.stack_params(cfg, "tiny", "vllm-fp16", "tp1"), "gpu_arch": "sm90"}
     res, path = _skipped_level(tmp_path / "stack", tiny_model, stack=stack)
-    assert res.status == "error" and "stack: ['gpu_arch']" in res.error.message
-    assert read_result(path).stack_def.variant == "fp16"  # recorded without it
+    assert res.status == "error" and "stack: gpu_arch" in res.error.message
+    assert read_result(path).job.stack.variant == "fp16"  # recorded without it
 
 
 @pytest.mark.slow

@@ -39,7 +39,7 @@ def test_a_cell_of_one_name_but_another_load_on_each_side_is_said(tmp_path):
     b = write_side(tmp_path / "b", {"hf-fp16": 100.0, "vllm-fp16": 1500.0})
     for path in (b / "bench/tiny/vllm-fp16").rglob("run*.json"):
         res = read_result(path)
-        res.params.requests_per_user = 8
+        res.job.cell.requests_per_user = 8
         write_result(path, res)
     said = compare.compare(a, b, CHAINS, tmp_path / "out")
     warning = (

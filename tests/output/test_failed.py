@@ -14,7 +14,7 @@ def bench_tree(root: Path) -> dict[int, Path]:
     paths = {}
     for users, status in ((16, "ok"), (32, "server_died"), (64, "skipped")):
         res = fake_result("vllm-fp16", users, 0, 100.0 if status == "ok" else None, status=status)
-        res.params.capacity_below = [f"u{u}-wide-greedy" for u in (16, 32) if u < users]
+        res.job.cell.capacity_below = [f"u{u}-wide-greedy" for u in (16, 32) if u < users]
         path = root / "bench/tiny/vllm-fp16/tp1" / f"u{users}-wide-greedy" / "run0.json"
         paths[users] = write_result(path, res)
         path.with_name("run0.requests.jsonl").write_text(f'{{"user": {users}}}\n')

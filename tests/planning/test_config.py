@@ -163,7 +163,7 @@ def test_a_job_file_holds_no_secret_the_environment_has(tmp_path, monkeypatch):
 
     monkeypatch.setenv("HF_TOKEN", "hf_PlantedJobFileToken0123456789")
     stack = {"stack": "s", "args": ["--x", "hf_PlantedJobFileToken0123456789"], "env": {"U": "http://a:b1b2b3@h/"}}
-    write_job_file(tmp_path / "job.json", stack, {"cell": "c"})
+    write_job_file(tmp_path / "job.json", {"stack": stack, "cell": {"cell": "c"}, "run": 0})
     text = (tmp_path / "job.json").read_text()
     assert "hf_Planted" not in text and "b1b2b3" not in text and "<HF_TOKEN>" in text
 

@@ -55,7 +55,7 @@ def test_measured_rates_and_start_ups_come_first(ci, tmp_path):
 
 def test_results_of_the_other_platform_are_not_used(ci, tmp_path):
     res = fake_result("hf-fp16", 4, 0, 500.0, workload="ci-wide")
-    res.stack_def.platform = "cuda"
+    res.job.stack = res.job.stack.model_copy(update={"platform": "cuda"})
     write_result(tmp_path / "r.json", res)
     est = E.job_estimates(ci, results=str(tmp_path / "*.json"))
     assert {e.source for e in est} == {"configured"}
@@ -141,7 +141,8 @@ def test_a_vllm_session_after_one_that_filled_its_compile_cache_starts_warm(tmp_
     first = [e for e in two if e.start_s and e.job.stack == "vllm-fp16" and e.job.run == 0]
     assert first and all(e.start_s == 200 for e in first)
     res = fake_result("vllm-fp16", 64, 0, 6000.0, workload="h200-wide")
-    res.model, res.topology, res.stack_def.platform = "llama-3.1-8b", "tp1", "cuda"
+    res.model, res.topology = "llama-3.1-8b", "tp1"
+    res.job.stack = res.job.stack.model_copy(update={"platform": "cuda"})
     res.engine.compile_cache, res.server.startup_s = "warm", 64.0
     write_result(tmp_path / "warm.json", res)
     est = E.job_estimates(cfg, results=str(tmp_path / "*.json"))

@@ -99,8 +99,7 @@ def run_cell(tmp_path, stack, cell_params, model_dir, tokenizer_dir, key, last_i
         if k in kw
     }
     return bench.measure(
-        stack=stack,
-        cell=cell_params,
+        job={"stack": stack, "cell": cell_params, "run": 0},
         run=0,
         session=session_plan(tmp_path, key, stack, cell_params, last_in_session, **timeouts),
         model_dir=model_dir,
@@ -262,8 +261,7 @@ def test_a_bytecode_file_a_full_disk_cut_short_fails_one_start_and_is_rebuilt_by
         sp = session_plan(tmp_path, key, stack, cell(cfg), startup_timeout_s=startup_timeout_s)
         sp = dataclasses.replace(sp, shared_cache_dir=str(shared))
         return bench.measure(
-            stack=stack,
-            cell=cell(cfg),
+            job={"stack": stack, "cell": cell(cfg), "run": 0},
             run=0,
             session=sp,
             model_dir=tiny_model,
@@ -290,7 +288,7 @@ def test_a_cell_planned_for_cuda_on_a_node_without_one(cfg, tmp_path, tiny_model
     stack = C.stack_params({**cfg, "platform": "cuda"}, "tiny", "hf-fp16", "tp1")
     res = run_cell(tmp_path, stack, cell(cfg), tiny_model, tiny_model, "faults/platform/run0")
     assert res.status != "ok" and res.summary is None
-    assert res.stack_def.platform == "cuda" and res.provenance.hardware.platform == "cpu"
+    assert res.job.stack.platform == "cuda" and res.provenance.hardware.platform == "cpu"
     assert res.flags == ["platform_mismatch"]
     assert read_result(tmp_path / "r.json").flags == ["platform_mismatch"]
 
@@ -489,7 +487,7 @@ session = plan.SessionPlan(key={key!r}, log=str(t / "session.log"), cache_dir=st
                            last_job=plan.BenchJob("tiny", "hf-fp16", "tp1", cell["cell"], 0).result,
                            idle_timeout_s=120.0, lease_timeout_s=3600.0, startup_timeout_s=300.0,
                            request_timeout_s=600.0, stall_timeout_s=120.0)
-bench.measure(stack=stack, cell=cell, run=0, session=session, model_dir={model!r},
+bench.measure(job={{"stack": stack, "cell": cell, "run": 0}}, run=0, session=session, model_dir={model!r},
               tokenizer_dir={model!r}, out_json=t / "r.json", out_requests=t / "r.requests.jsonl",
               owner=procs.me(), progress=progress,
               workdir=os.getcwd())

@@ -45,7 +45,7 @@ def test_each_fault_is_flagged_with_its_cause_and_kept_out_of_every_number(fault
             assert res.summary.latency_outliers >= 1 and res.summary.failed == 0
         if res.stack == "ref-usage":
             assert res.summary.usage_mismatch == res.summary.completed
-            assert res.summary.output_tokens == res.summary.completed * res.params.output_tokens  # from the stream
+            assert res.summary.output_tokens == res.summary.completed * res.job.cell.output_tokens  # from the stream
     assert causes["ref-error"] == {"http_500"} and causes["ref-drop"] == {"connection"}
     # nothing of them reaches a number: the chain of faults is not decomposed, each reason said
     answer = read_frame(wd / "results/tables/answer.parquet")

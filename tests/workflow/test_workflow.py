@@ -35,7 +35,7 @@ def test_every_result_is_complete_and_honest(workdir):
         assert s.output_tok_s > 0
         assert res.provenance.versions["transformers"]
         requests = path.with_name(path.stem + ".requests.jsonl").read_text().splitlines()
-        assert len(requests) == s.requests + res.params.users * res.params.warmup_requests
+        assert len(requests) == s.requests + res.job.cell.users * res.job.cell.warmup_requests
         tel = res.telemetry  # vLLM CPU's real /metrics; no GPU here, no /metrics on the HF server
         assert tel.gpu is None and tel.gpu_absent == "no GPU: the run was on the CPU"
         if res.stack.startswith("vllm") and tel.server is None:
