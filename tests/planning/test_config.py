@@ -252,3 +252,23 @@ def test_bad_trace_settings_fail_in_one_line(trace, message):
     with pytest.raises(C.ConfigError, match=message) as err:
         C.validate(raw)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["config/config.yaml", "tests/config/ci.yaml", "tests/config/truth.yaml"])
+def test_every_job_of_a_config_is_a_job_spec_its_file_reads_back(tmp_path, name):
+    """The job file is a JobSpec's JSON (workflow_scripts/job_file.py): every stack and cell a
+    config resolves is one, with no key its types do not know, and reads back as written. A job
+    file written before the run was in it (stack and cell only) reads too."""
+    from speedsplit.core.results import write_job_file
+    from speedsplit.core.specs import JobSpec, read_job
+    from speedsplit.planning.plan import bench_jobs
+
+    cfg = C.load(REPO / name)
+    for j in bench_jobs(cfg):
+        stack = C.stack_params(cfg, j.model, j.stack, j.topology)
+        cell = C.cell_params(cfg, C.cell_by_name(cfg, j.cell))
+        job = JobSpec(stack=stack, cell=cell, run=j.run)
+        write_job_file(tmp_path / "job.json", job.model_dump(mode="json"))
+        assert read_job(tmp_path / "job.json", j.run) == (job, [])
+    write_job_file(tmp_path / "old.json", {"stack": stack, "cell": cell})
+    assert read_job(tmp_path / "old.json", 1) == (job.model_copy(update={"run": 1}), [])
