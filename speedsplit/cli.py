@@ -4,7 +4,9 @@ Snakemake runs the measurements (`snakemake --cores all --resources gpu=4`); the
 answer around it: how long a grid takes before it runs, what a run found, which runs failed
 (and re-measure them), tables and report for results gathered on another machine. Flags are
 named alike across commands and like Snakemake's: `--configfile` (config files merged over the
-embedded default, in order) and `--results` (a workflow's results folder).
+embedded default, in order) and `--results` (a workflow's results folder). The commands that
+carry the workflow to a GPU host without network and its results back (bundle, host, pack) are
+speedsplit/cli_offline.py.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 from collections.abc import Callable
+
+from speedsplit import cli_offline
 
 RESULTS_HELP = "the workflow's results folder (default: results)"
 
@@ -164,13 +168,13 @@ def _ceiling_args(p):
 def _ceiling(args) -> int:
     from speedsplit.measuring import calibrate
     from speedsplit.output.compare import highest_measured
-    from speedsplit.serving import reference
+    from speedsplit.serving.reference_speed import Speed
 
     highest, source = args.highest_measured, "given"
     if highest is None:
         source = f"{args.results}/tables/cells.parquet"
         highest = highest_measured(source)
-    with calibrate.reference_server(reference.Speed(ttft_s=0.0, itl_s=0.0)) as url:
+    with calibrate.reference_server(Speed(ttft_s=0.0, itl_s=0.0)) as url:
         top = calibrate.ceiling(url, args.users, args.output_tokens, args.requests_per_user)
     print(f"load generator ceiling: {top:.0f} output tok/s ({args.users} users x {args.output_tokens} tokens)")
     if highest:
@@ -224,22 +228,6 @@ def _schema(args) -> int:
     return 0
 
 
-def _pack_args(p):
-    p.add_argument("--results", required=True, metavar="DIR", help="a results folder to make compact (evidence)")
-
-
-def _pack(args) -> int:
-    from pathlib import Path
-
-    from speedsplit.core.requestlog import pack
-
-    found = sorted(p for p in Path(args.results).rglob("run*.requests.jsonl*") if p.suffix in (".jsonl", ".gz"))
-    before = sum(p.stat().st_size for p in found)
-    after = sum(pack(p).stat().st_size for p in found)
-    print(f"{len(found)} request files: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB, every record read back equal")
-    return 0
-
-
 def _fidelity_args(p):
     p.add_argument("--url", required=True, help="a running vLLM server's base URL")
     p.add_argument("--model", required=True, help="the served model name")
@@ -266,60 +254,6 @@ def _fidelity(args) -> int:
     )
     for key, ratio in fidelity.ratios(rows).items():
         print(f"{key}: speedsplit / vllm bench serve = {ratio:.4f} (medians over {args.reps} repetitions)")
-    return 0
-
-
-def _bundle_args(p):
-    p.add_argument("--requirements", default="requirements/gpu.txt", help="what the host must be able to run")
-    p.add_argument("--have", metavar="FREEZE", help="the host's `pip freeze`: what it has already")
-    p.add_argument("--python-version", default="3.12", help="the host's Python (major.minor)")
-    p.add_argument("--out", default="bundle", help="the folder to write (parts, SHA256SUMS, install.py)")
-    p.add_argument("--part-mib", type=float, default=58.0, help="the largest part, in MiB")
-    p.add_argument("--omit", metavar="FILE", help="'package: why' lines: left out on purpose (fnmatch patterns)")
-    p.add_argument("--find-links", action="append", default=[], metavar="DIR", help="wheels built elsewhere")
-    p.add_argument("--lock", metavar="FILE", help="name==version pins taken where a requirement allows them")
-
-
-def _bundle(args) -> int:
-    from speedsplit.offline import bundle
-
-    target = bundle.Target(args.python_version, find_links=tuple(args.find_links))
-    bundle.build(args.requirements, args.out, target, args.have, args.part_mib, args.omit, args.lock)
-    return 0
-
-
-def _host_args(p):
-    p.add_argument("action", choices=["install", "run", "status"], help="install a bundle; run steps; how they stand")
-    p.add_argument("--bundle", help="install: the bundle's folder")
-    p.add_argument("--target", help="install: into this folder (put it on PYTHONPATH) instead of this Python")
-    p.add_argument(
-        "--rehearse", action="store_true", help="install: into --target for the bundle's Python, from another"
-    )
-    p.add_argument("--steps", help="run: the file whose 'steps:' to run (an evidence folder's evidence.yaml)")
-    p.add_argument("--project", default=".", help="run, status: the workflow's folder (the bundle's project)")
-    p.add_argument("--site", help="run: the folder the bundle was installed into (--target)")
-    p.add_argument("--pack", metavar="OUT", help="status: also write the results so far to OUT/results.tar.gz")
-
-
-def _host(args) -> int:
-    from speedsplit.core.errors import UserError
-    from speedsplit.offline import host, steps
-
-    if args.action == "install":
-        if not args.bundle:
-            raise UserError("speedsplit host install needs --bundle DIR")
-        try:
-            host.install(args.bundle, args.target, args.rehearse)
-        except host.BundleError as exc:
-            raise UserError(str(exc)) from None
-    elif args.action == "run":
-        if not args.steps:
-            raise UserError("speedsplit host run needs --steps FILE")
-        steps.start(args.steps, args.project, args.site)
-    else:
-        print("\n".join(steps.status_lines(args.project)))
-        if args.pack:
-            print(f"packed: {steps.pack(args.project, args.pack)}")
     return 0
 
 
@@ -364,17 +298,7 @@ COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
         _fidelity_args,
         _fidelity,
     ),
-    "bundle": (
-        "What must travel to a GPU host without network? (the wheels it lacks, in checked parts)",
-        _bundle_args,
-        _bundle,
-    ),
-    "host": ("On that host: install a bundle, run an evidence folder's steps, see how they stand", _host_args, _host),
-    "pack": (
-        "How do results travel and get committed small? (request records as columnar parquet, lossless)",
-        _pack_args,
-        _pack,
-    ),
+    **cli_offline.COMMANDS,
 }
 PASSTHROUGH = {
     "loadgen": (

@@ -25,7 +25,7 @@ from speedsplit.core.record import RunResult, read_result, to_json
 from speedsplit.core.requestlog import RequestRecord, read_requests, requests_path
 from speedsplit.core.results import write_json_atomic, write_lines_atomic
 from speedsplit.probes import loadgen, slo
-from speedsplit.serving import reference
+from speedsplit.serving import reference, reference_speed
 
 RUN_TOLERANCE = 0.02  # a run's numbers within 2% of the truth
 FACTOR_TOLERANCE = 0.01  # a factor within 1%
@@ -85,11 +85,11 @@ def true_records(result: RunResult, measured: list[RequestRecord], speed: refere
         arrivals = [
             (r.due, r.asked_prompt_tokens or p.prompt_tokens, r.asked_output_tokens or p.output_tokens) for r in mine
         ]
-        truth = reference.expected(speed, arrivals=arrivals)
+        truth = reference_speed.expected(speed, arrivals=arrivals)
     else:
         by = {
             (e.user, e.index): e
-            for e in reference.expected(
+            for e in reference_speed.expected(
                 speed,
                 users=p.users,
                 requests_per_user=p.requests_per_user,

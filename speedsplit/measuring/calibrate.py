@@ -22,7 +22,7 @@ from pathlib import Path
 from speedsplit.core.record import Calibration, CalibrationLevel
 from speedsplit.core.results import _cpu_model, write_json_atomic
 from speedsplit.probes import loadgen, slo
-from speedsplit.serving import reference
+from speedsplit.serving import reference, reference_speed
 from speedsplit.serving.stacks import HOST
 
 # The reference server the offsets are measured against: slow enough that its own timing is
@@ -83,7 +83,7 @@ def level(url: str, users: int, speed: reference.Speed = SPEED) -> CalibrationLe
         raise RuntimeError(f"calibration at {users} users: {summary.failed} requests failed ({summary.failures})")
     first, whole = speed.first_token_s(PROMPT_TOKENS), speed.service_s(PROMPT_TOKENS, OUTPUT_TOKENS)
     e2e = sorted(r.end - r.sent - whole for r in ok)
-    truth = reference.expected(
+    truth = reference_speed.expected(
         speed, users=users, requests_per_user=per_user, prompt_tokens=PROMPT_TOKENS, output_tokens=OUTPUT_TOKENS
     )
     true_tok_s = sum(t.output_tokens for t in truth) / max(t.end for t in truth)

@@ -3,7 +3,9 @@ defaults (speedsplit/planning/schema.yaml, the one place a default lives), check
 and every cross-reference. What the config then describes (cells, stacks, specs) is
 speedsplit/planning/grid.py, read through this module.
 
-Every error is one line naming the key path and what was expected (ConfigError).
+Every error is one line naming the key path and what was expected (ConfigError). What serving
+the models needs beyond the config (checkpoints, weight formats, llama.cpp's tools) is checked
+in speedsplit/planning/model_checks.py.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from speedsplit.planning.grid import (  # noqa: F401 (re-exported: callers read 
     topology_gpus,
     trace_window,
 )
+from speedsplit.planning.model_checks import check_formats, check_own_weights
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema.yaml"
 # The embedded default experiment (a tiny synthesised model on CPU), beside the Snakefile.
@@ -210,7 +213,7 @@ def _check_references(config: dict) -> None:
         entry = config["models"][model]
         if entry["source"] == "hub" and not entry["repo"]:
             raise ConfigError(f"config error at models.{model}.repo: a hub model needs a repo id")
-        _check_own_weights(config, model, entry)
+        check_own_weights(config, model, entry)
         for wname in {c.workload for c in cells(config) if not c.trace}:
             w = workloads[wname]
             if w["prompt_tokens"] + w["output_tokens"] > entry["max_model_len"]:
@@ -219,96 +222,12 @@ def _check_references(config: dict) -> None:
                     f"{w['prompt_tokens'] + w['output_tokens']} exceeds models.{model}.max_model_len "
                     f"({entry['max_model_len']})"
                 )
-    _check_formats(config)
+    check_formats(config)
     _check_traffic(config)
     _check_coordination(config)
     _check_factorial(config)
     _check_report(config)
     _check_capacity(config)
-
-
-def _check_own_weights(config: dict, model: str, entry: dict) -> None:
-    """A local folder and pre-quantized checkpoints: there, complete, and what the config says."""
-    from speedsplit.models.checkpoint import ModelError
-    from speedsplit.models.local import inspect_local, inspect_quantized
-
-    if entry["source"] == "local" and not entry["path"]:
-        raise ConfigError(f"config error at models.{model}.path: a local model needs the folder's path")
-    if entry["path"] and entry["source"] != "local":
-        raise ConfigError(f"config error at models.{model}.path: a path is for source local, not {entry['source']}")
-    try:
-        if entry["path"]:
-            inspect_local(entry["path"])
-    except ModelError as exc:
-        raise ConfigError(f"config error at models.{model}.path: {exc}") from None
-    q = config["quantization"]
-    for method, path in entry["prequantized"].items():
-        if not path:
-            continue
-        if q["method"] == "dummy":
-            raise ConfigError(
-                f"config error at models.{model}.prequantized.{method}: quantization.method dummy writes its "
-                "own INT4 config; a checkpoint is used with method gptqmodel"
-            )
-        try:
-            inspect_quantized(path, method, q["bits"], q["group_size"])
-        except ModelError as exc:
-            raise ConfigError(f"config error at models.{model}.prequantized.{method}: {exc}") from None
-
-
-def _check_formats(config: dict) -> None:
-    """A weight format the platform cannot make or run: one line at config time."""
-    platform = platform_of(config)
-    _check_llama_cpp(config)
-    for stack in bench_stacks(config):
-        variant = config["stacks"][stack]["variant"]
-        if variant == "fp8" and platform != "cuda":
-            raise ConfigError(
-                f"config error at stacks.{stack}.variant: fp8 (vLLM's dynamic W8A8) needs a CUDA card with FP8 "
-                f"units (Ada, Hopper or newer); this config's platform is {platform}"
-            )
-        if variant != "awq":
-            continue
-        for model in bench_models(config):
-            if config["models"][model]["prequantized"].get("awq"):
-                continue
-            if config["quantization"]["method"] == "dummy":
-                raise ConfigError(
-                    f"config error at quantization.method: dummy writes GPTQ configs only; stack {stack} serves "
-                    f"AWQ (use gptqmodel, or give models.{model}.prequantized.awq)"
-                )
-
-
-def _check_llama_cpp(config: dict) -> None:
-    """What a llama.cpp stack needs, said when the config is read: a model whose tokenizer
-    llama.cpp can read, the server binary, and the converter (also what a gpt2 tokenizer is
-    read from)."""
-    from speedsplit.models import gguf
-    from speedsplit.models.checkpoint import ModelError
-
-    stacks = {s: config["stacks"][s] for s in bench_stacks(config)}
-    gguf_stacks = [s for s, st in stacks.items() if st["variant"] == "gguf"]
-    synthetic = {m: config["models"][m] for m in bench_models(config) if config["models"][m]["source"] == "synthetic"}
-    for stack in gguf_stacks:
-        for model, entry in synthetic.items():
-            if entry["tokenizer"] != "gpt2":
-                raise ConfigError(
-                    f"config error at models.{model}.tokenizer: stack {stack} serves it through llama.cpp, "
-                    f"which cannot read the {entry['tokenizer']} tokenizer: set tokenizer: gpt2"
-                )
-    for stack, st in stacks.items():
-        if any("{llama_server}" in a for a in st["args"]) and not gguf.server_binary():
-            raise ConfigError(
-                f"config error at stacks.{stack}.args: llama-server not found ({gguf.BUILD_HINT}, "
-                "or set SPEEDSPLIT_LLAMA_SERVER)"
-            )
-    needs = [f"stacks.{s}.variant: gguf" for s in gguf_stacks]
-    needs += [f"models.{m}.tokenizer: gpt2" for m, entry in synthetic.items() if entry["tokenizer"] == "gpt2"]
-    if needs:
-        try:
-            gguf.share()
-        except ModelError as exc:
-            raise ConfigError(f"config error at {needs[0]}: {exc}") from None
 
 
 def _check_coordination(config: dict) -> None:

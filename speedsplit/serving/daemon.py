@@ -24,6 +24,7 @@ from speedsplit.models.checkpoint import ModelError, check_model
 from speedsplit.probes import loadgen, telemetry
 from speedsplit.serving import lease as leases
 from speedsplit.serving import bytecode, serverlog, stacks
+from speedsplit.serving.compile_cache import compile_cache
 from speedsplit.serving.session import (
     DIED,
     READY,
@@ -71,7 +72,7 @@ def _daemon(launch_path: Path) -> int:
             )
             t_start = time.monotonic()
             log_path = Path(meta["log_path"])
-            cache = stacks.compile_cache(
+            cache = compile_cache(
                 shared,
                 Path(launch["cache_dir"]),
                 stack,

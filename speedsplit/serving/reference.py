@@ -10,9 +10,10 @@ gets exactly the tokens it asks for (`max_tokens`, or `max_new_tokens` of a tran
 `generation_config`), one token a chunk, and `usage` last; `stream_options.
 continuous_usage_stats` puts the running usage in every chunk, as vLLM does.
 
-What a load generator should measure against it is `expected` (a replay of the same rules);
-the faults make the cases a measurement must catch, each on every N-th request the server
-receives (counted from its start, warm-ups included):
+What a load generator should measure against it is `expected` (a replay of the same rules,
+kept with Speed and Faults in speedsplit/serving/reference_speed.py); the faults make the cases
+a measurement must catch, each on every N-th request the server receives (counted from its
+start, warm-ups included):
 
     --error-every N       answer HTTP 500 at once
     --drop-every N        cut the connection after half the tokens
@@ -29,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import heapq
 import json
 import os
 import socket
@@ -43,126 +43,10 @@ from aiohttp import web
 
 from speedsplit.core import apikey
 from speedsplit.core.awake import Awake
+from speedsplit.serving.reference_speed import Faults, Speed
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default when a request names none
 STATE = web.AppKey("reference", object)
-
-
-@dataclass(frozen=True)
-class Speed:
-    """The server's timing, set by hand (seconds)."""
-
-    ttft_s: float = 0.25
-    itl_s: float = 0.01
-    prefill_tok_s: float = 0.0  # prompt tokens a second before the first token (0: free)
-    max_concurrency: int = 0  # requests served at once; the rest wait in line (0: no cap)
-
-    def first_token_s(self, prompt_tokens: int) -> float:
-        """From a request's slot to its first token."""
-        return self.ttft_s + (prompt_tokens / self.prefill_tok_s if self.prefill_tok_s else 0.0)
-
-    def service_s(self, prompt_tokens: int, output_tokens: int) -> float:
-        """From a request's slot to its last token."""
-        return self.first_token_s(prompt_tokens) + self.itl_s * max(0, output_tokens - 1)
-
-
-@dataclass(frozen=True)
-class Faults:
-    """What goes wrong, on every N-th request received (0: never)."""
-
-    error_every: int = 0
-    drop_every: int = 0
-    short_every: int = 0
-    short_fraction: float = 0.5
-    stall_every: int = 0
-    stall_s: float = 0.0
-    usage_factor: float = 1.0
-
-    def of(self, k: int) -> str | None:
-        """The fault request number k (1-based) meets, if any (error before drop, short, stall)."""
-        for name, every in (
-            ("error", self.error_every),
-            ("drop", self.drop_every),
-            ("short", self.short_every),
-            ("stall", self.stall_every),
-        ):
-            if every and k % every == 0:
-                return name
-        return None
-
-
-# --- what a client should measure -----------------------------------------------------------
-
-
-@dataclass
-class Expected:
-    """One request as a perfect client would see it (seconds from the phase's start)."""
-
-    sent: float
-    first_token: float
-    end: float
-    prompt_tokens: int
-    output_tokens: int
-    user: int = 0  # closed loop: who sent it, and its place among that user's requests
-    index: int = 0  # open loop: its place in the arrivals given
-
-    @property
-    def ttft_s(self) -> float:
-        return self.first_token - self.sent
-
-    @property
-    def e2e_s(self) -> float:
-        return self.end - self.sent
-
-    @property
-    def tpot_s(self) -> float | None:
-        n = self.output_tokens
-        return (self.end - self.first_token) / (n - 1) if n > 1 else None
-
-
-def expected(
-    speed: Speed,
-    *,
-    users: int = 1,
-    requests_per_user: int = 1,
-    prompt_tokens: int = 0,
-    output_tokens: int = 1,
-    ramp_s: float = 0.0,
-    arrivals: list[tuple[float, int, int]] | None = None,
-) -> list[Expected]:
-    """Every request of a measured phase on a fresh, idle server, as the server's rules make
-    it: closed loop (`users` each sending `requests_per_user` back to back, user u joining at
-    u * ramp_s / users) or, given `arrivals` (due time, prompt tokens, output tokens), open
-    loop (in the order given). Slots go first come, first served, as the server gives them;
-    the closed loop's requests come in the order they were sent."""
-    cap = speed.max_concurrency or 10**9
-    free = [0.0] * min(cap, max(users, len(arrivals or []), 1))  # when each slot frees up
-    heapq.heapify(free)
-    if arrivals is not None:
-        served = {}
-        for k in sorted(range(len(arrivals)), key=lambda k: arrivals[k][0]):
-            due, p, n = arrivals[k]
-            served[k] = _serve(speed, free, due, p, n, 0, k)
-        return [served[k] for k in range(len(arrivals))]
-    # closed loop: the next request of whichever user is ready first goes next
-    out: list[Expected] = []
-    ready = [(u * ramp_s / users if users else 0.0, u, 0) for u in range(users)]
-    heapq.heapify(ready)
-    while ready:
-        t, u, i = heapq.heappop(ready)
-        r = _serve(speed, free, t, prompt_tokens, output_tokens, u, i)
-        out.append(r)
-        if i + 1 < requests_per_user:
-            heapq.heappush(ready, (r.end, u, i + 1))
-    return out
-
-
-def _serve(speed: Speed, free: list[float], sent: float, p: int, n: int, user: int, index: int) -> Expected:
-    start = max(sent, heapq.heappop(free))
-    first = start + speed.first_token_s(p)
-    end = start + speed.service_s(p, n)
-    heapq.heappush(free, end)
-    return Expected(sent=sent, first_token=first, end=end, prompt_tokens=p, output_tokens=n, user=user, index=index)
 
 
 # --- the server --------------------------------------------------------------------------------

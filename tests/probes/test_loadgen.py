@@ -7,12 +7,14 @@ from aiohttp import web
 from speedsplit.core.requestlog import RequestRecord
 from speedsplit.planning import config as C
 from speedsplit.probes import loadgen
+from speedsplit.probes.loadspec import REQUEST_FORMATS, request_body
 from speedsplit.serving import reference
+from speedsplit.serving.reference_speed import Speed
 
 
 def make_app(delay_s: float, received: list | None = None):
     """A reference server that streams at once, then one token each delay_s."""
-    return reference.make_app(reference.Speed(ttft_s=0.0, itl_s=delay_s), received=received)
+    return reference.make_app(Speed(ttft_s=0.0, itl_s=delay_s), received=received)
 
 
 def serve_in_thread(app):
@@ -65,28 +67,28 @@ def test_closed_loop_counts_every_request_and_token(server_url):
 
 def test_request_bodies_force_the_output_length():
     s = spec("http://x", temperature=0.7, top_p=0.9)
-    v = loadgen.request_body(s, "p", seed=3)
+    v = request_body(s, "p", seed=3)
     assert v["ignore_eos"] is True and v["min_tokens"] == v["max_tokens"] == 5 and v["seed"] == 3
     s.dialect = "transformers"
-    t = loadgen.request_body(s, "p", seed=3)
+    t = request_body(s, "p", seed=3)
     assert "ignore_eos" not in t and "min_tokens" not in t
     gen = json.loads(t["generation_config"])
     assert gen == {"max_new_tokens": 5, "min_new_tokens": 5, "do_sample": True, "temperature": 0.7, "top_p": 0.9}
     s.temperature = 0.0
-    assert json.loads(loadgen.request_body(s, "p", 0)["generation_config"])["do_sample"] is False
+    assert json.loads(request_body(s, "p", 0)["generation_config"])["do_sample"] is False
     s.dialect = "llamacpp"
-    ll = loadgen.request_body(s, "p", 0)
+    ll = request_body(s, "p", 0)
     assert ll["timings_per_token"] is True and ll["ignore_eos"] is True and "seed" not in ll
     assert ll["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     s.dialect = "openai"
     with pytest.raises(ValueError, match="unknown request dialect 'openai' \\(known: vllm, llamacpp, transformers\\)"):
-        loadgen.request_body(s, "p", 0)
+        request_body(s, "p", 0)
 
 
 def test_every_dialect_the_config_accepts_has_a_request_format():
     schema = C.load_schema()
     stack = schema["properties"]["stacks"]["additionalProperties"]["properties"]
-    assert stack["dialect"]["enum"] == list(loadgen.REQUEST_FORMATS)
+    assert stack["dialect"]["enum"] == list(REQUEST_FORMATS)
 
 
 def test_wrong_output_length_is_counted(server_url):
@@ -228,7 +230,7 @@ def test_a_connection_idle_past_the_idle_limit_is_not_reused():
         ports.append(request.transport.get_extra_info("peername")[1])
         return await handler(request)
 
-    app = reference.make_app(reference.Speed(ttft_s=0.3, itl_s=0.001, max_concurrency=1))
+    app = reference.make_app(Speed(ttft_s=0.3, itl_s=0.001, max_concurrency=1))
     app.middlewares.append(peer)
     url = reference.serve_in_thread(app)
     for idle_close_s, connections in ((4.0, 2), (0.15, 3)):

@@ -13,11 +13,12 @@ import pytest
 from speedsplit.core import apikey
 from speedsplit.probes import loadgen
 from speedsplit.serving import reference as R
+from speedsplit.serving.reference_speed import Faults, Speed, expected
 
 
 def test_a_closed_loop_under_a_cap_waits_its_turn():
-    speed = R.Speed(ttft_s=0.1, itl_s=0.01, max_concurrency=2)
-    got = R.expected(speed, users=4, requests_per_user=1, prompt_tokens=8, output_tokens=11)
+    speed = Speed(ttft_s=0.1, itl_s=0.01, max_concurrency=2)
+    got = expected(speed, users=4, requests_per_user=1, prompt_tokens=8, output_tokens=11)
     service = 0.1 + 10 * 0.01
     assert [round(e.first_token, 9) for e in got] == [0.1, 0.1, round(service + 0.1, 9), round(service + 0.1, 9)]
     assert max(e.end for e in got) == pytest.approx(2 * service)
@@ -26,15 +27,15 @@ def test_a_closed_loop_under_a_cap_waits_its_turn():
 
 
 def test_prefill_and_open_loop_arrivals_keep_their_order():
-    speed = R.Speed(ttft_s=0.1, itl_s=0.01, prefill_tok_s=1000)
-    got = R.expected(speed, arrivals=[(0.5, 100, 2), (0.0, 300, 3)])
+    speed = Speed(ttft_s=0.1, itl_s=0.01, prefill_tok_s=1000)
+    got = expected(speed, arrivals=[(0.5, 100, 2), (0.0, 300, 3)])
     assert [e.index for e in got] == [0, 1]  # in the order given
     assert got[0].ttft_s == pytest.approx(0.2) and got[1].ttft_s == pytest.approx(0.4)
     assert got[1].end == pytest.approx(0.4 + 2 * 0.01)
 
 
 def test_its_command_line_says_its_speed_and_faults():
-    speed, faults = R.Speed(0.3, 0.02, 500.0, 4), R.Faults(stall_every=5, stall_s=2.0, usage_factor=2.0)
+    speed, faults = Speed(0.3, 0.02, 500.0, 4), Faults(stall_every=5, stall_s=2.0, usage_factor=2.0)
     argv = ["python", "-m", "speedsplit.serving.reference", "--port", "1", *R.argv(speed, faults)]
     assert R.parse_argv(argv) == (speed, faults)
     assert R.parse_argv(["python", "-m", "vllm.entrypoints.openai.api_server"]) is None
@@ -57,7 +58,7 @@ def _stream(url: str, body: dict, path: str = "/v1/completions") -> list[dict]:
 
 @pytest.fixture(scope="module")
 def quick():
-    return R.serve_in_thread(R.make_app(R.Speed(ttft_s=0.0, itl_s=0.001), R.Faults(usage_factor=2.0)))
+    return R.serve_in_thread(R.make_app(Speed(ttft_s=0.0, itl_s=0.001), Faults(usage_factor=2.0)))
 
 
 def test_it_streams_exactly_the_tokens_asked_for_and_its_usage_says_what_it_is_told(quick):
@@ -90,7 +91,7 @@ def test_the_load_generator_counts_the_stream_and_flags_usage_that_disagrees(qui
     assert all(r.usage_tokens == 12 and r.output_tokens == 6 and r.stream_count == "running" for r in records)
     # without a running count (the transformers dialect asks for none) the chunks bound the claim
     # from below only: a server that claims fewer tokens than it streamed chunks is caught
-    under = R.serve_in_thread(R.make_app(R.Speed(ttft_s=0.0, itl_s=0.001), R.Faults(usage_factor=0.5)))
+    under = R.serve_in_thread(R.make_app(Speed(ttft_s=0.0, itl_s=0.001), Faults(usage_factor=0.5)))
     spec.urls, spec.dialect = [under], "transformers"
     s, records = loadgen.run(spec)
     assert s.usage_mismatch == 4 and s.output_tokens == 4 * 6
@@ -115,8 +116,8 @@ def test_a_stream_counted_by_chunks_bounds_usage_from_below_only():
 
 
 def test_each_fault_hits_every_nth_request():
-    faults = R.Faults(error_every=2, short_every=3, short_fraction=0.5)
-    url = R.serve_in_thread(R.make_app(R.Speed(ttft_s=0.0, itl_s=0.0), faults))
+    faults = Faults(error_every=2, short_every=3, short_fraction=0.5)
+    url = R.serve_in_thread(R.make_app(Speed(ttft_s=0.0, itl_s=0.0), faults))
     spec = loadgen.LoadSpec(
         urls=[url], model="m", prompts=["a"] * 8, users=1, prompt_tokens=1, output_tokens=8,
         requests_per_user=6, warmup_requests=0,
@@ -125,7 +126,7 @@ def test_each_fault_hits_every_nth_request():
     # requests 2, 4, 6 answer 500; 3 streams half its tokens (and says so)
     assert s.failures == {"http_500": 3} and s.wrong_output_length == 1
     assert sorted(r.output_tokens for r in records if r.ok) == [4, 8, 8]
-    drop = R.serve_in_thread(R.make_app(R.Speed(ttft_s=0.0, itl_s=0.001), R.Faults(drop_every=1)))
+    drop = R.serve_in_thread(R.make_app(Speed(ttft_s=0.0, itl_s=0.001), Faults(drop_every=1)))
     s, _ = loadgen.run(
         loadgen.LoadSpec(
             urls=[drop],
@@ -142,8 +143,8 @@ def test_each_fault_hits_every_nth_request():
 
 
 def test_a_stall_below_the_stall_timeout_is_a_latency_outlier():
-    faults = R.Faults(stall_every=4, stall_s=1.2)
-    url = R.serve_in_thread(R.make_app(R.Speed(ttft_s=0.01, itl_s=0.005), faults))
+    faults = Faults(stall_every=4, stall_s=1.2)
+    url = R.serve_in_thread(R.make_app(Speed(ttft_s=0.01, itl_s=0.005), faults))
     spec = loadgen.LoadSpec(
         urls=[url], model="m", prompts=["a b"] * 16, users=2, prompt_tokens=2, output_tokens=10,
         requests_per_user=4, warmup_requests=0, stall_timeout_s=5.0,
@@ -157,7 +158,7 @@ def test_a_stall_below_the_stall_timeout_is_a_latency_outlier():
 
 
 def test_its_metrics_show_what_it_runs_and_what_waits():
-    url = R.serve_in_thread(R.make_app(R.Speed(ttft_s=0.3, itl_s=0.01, max_concurrency=1)))
+    url = R.serve_in_thread(R.make_app(Speed(ttft_s=0.3, itl_s=0.01, max_concurrency=1)))
 
     async def go():
         async with aiohttp.ClientSession() as http:
@@ -176,7 +177,7 @@ def test_its_metrics_show_what_it_runs_and_what_waits():
 
 
 def test_the_load_generator_measures_it_within_a_few_milliseconds():
-    speed = R.Speed(ttft_s=0.05, itl_s=0.005)
+    speed = Speed(ttft_s=0.05, itl_s=0.005)
     url = R.serve_in_thread(R.make_app(speed))
     spec = loadgen.LoadSpec(
         urls=[url], model="m", prompts=["a b c"] * 20, users=2, prompt_tokens=3, output_tokens=11,
@@ -193,7 +194,7 @@ def test_with_an_api_key_it_refuses_a_request_without_it_and_the_load_generator_
     """benchmark.api_key (core/apikey.py): /v1/ wants the key, /health and /metrics stay open
     (as in vLLM); a load with the key is served, its record never shows the key."""
     key = apikey.new()
-    url = R.serve_in_thread(R.make_app(R.Speed(ttft_s=0.0, itl_s=0.001), api_key=key))
+    url = R.serve_in_thread(R.make_app(Speed(ttft_s=0.0, itl_s=0.001), api_key=key))
     body = json.dumps({"prompt": "a", "max_tokens": 1}).encode()
     for headers in ({}, apikey.headers("sk-wrong")):
         req = urllib.request.Request(url + "/v1/completions", data=body, headers=headers, method="POST")

@@ -9,6 +9,7 @@ import pytest
 
 from speedsplit.core import procs
 from speedsplit.serving import session as S
+from speedsplit.serving.session_state import TRANSITIONS
 
 
 @pytest.fixture()
@@ -32,7 +33,7 @@ def test_the_state_machine_has_final_states_for_attaching_cells(tmp_path, monkey
     for later in (S.READY, S.STARTING, S.DIED, S.STARTUP_FAILED):  # stopping is final for cells
         assert S.transition(sess, gen, later) is None
     assert S.transition(sess, gen, S.STOPPED)["state"] == S.STOPPED
-    assert S.TRANSITIONS[S.STOPPED] == set()
+    assert TRANSITIONS[S.STOPPED] == set()
     with S.attached(sess, gen) as held:
         assert held is None
     assert S.wait_ready(sess, gen, 1.0)["state"] == S.STOPPED  # wait_ready ends on final states

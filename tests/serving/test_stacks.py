@@ -7,6 +7,7 @@ from records import stack_spec
 
 from speedsplit.core import procs
 from speedsplit.serving import serverlog, stacks
+from speedsplit.serving.compile_cache import cache_args, compile_cache
 
 VLLM_GPU_LOG = """
 (EngineCore pid=1) INFO [core.py:133] Initializing a V1 LLM engine (v0.26.0) with config: model='m', dtype=torch.float16, quantization=gptq_marlin, enforce_eager=False
@@ -397,19 +398,19 @@ def test_sessions_that_build_the_same_thing_share_one_compile_cache_one_at_a_tim
     stack = stack_spec(args=["{python}", "-m", "vllm.entrypoints.openai.api_server"], platform="cuda")
     model = {"path": "/m", "digest": "abc"}
     shared, private = tmp_path / "shared", tmp_path / "session-a"
-    first = stacks.compile_cache(shared, private, stack, model)
+    first = compile_cache(shared, private, stack, model)
     assert first.dir.parent == shared and first.how == f"shared {first.dir.name}"
-    busy = stacks.compile_cache(shared, tmp_path / "session-b", stack, model)
+    busy = compile_cache(shared, tmp_path / "session-b", stack, model)
     assert busy.dir == tmp_path / "session-b" and busy.how.startswith("private: another session")
     first.release()
-    again = stacks.compile_cache(shared, tmp_path / "session-c", stack, model)
+    again = compile_cache(shared, tmp_path / "session-c", stack, model)
     assert again.dir == first.dir  # read back what the first one compiled
     again.release()
     longer = stack.model_copy(update={"args": stack.args + ["--max-num-seqs", "8"]})
-    other = stacks.compile_cache(shared, private, longer, model)
+    other = compile_cache(shared, private, longer, model)
     assert other.dir.parent == shared and other.dir != first.dir
     other.release()
-    assert stacks.compile_cache(shared, private, stack, {**model, "digest": "new"}).dir != first.dir
+    assert compile_cache(shared, private, stack, {**model, "digest": "new"}).dir != first.dir
 
 
 def test_flags_that_only_size_memory_or_switch_prefix_caching_share_a_compile_cache(tmp_path):
@@ -419,19 +420,19 @@ def test_flags_that_only_size_memory_or_switch_prefix_caching_share_a_compile_ca
     base = ["{python}", "-m", "vllm.entrypoints.openai.api_server", "--port", "{port}"]
     stack = stack_spec(args=base, platform="cuda")
     model, shared = {"path": "/m"}, tmp_path / "shared"
-    first = stacks.compile_cache(shared, tmp_path / "a", stack, model)
+    first = compile_cache(shared, tmp_path / "a", stack, model)
     first.release()
     for extra in (
         ["--no-enable-prefix-caching"],
         ["--gpu-memory-utilization", "0.5"],
         ["--kv-cache-memory-bytes=1000", "--enable-prefix-caching"],
     ):
-        again = stacks.compile_cache(shared, tmp_path / "a", stack.model_copy(update={"args": base + extra}), model)
+        again = compile_cache(shared, tmp_path / "a", stack.model_copy(update={"args": base + extra}), model)
         assert again.dir == first.dir, extra
         again.release()
-    assert stacks.cache_args(base + ["--gpu-memory-utilization", "0.5", "--seed", "0"]) == base + ["--seed", "0"]
-    held = stacks.compile_cache(shared, tmp_path / "a", stack, model)
-    private = stacks.compile_cache(shared, tmp_path / "b", stack, model)
+    assert cache_args(base + ["--gpu-memory-utilization", "0.5", "--seed", "0"]) == base + ["--seed", "0"]
+    held = compile_cache(shared, tmp_path / "a", stack, model)
+    private = compile_cache(shared, tmp_path / "b", stack, model)
     assert private.dir == tmp_path / "b"
     for cache in (held, private):  # the folder a server instance's VLLM_CACHE_ROOT lies in
         link = cache.instance(0) / "vllm" / "modelinfos"

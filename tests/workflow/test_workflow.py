@@ -12,7 +12,7 @@ import yaml
 from conftest import PLANTED_TOKEN, REPO, planned_outputs, run_snakemake, snakemake_bin
 
 from speedsplit.core.record import read_result
-from speedsplit.serving import session as sessions
+from speedsplit.serving import session_state
 from speedsplit.serving.vllm_cpu import cpu_int4_route
 
 
@@ -216,7 +216,7 @@ def test_no_secret_or_home_path_in_any_output(workdir):
     home = str(Path.home())
     keys = {
         json.loads(p.read_text()).get("api_key")
-        for p in sessions.sessions_dir().glob("*.launch.json")
+        for p in session_state.sessions_dir().glob("*.launch.json")
         if Path(json.loads(p.read_text())["workdir"]) == workdir.resolve()
     } - {None}
     # the vLLM stacks' sessions and the coordination profile's (transformers serve has no key option)
