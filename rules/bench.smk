@@ -12,6 +12,7 @@ rule job_file:
     params:
         stack=bench_stack,
         cell=bench_cell,
+        quality=bench_quality,
     log:
         "results/logs/jobs/{model}/{stack}/{topology}/{cell}/run{run}.log",
     conda:

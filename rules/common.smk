@@ -117,6 +117,16 @@ def bench_cell(wc):
     return ss_config.cell_params(CFG, ss_config.cell_by_name(CFG, wc.cell))
 
 
+@functools.cache
+def _quality_carriers():
+    return ss_plan.quality_carriers(CFG)
+
+
+def bench_quality(wc):
+    # the quality probe this job runs after its load (None: none)
+    return ss_plan.quality_probe(CFG, _job(wc), _quality_carriers())
+
+
 def bench_gpus(wc):
     # On a CPU every server takes the one "card" so servers never overlap.
     return ss_config.topology_gpus(CFG, wc.topology) if PLATFORM == "cuda" else 1

@@ -1,4 +1,4 @@
-"""Rule job_file: write what one cell run measures (a JobSpec: its stack, cell and run) as JSON."""
+"""Rule job_file: write what one cell run measures (a JobSpec: its stack, cell, run and quality probe) as JSON."""
 
 from _job import to_log
 
@@ -7,5 +7,5 @@ from speedsplit.core.specs import JobSpec
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
 to_log(sm)
-job = JobSpec(stack=sm.params.stack, cell=sm.params.cell, run=int(sm.wildcards.run))
+job = JobSpec(stack=sm.params.stack, cell=sm.params.cell, run=int(sm.wildcards.run), quality=sm.params.quality)
 write_job_file(sm.output[0], job.model_dump(mode="json"))

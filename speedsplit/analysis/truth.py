@@ -25,7 +25,7 @@ from speedsplit.core.record import RunResult, read_result, to_json
 from speedsplit.core.requestlog import RequestRecord, read_requests, requests_path
 from speedsplit.core.results import write_json_atomic, write_lines_atomic
 from speedsplit.probes import loadgen, slo
-from speedsplit.serving import reference, reference_speed
+from speedsplit.serving import reference_speed
 
 RUN_TOLERANCE = 0.02  # a run's numbers within 2% of the truth
 FACTOR_TOLERANCE = 0.01  # a factor within 1%
@@ -64,18 +64,18 @@ TABLE_SCHEMA = {
 }
 
 
-def settings(result: RunResult) -> tuple[reference.Speed, reference.Faults] | None:
+def settings(result: RunResult) -> tuple[reference_speed.Speed, reference_speed.Faults] | None:
     """The reference server's speed and faults, from the result's server command line."""
     argv = result.server.argv if result.server else None
-    return reference.parse_argv(shlex.split(argv)) if argv else None
+    return reference_speed.parse_argv(shlex.split(argv)) if argv else None
 
 
-def _faults(faults: reference.Faults) -> list[str]:
-    base = reference.Faults()
+def _faults(faults: reference_speed.Faults) -> list[str]:
+    base = reference_speed.Faults()
     return [k for k in FAULT_SIGNS if getattr(faults, k) != getattr(base, k)]
 
 
-def true_records(result: RunResult, measured: list[RequestRecord], speed: reference.Speed) -> list[RequestRecord]:
+def true_records(result: RunResult, measured: list[RequestRecord], speed: reference_speed.Speed) -> list[RequestRecord]:
     """The run's measured phase as a perfect client of this server would record it: each
     measured request beside its true self (closed loop: the same user's same request; open
     loop: the same arrival)."""
@@ -121,7 +121,9 @@ def true_records(result: RunResult, measured: list[RequestRecord], speed: refere
     ]
 
 
-def true_result(result: RunResult, measured: list[RequestRecord], speed: reference.Speed) -> tuple[RunResult, list]:
+def true_result(
+    result: RunResult, measured: list[RequestRecord], speed: reference_speed.Speed
+) -> tuple[RunResult, list]:
     """The run as its server's rules make it: the same record, its summary and objectives
     those of the true requests (status and flags kept, so the same runs make the factors)."""
     truth = true_records(result, measured, speed)

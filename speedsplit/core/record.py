@@ -24,6 +24,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from speedsplit.core.errors import UserError
+from speedsplit.core.quality import QualityRecord
 from speedsplit.core.specs import (  # noqa: F401 (re-exported: the record's cell)
     OUTLIER_FACTOR,
     OUTLIER_MIN_S,
@@ -32,7 +33,7 @@ from speedsplit.core.specs import (  # noqa: F401 (re-exported: the record's cel
     StackSpec,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # A run whose client loop went this long without running in its measured phase is flagged
 # client_stalled: its timestamps may be that late (speedsplit/core/awake.py: longest_stall).
 CLIENT_STALL_S = 0.25
@@ -248,7 +249,10 @@ class ModelSource(_Record):
     shape: str | None = Field(default=None, description="synthetic: the published shape it copies")
     weights: str | None = Field(default=None, description="synthetic: random (seeded) or dummy (engine-initialised)")
     seed: int | None = None
-    tokenizer: str | None = Field(default=None, description="synthetic: wordlevel, or gpt2 (llama.cpp reads it)")
+    tokenizer: str | None = Field(
+        default=None, description="synthetic: wordlevel, gpt2 (llama.cpp reads it), or bpe (trained with the weights)"
+    )
+    training: dict | None = Field(default=None, description="trained: its steps, losses and corpus (models/train.py)")
     repo: str | None = Field(default=None, description="hub: the repository")
     revision: str | None = Field(default=None, description="hub: the pinned revision")
     path: str | None = Field(default=None, description="local: the user's folder (its files are linked)")
@@ -430,7 +434,7 @@ class Calibration(_Record):
 class RunResult(_Record):
     """One benchmark run of one cell on one stack: always written, whatever happened."""
 
-    schema_version: Literal[3] = SCHEMA_VERSION
+    schema_version: Literal[4] = SCHEMA_VERSION
     model: str
     stack: str
     topology: str
@@ -457,6 +461,9 @@ class RunResult(_Record):
         default=None, description="server and GPU readings over the measured phase (absent: not sampled)"
     )
     provenance: Provenance | None = None
+    quality: QualityRecord | None = Field(
+        default=None, description="what the stack answered to the job's quality probe (null: the job had none)"
+    )
     calibration: Calibration | None = Field(
         default=None, description="the client's offsets on this host, measured before the run (null: none)"
     )
@@ -488,13 +495,15 @@ def upgrade(data: dict) -> dict:
     if version == 2:
         data = dict(data)
         data["job"] = {"stack": data.pop("stack_def"), "cell": data.pop("params"), "run": data["run"]}
-        data["schema_version"] = 3
+        data["schema_version"] = version = 3
+    if version == 3:  # version 4 added `quality`, absent before
+        data = {**data, "schema_version": 4}
     return data
 
 
 def parse_result(data: dict, where: str = "result") -> RunResult:
     """A result record from its JSON form (any known version); ResultError if it is not one."""
-    if not isinstance(data, dict) or data.get("schema_version") not in (1, 2, SCHEMA_VERSION):
+    if not isinstance(data, dict) or data.get("schema_version") not in (1, 2, 3, SCHEMA_VERSION):
         raise ResultError(f"{where} is not a speedsplit result of schema version 1 to {SCHEMA_VERSION}")
     try:
         res = RunResult.model_validate(upgrade(data))

@@ -17,6 +17,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from speedsplit.core.quality import QualityProbe
+
 # A request is a latency outlier when it took this many times what its length predicts, and at
 # least this many seconds more (speedsplit/probes/loadgen.py: latency_outliers).
 OUTLIER_FACTOR = 5.0
@@ -109,6 +111,9 @@ class JobSpec(BaseModel):
     stack: StackSpec
     cell: CellParams
     run: int = Field(ge=0, description="the run's number in the grid, from 0")
+    quality: QualityProbe | None = Field(
+        None, description="after the cell's load, the quality probe (config quality: one job per stack carries it)"
+    )
 
     @property
     def model(self) -> str:
@@ -121,12 +126,15 @@ class JobSpec(BaseModel):
 
 def parse_job(data: dict, run: int) -> tuple[JobSpec, list[str]]:
     """A job file's JSON as a JobSpec, less the keys its types do not know (a job file another
-    version wrote), and those keys as 'stack: k' / 'cell: k' (the caller fails the run naming
-    them). A job file written before the run was in it (only `stack` and `cell`) takes `run`."""
+    version wrote), and those keys as 'stack: k' / 'cell: k' / 'quality: k' (the caller fails
+    the run naming them). A job file written before the run was in it (only `stack` and
+    `cell`) takes `run`."""
     unknown: list[str] = []
     parts = {}
-    for name, model in (("stack", StackSpec), ("cell", CellParams)):
-        entry = data[name]
+    for name, model in (("stack", StackSpec), ("cell", CellParams), ("quality", QualityProbe)):
+        entry = data.get(name)
+        if entry is None:
+            continue
         extra = sorted(set(entry) - set(model.model_fields))
         unknown += [f"{name}: {k}" for k in extra]
         parts[name] = model(**{k: v for k, v in entry.items() if k not in extra})

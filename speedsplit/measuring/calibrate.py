@@ -22,25 +22,27 @@ from pathlib import Path
 from speedsplit.core.record import Calibration, CalibrationLevel
 from speedsplit.core.results import _cpu_model, write_json_atomic
 from speedsplit.probes import loadgen, slo
-from speedsplit.serving import reference, reference_speed
+from speedsplit.serving import reference_speed
 from speedsplit.serving.stacks import HOST
 
 # The reference server the offsets are measured against: slow enough that its own timing is
 # exact to the millisecond, fast enough that a calibration takes seconds.
-SPEED = reference.Speed(ttft_s=0.05, itl_s=0.005)
+SPEED = reference_speed.Speed(ttft_s=0.05, itl_s=0.005)
 PROMPT_TOKENS = 32
 OUTPUT_TOKENS = 32
 REQUESTS = 32  # measured requests per level, spread over its users
 
 
 @contextmanager
-def reference_server(speed: reference.Speed, faults: reference.Faults = reference.Faults()):
+def reference_server(speed: reference_speed.Speed, faults: reference_speed.Faults = reference_speed.Faults()):
     """A reference server in its own process on a free loopback port; its base URL."""
     with socket.socket() as s:
         s.bind((HOST, 0))
         port = s.getsockname()[1]
     argv = [sys.executable, "-m", "speedsplit.serving.reference", "--host", HOST, "--port", str(port)]
-    proc = subprocess.Popen(argv + reference.argv(speed, faults), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        argv + reference_speed.argv(speed, faults), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     url = f"http://{HOST}:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -74,7 +76,7 @@ def _load(url: str, users: int, per_user: int, output_tokens: int, warmup: int =
     )
 
 
-def level(url: str, users: int, speed: reference.Speed = SPEED) -> CalibrationLevel:
+def level(url: str, users: int, speed: reference_speed.Speed = SPEED) -> CalibrationLevel:
     """The client's offsets at one number of users against a server of this speed (no cap)."""
     per_user = max(2, REQUESTS // users)
     summary, records = loadgen.run(_load(url, users, per_user, OUTPUT_TOKENS))
@@ -109,12 +111,12 @@ def calibrate(users: list[int], ceiling_users: int = 64, ceiling_tokens: int = 2
     """Offsets at each number of users, then the ceiling; the offsets carried are the largest."""
     with reference_server(SPEED) as url:
         levels = [level(url, u) for u in users]
-    with reference_server(reference.Speed(ttft_s=0.0, itl_s=0.0)) as url:
+    with reference_server(reference_speed.Speed(ttft_s=0.0, itl_s=0.0)) as url:
         top = ceiling(url, ceiling_users, ceiling_tokens)
     return Calibration(
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         host_cpu=_cpu_model(),
-        reference=" ".join(reference.argv(SPEED)),
+        reference=" ".join(reference_speed.argv(SPEED)),
         levels=levels,
         ttft_s=max(0.0, *(lv.ttft_s for lv in levels)),
         itl_s=max(0.0, *(lv.itl_s for lv in levels)),

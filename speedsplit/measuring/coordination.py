@@ -24,7 +24,7 @@ from speedsplit.core.intervals import length, overlap, union
 from speedsplit.core.record import CellParams
 from speedsplit.core.results import provenance, redact, write_json_atomic
 from speedsplit.core.specs import StackSpec
-from speedsplit.measuring.bench import cell_load
+from speedsplit.measuring.cell_load import cell_load
 from speedsplit.models.checkpoint import model_identity
 from speedsplit.planning.plan import SessionPlan
 from speedsplit.probes import loadgen

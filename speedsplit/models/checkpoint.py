@@ -166,12 +166,25 @@ def build_tokenizer(vocab_size: int, out_dir: Path) -> None:
 
 
 def synthesize(
-    shape: str, out_dir: str | Path, weights: str = "random", seed: int = 0, tokenizer: str = "wordlevel"
+    shape: str,
+    out_dir: str | Path,
+    weights: str = "random",
+    seed: int = 0,
+    tokenizer: str = "wordlevel",
+    training: dict | None = None,
 ) -> dict:
     """Write a synthetic model (config, tokenizer, and seeded FP16 weights unless dummy). The
-    gpt2 tokenizer (llama.cpp's copy of GPT-2's vocabulary) sets the vocabulary size."""
+    gpt2 tokenizer (llama.cpp's copy of GPT-2's vocabulary) sets the vocabulary size. Trained
+    weights (models/train.py) come with a BPE tokenizer learnt from the same text."""
     cfg = shape_config(shape)
     with atomic_dir(out_dir) as tmp:
+        if weights == "trained":
+            from speedsplit.models.train import Training, write_trained
+
+            report = write_trained(cfg, tmp, seed, Training(**(training or {})))
+            info = {"source": "synthetic", "shape": shape, "weights": weights, "seed": seed, "tokenizer": "bpe"}
+            (tmp / "speedsplit-model.json").write_text(json.dumps({**info, "training": report}, indent=2))
+            return info
         if tokenizer == "gpt2":
             from speedsplit.models.gguf import gpt2_tokenizer
 
@@ -246,7 +259,14 @@ def acquire(entry: dict, out_dir: str | Path) -> dict:
         from speedsplit.models.local import adopt_local
 
         return adopt_local(entry, out_dir)
-    return synthesize(entry["shape"], out_dir, entry["weights"], entry["seed"], entry.get("tokenizer", "wordlevel"))
+    return synthesize(
+        entry["shape"],
+        out_dir,
+        entry["weights"],
+        entry["seed"],
+        entry.get("tokenizer", "wordlevel"),
+        entry.get("training"),
+    )
 
 
 def read_model_config(model_dir: str | Path) -> dict:
@@ -342,6 +362,8 @@ class FastTokenizer:
         self._tok = Tokenizer.from_file(str(path))
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=False)
         self.all_special_ids = [i for i, t in self._tok.get_added_tokens_decoder().items() if t.special]
+        unk = getattr(self._tok.model, "unk_token", None)
+        self.unk_token_id = self._tok.token_to_id(unk) if unk else None
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -373,4 +395,16 @@ def exact_prompt(tokenizer, n_tokens: int, rng: random.Random) -> str:
         if len(got) == n_tokens:
             return text
         ids = got[:n_tokens] + [rng.randrange(low, vocab) for _ in range(n_tokens - len(got))]
+    # A small byte-level vocabulary (a trained tiny model's) merges random neighbours into fewer
+    # tokens: grow the prompt a token at a time, keeping a token only where the whole text still
+    # encodes back to exactly its tokens.
+    ids = []
+    for _ in range(20 * n_tokens):
+        if len(ids) == n_tokens:
+            return tokenizer.decode(ids, skip_special_tokens=True)
+        t = rng.randrange(low, vocab)
+        if t not in specials and tokenizer.encode(tokenizer.decode(ids + [t]), add_special_tokens=False) == ids + [t]:
+            ids.append(t)
+    if len(ids) == n_tokens:
+        return tokenizer.decode(ids, skip_special_tokens=True)
     raise ModelError(f"could not build a prompt of exactly {n_tokens} tokens with this tokenizer")

@@ -45,6 +45,18 @@ def token_samples(tokenizer, n: int, length: int, seed: int, text_path: str = ""
     return [[rng.choice(vocab) for _ in range(length)] for _ in range(n)]
 
 
+def own_texts(fp16_dir: Path, calibration_text: str) -> tuple[str, str]:
+    """The texts to calibrate on and to check quality on: the config's file for both, else a
+    trained model's own (a sample of its training text; its held-out text), else none
+    (random tokens)."""
+    from speedsplit.models.train import HELD_OUT_TEXT, TRAIN_SAMPLE_TEXT
+
+    if calibration_text:
+        return calibration_text, calibration_text
+    train, held = Path(fp16_dir) / TRAIN_SAMPLE_TEXT, Path(fp16_dir) / HELD_OUT_TEXT
+    return (str(train) if train.is_file() else ""), (str(held) if held.is_file() else "")
+
+
 def gptq_config_block(bits: int, group_size: int, desc_act: bool) -> dict:
     return {
         "bits": bits,
@@ -112,8 +124,10 @@ def quantize(
     cuda = torch.cuda.is_available()
 
     tok = AutoTokenizer.from_pretrained(str(fp16_dir))
-    calib = token_samples(tok, calibration_samples, calibration_tokens, seed, calibration_text)
-    held_out = token_samples(tok, eval_samples, calibration_tokens, seed + 1, calibration_text)
+    calib_text, eval_text = own_texts(fp16_dir, calibration_text)
+    settings["calibration_source"] = calib_text or settings["calibration_source"]
+    calib = token_samples(tok, calibration_samples, calibration_tokens, seed, calib_text)
+    held_out = token_samples(tok, eval_samples, calibration_tokens, seed + 1, eval_text)
     scratch = Path(tempfile.mkdtemp(prefix="speedsplit-gptq-"))
     try:
         with atomic_dir(out_dir) as tmp, contextlib.chdir(scratch):  # GPTQModel writes logs/ into cwd

@@ -82,6 +82,8 @@ def build_frames(
         link_json=Path(link_json) if link_json else None,
         profile_paths=tuple(Path(p) for p in profile_paths),
         quantize_paths=tuple(Path(p) for p in quantize_paths),
+        results=tuple(results),
+        attribution=attribution,
     )
     return frames | analyses.build(basis, specs or {})
 

@@ -66,6 +66,15 @@ def traffic_lines(factors) -> list[str]:
     return out
 
 
+def quality_lines(steps) -> list[str]:
+    """Per chain, each step's speed beside its quality (output/analyses/quality.py)."""
+    if steps is None:
+        return []
+    from speedsplit.output.analyses.quality import answer_lines
+
+    return [f"  quality, {line}" for line in answer_lines({"quality": steps})]
+
+
 def qualifier_lines(results: Path) -> list[str]:
     """What qualifies the numbers, as the report's first screen says it (flagged runs, runs
     left out of the headline, kernels other than asked), less the runs that did not complete
@@ -88,6 +97,7 @@ def lines(results: str | Path = "results", run_args: list[str] | None = None) ->
     for sentence in [] if answer is None else answer["sentence"].to_list():
         out.append(f"  {sentence}")
     out += traffic_lines(_frame(results / "tables" / "traffic_factors.parquet"))
+    out += quality_lines(_frame(results / "tables" / "quality.parquet"))
     missing = undecomposed(results)
     for why in missing:
         out.append(f"  NOT DECOMPOSED: {why}")

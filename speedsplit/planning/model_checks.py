@@ -16,6 +16,11 @@ def check_own_weights(config: dict, model: str, entry: dict) -> None:
         raise ConfigError(f"config error at models.{model}.path: a local model needs the folder's path")
     if entry["path"] and entry["source"] != "local":
         raise ConfigError(f"config error at models.{model}.path: a path is for source local, not {entry['source']}")
+    if entry["weights"] == "trained" and (entry["source"] != "synthetic" or entry["shape"] != "tiny"):
+        raise ConfigError(
+            f"config error at models.{model}.weights: trained is for a synthetic model of shape tiny (it trains in "
+            f"the model rule, on a CPU), not {entry['source']} {entry['shape']}"
+        )
     try:
         if entry["path"]:
             inspect_local(entry["path"])

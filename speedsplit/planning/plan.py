@@ -66,6 +66,29 @@ def bench_jobs(config: dict) -> list[BenchJob]:
     return jobs
 
 
+def quality_carriers(config: dict) -> set[BenchJob]:
+    """The jobs that also run the quality probe (config quality): each (model, stack,
+    topology)'s first job of run 0 in lane order, on a server the cell already warmed."""
+    if not config["quality"]["enabled"]:
+        return set()
+    first: dict[tuple[str, str, str], BenchJob] = {}
+    for job in bench_jobs(config):
+        if job.run == 0:
+            first.setdefault((job.model, job.stack, job.topology), job)
+    return set(first.values())
+
+
+def quality_probe(config: dict, job: BenchJob, carriers: Collection[BenchJob] | None = None) -> dict | None:
+    """The quality probe a job runs after its load, as plain builtins (its job file's
+    `quality`), or None. `carriers` (quality_carriers, computed once) saves re-planning."""
+    if job not in (quality_carriers(config) if carriers is None else carriers):
+        return None
+    q = config["quality"]
+    from speedsplit.core.quality import QualityProbe
+
+    return {k: q[k] for k in QualityProbe.model_fields}
+
+
 def lane_count(config: dict, topology: str) -> int:
     if cfgmod.platform_of(config) != "cuda":
         return config["benchmark"]["cpu_lanes"]  # one server at a time on a CPU, unless told

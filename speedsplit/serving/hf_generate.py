@@ -7,7 +7,10 @@ answer, repeat. No continuous batching (a request arriving mid-batch waits for t
 batch) and no paged cache. Requests speak vLLM's dialect: `max_tokens`, `min_tokens` and
 `ignore_eos` make the output length exact; `temperature` 0 is greedy, otherwise sampling
 with `top_p` and the request's own `seed`, row by row (a greedy request batched with a
-sampled one stays greedy).
+sampled one stays greedy). `logprobs` (with `return_tokens_as_token_ids`) streams each token's
+log-probability and the top ones, from the model's own distribution; `echo` with `logprobs`
+scores a prompt instead (its tokens' logprobs, nothing generated, one JSON answer): what the
+quality probes ask (speedsplit/probes/quality.py).
 
 It behaves as a server should: a malformed request gets 400 with the reason before anything
 is queued (lengths bounded by the model's context), a client that leaves stops its row and a
@@ -29,92 +32,14 @@ import os
 import random
 import time
 import uuid
-from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from speedsplit.core import apikey
+from speedsplit.serving import logprobs
+from speedsplit.serving.hf_request import SEED_LIMIT, BadRequest, Done, Request, parse_request
 
 BATCH_KEY = web.AppKey("batcher", object)
-DEFAULT_MAX_TOKENS = 16  # OpenAI's default when a request names none
-SEED_LIMIT = 2**63
-
-
-class BadRequest(ValueError):
-    """A request the server refuses (HTTP 400), with the reason."""
-
-
-@dataclass
-class Done:
-    """The end of a row's stream: why it ended ("length" or "stop")."""
-
-    finish: str
-
-
-@dataclass
-class Request:
-    """One completion request waiting for, or in, a batch."""
-
-    prompt_ids: list[int]
-    max_tokens: int
-    min_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-    out: asyncio.Queue = field(default_factory=asyncio.Queue)  # token ids, then Done or an exception
-    cancelled: bool = False  # its client left: its row stops at the next step
-    sent: int = 0  # tokens handed to its stream (worker thread only)
-
-
-def _int(body: dict, key: str, default: int | None, low: int, high: int) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"{key} must be an integer, not {value!r}")
-    if not low <= value <= high:
-        raise BadRequest(f"{key} must be between {low} and {high}, not {value}")
-    return value
-
-
-def _number(body: dict, key: str, default: float, low: float, high: float, low_open: bool = False) -> float:
-    value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise BadRequest(f"{key} must be a number, not {value!r}")
-    if value > high or value < low or (low_open and value == low):
-        raise BadRequest(f"{key} must be in {'(' if low_open else '['}{low}, {high}], not {value}")
-    return float(value)
-
-
-def parse_request(body, served_name: str, tokenizer, context: int) -> Request:
-    """A /v1/completions body as a Request, or BadRequest naming what is wrong."""
-    if not isinstance(body, dict):
-        raise BadRequest(f"the body must be a JSON object, not a {type(body).__name__}")
-    if body.get("model") not in (None, served_name):
-        raise BadRequest(f"unknown model {body.get('model')!r} (this server serves {served_name!r})")
-    if body.get("stream") is not True:
-        raise BadRequest("only streaming requests are served (stream: true)")
-    prompt = body.get("prompt")
-    if not isinstance(prompt, str) or not prompt:
-        raise BadRequest("prompt must be a non-empty string")
-    prompt_ids = tokenizer(prompt)["input_ids"]
-    room = context - len(prompt_ids)
-    if room < 1:
-        raise BadRequest(f"the prompt has {len(prompt_ids)} tokens; the model's context is {context}")
-    max_tokens = _int(body, "max_tokens", min(DEFAULT_MAX_TOKENS, room), 1, room)
-    if not isinstance(body.get("ignore_eos", False), bool):
-        raise BadRequest(f"ignore_eos must be true or false, not {body.get('ignore_eos')!r}")
-    min_tokens = max_tokens if body.get("ignore_eos") else _int(body, "min_tokens", 0, 0, max_tokens)
-    return Request(
-        prompt_ids=prompt_ids,
-        max_tokens=max_tokens,
-        min_tokens=min_tokens,
-        temperature=_number(body, "temperature", 1.0, 0.0, 100.0),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
-        seed=_int(body, "seed", None, 0, SEED_LIMIT - 1),
-    )
 
 
 class Batcher:
@@ -127,6 +52,7 @@ class Batcher:
         self.largest_batch = 0
         self.steps = 0  # decode steps run, all batches together
         self.stopping = False  # set on shutdown: the running batch stops at its next step
+        self.model_lock = asyncio.Lock()  # one batch or one scoring at a time
         eos = getattr(model.generation_config, "eos_token_id", None)
         self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
 
@@ -153,7 +79,8 @@ class Batcher:
 
     async def _serve(self, batch: list[Request], loop: asyncio.AbstractEventLoop) -> None:
         try:
-            await asyncio.to_thread(self._generate, batch, loop)
+            async with self.model_lock:
+                await asyncio.to_thread(self._generate, batch, loop)
         except Exception as exc:
             if len(batch) > 1 and not any(r.sent for r in batch):
                 for req in batch:  # nothing streamed yet: each request again on its own
@@ -161,6 +88,16 @@ class Batcher:
                 return
             for req in batch:  # its clients get the error; the server goes on
                 loop.call_soon_threadsafe(req.out.put_nowait, exc)
+
+    def score(self, ids: list[int], k: int) -> tuple[list[float], list[dict[int, float]]]:
+        """A prompt's scores: each token's logprob given those before it (from the second
+        on), and the k highest at each of those positions."""
+        import torch
+
+        with torch.inference_mode():
+            x = torch.tensor([ids], device=self.device)
+            lp = self.model(input_ids=x).logits[0, :-1].float().log_softmax(-1)
+        return lp.gather(1, x[0, 1:, None])[:, 0].tolist(), [logprobs.top_of(row, k) if k else {} for row in lp]
 
     def _generate(self, batch: list[Request], loop: asyncio.AbstractEventLoop) -> None:
         import torch
@@ -178,6 +115,12 @@ class Batcher:
                 g.manual_seed(r.seed if r.seed is not None else random.randrange(SEED_LIMIT))
             generators.append(g)
         batcher = self
+        raw = []  # the model's own log-probabilities of the latest step, where a row asked for them
+
+        class KeepRaw(LogitsProcessor):
+            def __call__(self, input_ids, scores):
+                raw[:] = [scores.float().log_softmax(-1)]
+                return scores
 
         class RowSampling(LogitsProcessor):
             """Each row its own sampling: EOS barred below its min_tokens; a sampled row's
@@ -217,7 +160,10 @@ class Batcher:
                         self.done[i] = True
                         continue
                     req.sent += 1
-                    loop.call_soon_threadsafe(req.out.put_nowait, token)
+                    lp = None
+                    if req.asked.top is not None:
+                        lp = (float(raw[0][i, token]), logprobs.top_of(raw[0][i], req.asked.top))
+                    loop.call_soon_threadsafe(req.out.put_nowait, (token, lp))
                     stop = token in batcher.eos_ids and req.sent >= req.min_tokens
                     if req.sent >= req.max_tokens or stop:
                         self.done[i] = True
@@ -233,7 +179,9 @@ class Batcher:
                 max_new_tokens=max(r.max_tokens for r in batch),
                 do_sample=False,
                 eos_token_id=None,  # rows end on their own terms (Stream), never the batch on one EOS
-                logits_processor=LogitsProcessorList([RowSampling()]),
+                logits_processor=LogitsProcessorList(
+                    ([KeepRaw()] if any(r.asked.top is not None for r in batch) else []) + [RowSampling()]
+                ),
                 stopping_criteria=StoppingCriteriaList([stream]),
                 pad_token_id=self.tokenizer.pad_token_id,
             )
@@ -242,13 +190,13 @@ class Batcher:
                 loop.call_soon_threadsafe(req.out.put_nowait, RuntimeError("the server is shutting down"))
 
 
-def _chunk(rid: str, model: str, created: int, text: str, finish: str | None) -> bytes:
+def _chunk(rid: str, model: str, created: int, text: str, finish: str | None, lp: dict | None = None) -> bytes:
     body = {
         "id": rid,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}],
     }
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
@@ -281,6 +229,8 @@ def make_app(batcher: Batcher, served_name: str, api_key: str | None = None) -> 
             return _error(f"the body is not JSON ({exc})", 400)
         except BadRequest as exc:
             return _error(str(exc), 400)
+        if req.asked.echo:
+            return await scored(req)
         try:
             await batcher.waiting.put(req)
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -295,10 +245,12 @@ def make_app(batcher: Batcher, served_name: str, api_key: str | None = None) -> 
                     await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
                     await resp.write(b"data: [DONE]\n\n")
                     return resp
+                token, lp = item
                 n += 1  # the last token carries the finish reason, as vLLM sends it
-                last = n == req.max_tokens or (item in batcher.eos_ids and n >= req.min_tokens)
+                last = n == req.max_tokens or (token in batcher.eos_ids and n >= req.min_tokens)
                 finish = ("stop" if n < req.max_tokens else "length") if last else None
-                await resp.write(_chunk(rid, served_name, created, tok.decode([item]), finish))
+                lp = lp and logprobs.logprobs_object([token], [lp[0]], [lp[1]], tok.decode, req.asked.as_ids)
+                await resp.write(_chunk(rid, served_name, created, tok.decode([token]), finish, lp))
             n_prompt = len(req.prompt_ids)
             usage = {"prompt_tokens": n_prompt, "completion_tokens": n, "total_tokens": n_prompt + n}
             final = {"id": rid, "object": "text_completion", "created": created, "model": served_name}
@@ -307,6 +259,25 @@ def make_app(batcher: Batcher, served_name: str, api_key: str | None = None) -> 
             return resp
         finally:
             req.cancelled = True  # finished, or its client left (the handler was cancelled): its row stops
+
+    async def scored(req: Request) -> web.Response:
+        """An echo request: the prompt's own scores, after the running batch."""
+        async with batcher.model_lock:
+            lps, tops = await asyncio.to_thread(batcher.score, req.prompt_ids, req.asked.top)
+        ids = req.prompt_ids
+        lp = logprobs.logprobs_object(ids, [None, *lps], [None, *tops], tok.decode, req.asked.as_ids)
+        choice = {"index": 0, "text": tok.decode(ids), "logprobs": lp, "finish_reason": "length"}
+        usage = {"prompt_tokens": len(ids), "completion_tokens": 0, "total_tokens": len(ids)}
+        return web.json_response(
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": served_name,
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
 
     async def start_batcher(app: web.Application):
         app[BATCH_KEY] = asyncio.create_task(batcher.run())

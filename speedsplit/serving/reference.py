@@ -21,6 +21,11 @@ start, warm-ups included):
     --stall-every N       hold --stall-s silent after half the tokens
     --usage-factor F      report F x the streamed tokens in `usage` (every request)
 
+Its answers are set by hand too (speedsplit/serving/reference_answers.py: `--diverge-every`,
+`--diverge-at`, `--nll`), with token ids and logprobs where a request asks (`logprobs`,
+`return_tokens_as_token_ids`, `echo`): a quality probe's requests (they ask for logprobs) are
+answered at once and count in no fault's schedule.
+
     python -m speedsplit.serving.reference --model DIR --served-model-name NAME \
         --host 127.0.0.1 --port 8000 --ttft-s 0.25 --itl-s 0.01 --max-concurrency 4
 """
@@ -29,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import socket
@@ -43,7 +47,9 @@ from aiohttp import web
 
 from speedsplit.core import apikey
 from speedsplit.core.awake import Awake
-from speedsplit.serving.reference_speed import Faults, Speed
+from speedsplit.serving import logprobs
+from speedsplit.serving.reference_answers import Answers
+from speedsplit.serving.reference_speed import Faults, Speed, add_speed_args, answers_of, speed_of
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default when a request names none
 STATE = web.AppKey("reference", object)
@@ -63,7 +69,8 @@ class Server:
     speed: Speed
     faults: Faults
     served_name: str
-    count_tokens: object  # text -> number of tokens
+    ids_of: object  # text -> its token ids
+    answers: Answers = field(default_factory=Answers)
     received: int = 0
     running: int = 0
     waiting: int = 0
@@ -75,20 +82,21 @@ class Server:
             self.slots = asyncio.Semaphore(self.speed.max_concurrency)
 
 
-def token_counter(model_dir: str | None):
-    """How the server counts a prompt's tokens: the model's tokenizer (as vLLM would, no
-    special tokens added: the prompts speedsplit builds are exact in that count), else words."""
+def token_ids(model_dir: str | None):
+    """How the server tokenizes a prompt: the model's tokenizer (as vLLM would, no special
+    tokens added: the prompts speedsplit builds are exact in that count), else one id a word."""
     path = Path(model_dir) / "tokenizer.json" if model_dir else None
     if path is not None and path.is_file():
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_file(str(path))
-        return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
-    return lambda text: len(text.split())
+        return lambda text: tok.encode(text, add_special_tokens=False).ids
+    return lambda text: list(range(len(text.split())))
 
 
-def _parse(body: dict, chat: bool) -> tuple[str, int, bool, dict]:
-    """The prompt text, the tokens asked for, whether to stream, and the stream options."""
+def _parse(body: dict, chat: bool) -> tuple[str, int, bool, dict, logprobs.Asked]:
+    """The prompt text, the tokens asked for, whether to stream, the stream options and the
+    logprobs asked for."""
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -111,15 +119,18 @@ def _parse(body: dict, chat: bool) -> tuple[str, int, bool, dict]:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise BadRequest(f"max_tokens must be a positive integer, not {n!r}")
     options = body.get("stream_options") or {}
-    return prompt, n, bool(body.get("stream", False)), options if isinstance(options, dict) else {}
+    asked = logprobs.asked(body, BadRequest)
+    return prompt, n, bool(body.get("stream", False)), options if isinstance(options, dict) else {}, asked
 
 
-def _chunk(kind: str, rid: str, model: str, text: str, finish: str | None, usage: dict | None) -> bytes:
+def _chunk(
+    kind: str, rid: str, model: str, text: str, finish: str | None, usage: dict | None, lp: dict | None = None
+) -> bytes:
     if kind == "chat":
         choice = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
         obj = "text_completion"
     out = {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice]}
     if usage is not None:
@@ -144,14 +155,16 @@ async def _answer(request: web.Request, kind: str) -> web.StreamResponse:
         body = await request.json()
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object")
-        prompt, n, stream, options = _parse(body, kind == "chat")
+        prompt, n, stream, options, asked = _parse(body, kind == "chat")
     except (BadRequest, ValueError) as exc:
         return web.json_response({"error": {"message": str(exc), "type": "BadRequestError", "code": 400}}, status=400)
+    if asked.top is not None:  # a quality probe's: its answer, at once
+        return await _answer_probe(request, state, kind, prompt, n, stream, asked)
     state.received += 1
     fault = state.faults.of(state.received)
     if fault == "error":
         return web.json_response({"error": {"message": "reference fault: error", "code": 500}}, status=500)
-    prompt_tokens = state.count_tokens(prompt)
+    prompt_tokens = len(state.ids_of(prompt))
     streamed = max(1, int(n * state.faults.short_fraction)) if fault == "short" else n
     async with state.awake:  # a deadline hundreds of ms away is still met to the millisecond
         state.waiting += 1
@@ -233,6 +246,52 @@ async def _serve_request(
     return resp
 
 
+def _word_text(ids: list[int]) -> str:
+    """A scored prompt's tokens named by their ids (the server has no tokenizer to decode with)."""
+    return "".join(f" w{i}" for i in ids)
+
+
+async def _answer_probe(
+    request: web.Request, state: Server, kind: str, prompt: str, n: int, stream: bool, asked: logprobs.Asked
+) -> web.StreamResponse:
+    """A request that asks for logprobs: the prompt scored (echo), or the answer's tokens each
+    with logprob 0 (the answer is certain), streamed or not."""
+    rid = f"ref-{uuid.uuid4().hex[:12]}"
+    ids = state.ids_of(prompt)
+    if asked.echo:
+        lps, tops = state.answers.scores(ids, asked.top)
+        lp = logprobs.logprobs_object(ids, [None, *lps], [None, *tops], _word_text, asked.as_ids)
+        choice = {"index": 0, "text": prompt, "logprobs": lp, "finish_reason": "length"}
+        return web.json_response(
+            {"id": rid, "object": "text_completion", "model": state.served_name, "choices": [choice]}
+            | {"usage": _usage(len(ids), 0)}
+        )
+    diverges = state.answers.diverges(prompt)
+    tokens = [state.answers.token(prompt, i, diverges) for i in range(n)]
+    texts = dict(tokens)
+
+    def decode(ids: list[int]) -> str:
+        return "".join(texts[i] for i in ids)
+
+    if not stream:
+        lp = logprobs.logprobs_object(
+            [t for t, _ in tokens], [0.0] * n, [{t: 0.0} for t, _ in tokens], decode, asked.as_ids
+        )
+        choice = {"index": 0, "text": decode([t for t, _ in tokens]), "logprobs": lp, "finish_reason": "length"}
+        return web.json_response(
+            {"id": rid, "object": "text_completion", "model": state.served_name, "choices": [choice]}
+            | {"usage": _usage(len(ids), n)}
+        )
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    for i, (t, text) in enumerate(tokens):
+        lp = logprobs.logprobs_object([t], [0.0], [{t: 0.0}], decode, asked.as_ids)
+        await resp.write(_chunk(kind, rid, state.served_name, text, "length" if i == n - 1 else None, None, lp))
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
 def make_app(
     speed: Speed,
     faults: Faults = Faults(),
@@ -240,6 +299,7 @@ def make_app(
     model_dir: str | None = None,
     received: list | None = None,
     api_key: str | None = None,
+    answers: Answers = Answers(),
 ) -> web.Application:
     """The reference server as an aiohttp application; `received`, if given, collects every
     request body as the server got it (what a client really sent); with `api_key`, a /v1/
@@ -247,7 +307,7 @@ def make_app(
     app = web.Application(client_max_size=16 * 2**20, middlewares=apikey.middlewares(api_key))
 
     async def start(app: web.Application) -> None:  # the semaphore belongs to the serving loop
-        app[STATE] = Server(speed, faults, served_name, token_counter(model_dir))
+        app[STATE] = Server(speed, faults, served_name, token_ids(model_dir), answers)
 
     async def completions(request: web.Request) -> web.StreamResponse:
         if received is not None:
@@ -306,57 +366,6 @@ def serve_in_thread(app: web.Application) -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def argv(speed: Speed, faults: Faults = Faults()) -> list[str]:
-    """The flags that start a server of this speed and these faults (defaults left out)."""
-    out = []
-    for obj in (speed, faults):
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
-            if value != f.default:
-                out += [f"--{f.name.replace('_', '-')}", str(value)]
-    return out
-
-
-def parse_argv(args: list[str]) -> tuple[Speed, Faults] | None:
-    """The speed and faults a server command line sets, if it starts this module."""
-    if "speedsplit.serving.reference" not in args:
-        return None
-    p = argparse.ArgumentParser(add_help=False)
-    add_speed_args(p)
-    known, _ = p.parse_known_args(args[args.index("speedsplit.serving.reference") + 1 :])
-    return speed_of(known)
-
-
-def add_speed_args(p: argparse.ArgumentParser) -> None:
-    """The timing and fault flags (shared with `speedsplit calibrate`)."""
-    p.add_argument("--ttft-s", type=float, default=Speed.ttft_s, help="slot to first token, before prefill")
-    p.add_argument("--itl-s", type=float, default=Speed.itl_s, help="between tokens")
-    p.add_argument("--prefill-tok-s", type=float, default=0.0, help="prompt tokens a second before the first (0: free)")
-    p.add_argument("--max-concurrency", type=int, default=0, help="requests served at once (0: no cap)")
-    for name in ("error", "drop", "short", "stall"):
-        p.add_argument(f"--{name}-every", type=int, default=0, metavar="N", help=f"{name} on every N-th request")
-    p.add_argument("--short-fraction", type=float, default=0.5, help="share of the tokens a short answer streams")
-    p.add_argument("--stall-s", type=float, default=0.0, help="how long a stalled request is silent")
-    p.add_argument("--usage-factor", type=float, default=1.0, help="usage reports this times the streamed tokens")
-
-
-def speed_of(args: argparse.Namespace) -> tuple[Speed, Faults]:
-    for name in ("ttft_s", "itl_s", "prefill_tok_s", "stall_s"):
-        if getattr(args, name) < 0:
-            raise SystemExit(f"--{name.replace('_', '-')} must not be negative")
-    speed = Speed(args.ttft_s, args.itl_s, args.prefill_tok_s, args.max_concurrency)
-    faults = Faults(
-        error_every=args.error_every,
-        drop_every=args.drop_every,
-        short_every=args.short_every,
-        short_fraction=args.short_fraction,
-        stall_every=args.stall_every,
-        stall_s=args.stall_s,
-        usage_factor=args.usage_factor,
-    )
-    return speed, faults
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="a model folder: its tokenizer counts prompt tokens (else words)")
@@ -366,9 +375,12 @@ def main(argv: list[str] | None = None) -> None:
     add_speed_args(p)
     args = p.parse_args(argv)
     speed, faults = speed_of(args)
-    print(f"reference server: {speed} {faults} on {args.host}:{args.port}", flush=True)
+    answers = answers_of(args)
+    print(f"reference server: {speed} {faults} {answers} on {args.host}:{args.port}", flush=True)
     web.run_app(
-        make_app(speed, faults, args.served_model_name, args.model, api_key=os.environ.get(apikey.ENV)),
+        make_app(
+            speed, faults, args.served_model_name, args.model, api_key=os.environ.get(apikey.ENV), answers=answers
+        ),
         host=args.host,
         port=args.port,
         access_log=None,

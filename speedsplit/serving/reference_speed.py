@@ -4,8 +4,12 @@ faults, and what a perfect client measures against them (expected).
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import heapq
 from dataclasses import dataclass
+
+from speedsplit.serving.reference_answers import Answers
 
 
 @dataclass(frozen=True)
@@ -123,3 +127,66 @@ def _serve(speed: Speed, free: list[float], sent: float, p: int, n: int, user: i
     end = start + speed.service_s(p, n)
     heapq.heappush(free, end)
     return Expected(sent=sent, first_token=first, end=end, prompt_tokens=p, output_tokens=n, user=user, index=index)
+
+
+# --- the server's command line ----------------------------------------------------------------
+
+
+def argv(speed: Speed, faults: Faults = Faults(), answers: Answers = Answers()) -> list[str]:
+    """The flags that start a server of this speed, faults and answers (defaults left out)."""
+    out = []
+    for obj in (speed, faults, answers):
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if value != f.default:
+                out += [f"--{f.name.replace('_', '-')}", str(value)]
+    return out
+
+
+def parse_argv(args: list[str]) -> tuple[Speed, Faults] | None:
+    """The speed and faults a server command line sets, if it starts this module."""
+    if "speedsplit.serving.reference" not in args:
+        return None
+    p = argparse.ArgumentParser(add_help=False)
+    add_speed_args(p)
+    known, _ = p.parse_known_args(args[args.index("speedsplit.serving.reference") + 1 :])
+    return speed_of(known)
+
+
+def add_speed_args(p: argparse.ArgumentParser) -> None:
+    """The timing and fault flags (shared with `speedsplit calibrate`)."""
+    p.add_argument("--ttft-s", type=float, default=Speed.ttft_s, help="slot to first token, before prefill")
+    p.add_argument("--itl-s", type=float, default=Speed.itl_s, help="between tokens")
+    p.add_argument("--prefill-tok-s", type=float, default=0.0, help="prompt tokens a second before the first (0: free)")
+    p.add_argument("--max-concurrency", type=int, default=0, help="requests served at once (0: no cap)")
+    for name in ("error", "drop", "short", "stall"):
+        p.add_argument(f"--{name}-every", type=int, default=0, metavar="N", help=f"{name} on every N-th request")
+    p.add_argument("--short-fraction", type=float, default=0.5, help="share of the tokens a short answer streams")
+    p.add_argument("--stall-s", type=float, default=0.0, help="how long a stalled request is silent")
+    p.add_argument("--usage-factor", type=float, default=1.0, help="usage reports this times the streamed tokens")
+    p.add_argument("--diverge-every", type=int, default=0, metavar="N", help="one prompt in N gets another answer")
+    p.add_argument("--diverge-at", type=int, default=0, help="... from this output token on")
+    p.add_argument("--nll", type=float, default=Answers.nll, help="every scored prompt token's -logprob")
+
+
+def speed_of(args: argparse.Namespace) -> tuple[Speed, Faults]:
+    for name in ("ttft_s", "itl_s", "prefill_tok_s", "stall_s"):
+        if getattr(args, name) < 0:
+            raise SystemExit(f"--{name.replace('_', '-')} must not be negative")
+    speed = Speed(args.ttft_s, args.itl_s, args.prefill_tok_s, args.max_concurrency)
+    faults = Faults(
+        error_every=args.error_every,
+        drop_every=args.drop_every,
+        short_every=args.short_every,
+        short_fraction=args.short_fraction,
+        stall_every=args.stall_every,
+        stall_s=args.stall_s,
+        usage_factor=args.usage_factor,
+    )
+    return speed, faults
+
+
+def answers_of(args: argparse.Namespace) -> Answers:
+    if args.diverge_every < 0 or args.diverge_at < 0 or args.nll < 0:
+        raise SystemExit("--diverge-every, --diverge-at and --nll must not be negative")
+    return Answers(args.diverge_every, args.diverge_at, args.nll)

@@ -10,6 +10,7 @@ from conftest import REPO
 from records import fake_result, write_result
 
 from speedsplit.core.record import (
+    SCHEMA_VERSION,
     JobSpec,
     ResultError,
     StackDef,
@@ -75,8 +76,14 @@ def test_a_result_embeds_its_job_file_whole():
 def test_a_version_2_result_is_upgraded():
     v3 = to_json(fake_result("vllm-fp16", 8, 1, 100.0))
     res = parse_result(_as_version_2(v3))
-    assert res.schema_version == 3 and isinstance(res.job.stack, StackDef) and res.job.run == 1
+    assert res.schema_version == SCHEMA_VERSION and isinstance(res.job.stack, StackDef) and res.job.run == 1
     assert to_json(res)["job"]["cell"] == v3["job"]["cell"] and res.job.stack.platform == "cpu"
+
+
+def test_a_version_3_result_is_read_as_version_4_with_no_quality():
+    v4 = to_json(fake_result("vllm-fp16", 8, 1, 100.0))
+    res = parse_result({**{k: v for k, v in v4.items() if k != "quality"}, "schema_version": 3})
+    assert res.schema_version == SCHEMA_VERSION == 4 and res.quality is None
 
 
 def test_a_version_1_result_is_upgraded():
@@ -84,7 +91,7 @@ def test_a_version_1_result_is_upgraded():
     v1 = {k: v for k, v in v2.items() if k not in ("session_key", "model_shape", "server", "error")}
     v1.update(schema_version=1, session="tiny/hf-fp16/tp1/all", model_config={"hidden_size": 128}, summary={})
     res = parse_result(v1)
-    assert res.schema_version == 3 and res.session_key == "tiny/hf-fp16/tp1/all"
+    assert res.schema_version == SCHEMA_VERSION and res.session_key == "tiny/hf-fp16/tp1/all"
     assert res.summary is None and res.server is None and res.model_shape.hidden_size == 128
     assert res.job.cell.cell == "u8-wide-greedy"
 

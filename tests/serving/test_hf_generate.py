@@ -60,7 +60,7 @@ def stats(url) -> dict:
 
 
 def spec(url, tiny_model, **kw):
-    from speedsplit.measuring.bench import build_prompts
+    from speedsplit.measuring.cell_load import build_prompts
 
     base = dict(users=5, prompt_tokens=8, output_tokens=6, requests_per_user=1, warmup_requests=0)
     base.update(kw)
@@ -256,3 +256,31 @@ def test_sigterm_stops_a_running_batch_promptly(tiny_model, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_its_logprobs_and_prompt_scores_are_the_models_own(server, tiny_model):
+    """What the quality probe asks (probes/quality.py): each streamed token's logprob and top
+    ones, and a prompt's scores (echo), equal the model's own log-softmax over the same tokens."""
+    import math
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from speedsplit.core.quality import QualityProbe
+    from speedsplit.probes import quality
+
+    probe = QualityProbe(prompts=2, prompt_tokens=8, output_tokens=5, windows=2, window_tokens=12, top_logprobs=3)
+    rec = quality.run(server, "tiny", "vllm", probe, tiny_model)
+    assert rec.status == "ok" and rec.serves == {"token_ids": "yes", "logprobs": "yes", "prompt_logprobs": "yes"}
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.bfloat16)
+    for w in rec.windows:
+        with torch.inference_mode():
+            lp = model(input_ids=torch.tensor([w.ids])).logits[0, :-1].float().log_softmax(-1)
+        own = lp.gather(1, torch.tensor(w.ids[1:])[:, None])[:, 0].tolist()
+        assert w.logprobs == pytest.approx(own, abs=1e-4)
+        assert all(str(int(lp[i].argmax())) == max(top, key=top.get) for i, top in enumerate(w.top))
+    for o in rec.outputs:
+        assert len(o.ids) == len(o.top) == 5 and not o.error
+        # greedy with EOS barred (ignore_eos): its pick is the top token other than EOS (id 2)
+        best = [max(v for k, v in t.items() if k != "2") for t in o.top]
+        assert all(math.isclose(b, t[str(i)], abs_tol=1e-6) for i, t, b in zip(o.ids, o.top, best))

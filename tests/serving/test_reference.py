@@ -13,6 +13,7 @@ import pytest
 from speedsplit.core import apikey
 from speedsplit.probes import loadgen
 from speedsplit.serving import reference as R
+from speedsplit.serving import reference_speed as RS
 from speedsplit.serving.reference_speed import Faults, Speed, expected
 
 
@@ -36,9 +37,9 @@ def test_prefill_and_open_loop_arrivals_keep_their_order():
 
 def test_its_command_line_says_its_speed_and_faults():
     speed, faults = Speed(0.3, 0.02, 500.0, 4), Faults(stall_every=5, stall_s=2.0, usage_factor=2.0)
-    argv = ["python", "-m", "speedsplit.serving.reference", "--port", "1", *R.argv(speed, faults)]
-    assert R.parse_argv(argv) == (speed, faults)
-    assert R.parse_argv(["python", "-m", "vllm.entrypoints.openai.api_server"]) is None
+    argv = ["python", "-m", "speedsplit.serving.reference", "--port", "1", *RS.argv(speed, faults)]
+    assert RS.parse_argv(argv) == (speed, faults)
+    assert RS.parse_argv(["python", "-m", "vllm.entrypoints.openai.api_server"]) is None
 
 
 def _stream(url: str, body: dict, path: str = "/v1/completions") -> list[dict]:

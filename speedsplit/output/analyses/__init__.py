@@ -33,6 +33,8 @@ class Basis:
     link_json: Path | None = None
     profile_paths: tuple[Path, ...] = ()
     quantize_paths: tuple[Path, ...] = ()  # the quantize rule's reports
+    results: tuple = ()  # the results themselves (core/record.RunResult), for what no frame holds
+    attribution: pl.DataFrame | None = None  # the chains' factors, the headline marked
     spec: Any = None
 
 

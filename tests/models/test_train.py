@@ -1,0 +1,75 @@
+"""The tiny model trained on the standard library's sources: a tokenizer that spells any text,
+weights that learnt something, the same weights from the same seed, and the texts it leaves
+for calibration and for quality checks."""
+
+import hashlib
+import json
+
+import pytest
+
+from speedsplit.models import corpus, train
+from speedsplit.models.checkpoint import exact_prompt, load_tokenizer, synthesize
+from speedsplit.models.prompts import word_ids
+from speedsplit.planning import config as C
+
+SHORT = {"steps": 60, "seq_len": 64, "batch": 8, "warmup_steps": 5}
+
+
+def test_the_corpus_is_split_by_file_and_names_what_it_is():
+    c = corpus.stdlib_corpus(train_bytes=200_000, held_out_bytes=50_000)
+    assert 150_000 < len(c.train) <= 200_000 and 25_000 < len(c.held_out) <= 50_000
+    assert c.identity["corpus"] == "python-stdlib" and c.identity["files"]["held_out"] > 0
+    assert c.held_out[:2000] not in c.train  # a held-out file is never trained on
+    again = corpus.stdlib_corpus(train_bytes=200_000, held_out_bytes=50_000)
+    assert again.identity == c.identity
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trained") / "fp16"
+    info = synthesize("tiny", out, weights="trained", seed=0, training=SHORT)
+    return out, info
+
+
+def test_a_trained_model_learns_and_says_how(trained):
+    out, info = trained
+    assert info == {"source": "synthetic", "shape": "tiny", "weights": "trained", "seed": 0, "tokenizer": "bpe"}
+    report = json.loads((out / "speedsplit-model.json").read_text())["training"]
+    assert report["steps"] == 60 and report["corpus"]["corpus"] == "python-stdlib"
+    # 1,024 tokens: chance is ln(1024) = 6.93 nats; 60 short steps already learn the common ones
+    assert report["loss_first"] > 6.0 and report["loss_last"] < report["loss_first"] - 1.0
+    assert report["held_out_perplexity"] < 400
+    assert (out / train.HELD_OUT_TEXT).stat().st_size > 100_000 and (out / train.TRAIN_SAMPLE_TEXT).is_file()
+
+
+def test_its_tokenizer_spells_code_and_builds_every_kind_of_prompt(trained):
+    out, _ = trained
+    tok = load_tokenizer(out)
+    text = "def f(x):\n    return x  # é\n"
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+    assert tok.vocab_size == 1024
+    import random
+
+    rng = random.Random(0)
+    for n in (8, 64, 512):
+        assert len(tok.encode(exact_prompt(tok, n, rng), add_special_tokens=False)) == n
+    assert len(word_ids(tok, random.Random(0))) >= 16  # trace prompts share blocks of whole words
+
+
+def test_the_same_seed_trains_the_same_weights(trained, tmp_path):
+    out, _ = trained
+    again = tmp_path / "again"
+    synthesize("tiny", again, weights="trained", seed=0, training=SHORT)
+
+    def digest(folder):
+        return hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+
+    assert digest(again) == digest(out)
+    assert (again / "tokenizer.json").read_text() == (out / "tokenizer.json").read_text()
+
+
+def test_only_the_tiny_synthetic_shape_is_trained(tmp_path):
+    cfg = tmp_path / "big.yaml"
+    cfg.write_text("models:\n  big: {source: synthetic, shape: llama-3.1-8b, weights: trained}\n")
+    with pytest.raises(C.ConfigError, match=r"models\.big\.weights: trained is for a synthetic model of shape tiny"):
+        C.load(cfg)
