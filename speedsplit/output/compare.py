@@ -13,6 +13,7 @@ import polars as pl
 from speedsplit.analysis import compare as cmp
 from speedsplit.analysis import frames as f
 from speedsplit.core.formats import html_table, value_text, write_frames
+from speedsplit.core.quality import QualityRecord
 from speedsplit.core.record import Provenance, read_result
 from speedsplit.core.results import write_bytes_atomic
 
@@ -46,19 +47,22 @@ LOAD = (
 )
 
 
-def side(folder: str | Path) -> tuple[pl.DataFrame, Provenance, dict[tuple, dict]]:
+def side(folder: str | Path) -> tuple[pl.DataFrame, Provenance, dict[tuple, dict], dict[tuple, QualityRecord]]:
     """One side's runs (one machine: refused otherwise), the provenance of its first result,
-    and each (model, stack, topology, cell)'s load (LOAD, from its first run)."""
+    each (model, stack, topology, cell)'s load (LOAD, from its first run), and each (model,
+    topology, stack)'s quality record."""
     results = [read_result(p) for p in result_paths(folder)]
     runs = f.runs_frame(results)
     try:
         f.check_one_machine(runs)
     except f.MixedHardware as exc:
         raise SystemExit(f"speedsplit: {folder}: {exc}") from None
-    loads = {}
+    loads, quality = {}, {}
     for r in results:
         loads.setdefault((r.model, r.stack, r.topology, r.cell), {k: getattr(r.job.cell, k) for k in LOAD})
-    return runs, results[0].provenance, loads
+        if r.quality is not None:
+            quality.setdefault((r.model, r.topology, r.stack), r.quality)
+    return runs, results[0].provenance, loads, quality
 
 
 def load_differences(a: dict[tuple, dict], b: dict[tuple, dict]) -> list[str]:
@@ -90,8 +94,41 @@ def _x(v, lo, hi) -> str:
     return f"{value_text(v, 3)}× [{value_text(lo, 3)}, {value_text(hi, 3)}]"
 
 
-def lines(stacks: pl.DataFrame, factors: pl.DataFrame) -> list[str]:
-    """The comparison in words: each chain factor, then each stack's throughput, B / A."""
+QUALITY_SCHEMA = {
+    "model": pl.String,
+    "topology": pl.String,
+    "stack": pl.String,
+    "perplexity_a": pl.Float64,
+    "perplexity_b": pl.Float64,
+    "b_over_a": pl.Float64,
+    "lo": pl.Float64,
+    "hi": pl.Float64,
+    "prompts": pl.Int64,
+    "agree": pl.Int64,
+    "compared_by": pl.String,
+}
+
+
+def quality_frame(a: dict[tuple, QualityRecord], b: dict[tuple, QualityRecord]) -> pl.DataFrame:
+    """Per stack probed on both sides: its perplexity on each and B / A (paired by window), and
+    how many of its continuations B says as A did: did the new engine change what it says?"""
+    from speedsplit.analysis import quality as q
+
+    rows = []
+    for key in sorted(a.keys() & b.keys()):
+        ratio, same = q.perplexity_ratio(a[key], b[key]), q.compare_outputs(a[key], b[key])
+        rows.append(
+            dict(zip(("model", "topology", "stack"), key))
+            | {"perplexity_a": q.perplexity(a[key])[0], "perplexity_b": q.perplexity(b[key])[0]}
+            | dict(zip(("b_over_a", "lo", "hi"), ratio))
+            | {k: same.get(k) for k in ("prompts", "agree", "compared_by")}
+        )
+    return pl.DataFrame(rows, schema=QUALITY_SCHEMA)
+
+
+def lines(stacks: pl.DataFrame, factors: pl.DataFrame, quality: pl.DataFrame | None = None) -> list[str]:
+    """The comparison in words: each chain factor, then each stack's throughput, B / A, then
+    each stack's quality."""
     out = []
     for r in factors.iter_rows(named=True):
         out.append(
@@ -103,6 +140,18 @@ def lines(stacks: pl.DataFrame, factors: pl.DataFrame) -> list[str]:
             f"{r['stack']} at {r['cell']} ({r['model']}, {r['topology']}): output tok/s "
             f"A {value_text(r['a'], 4)}, B {value_text(r['b'], 4)}, B/A {_x(r['b_over_a'], r['lo'], r['hi'])}"
         )
+    for r in [] if quality is None else quality.iter_rows(named=True):
+        said = []
+        if r["b_over_a"] is not None:
+            said.append(
+                f"perplexity A {value_text(r['perplexity_a'], 4)}, B {value_text(r['perplexity_b'], 4)}, "
+                f"B/A {_x(r['b_over_a'], r['lo'], r['hi'])}"
+            )
+        if r["prompts"]:
+            said.append(f"{r['agree']}/{r['prompts']} continuations the same ({r['compared_by']})")
+        out.append(
+            f"quality of {r['stack']} ({r['model']}, {r['topology']}): {'; '.join(said) or 'nothing to compare'}"
+        )
     return out
 
 
@@ -112,13 +161,14 @@ def compare(
     """Write the comparison under `out` (tables/, compare.html); its lines, for the terminal."""
     from speedsplit.output.report import CSS
 
-    (runs_a, prov_a, load_a), (runs_b, prov_b, load_b) = side(a), side(b)
+    (runs_a, prov_a, load_a, quality_a), (runs_b, prov_b, load_b, quality_b) = side(a), side(b)
     stacks = cmp.stacks_frame(runs_a, runs_b, tolerate_flags)
     factors = cmp.factors_frame(runs_a, runs_b, chains, tolerate_flags)
+    quality = quality_frame(quality_a, quality_b)
     out = Path(out)
-    write_frames({"compare_stacks": stacks, "compare_factors": factors}, out / "tables")
+    write_frames({"compare_stacks": stacks, "compare_factors": factors, "compare_quality": quality}, out / "tables")
     head = [describe("A", a, prov_a, runs_a), describe("B", b, prov_b, runs_b)] + load_differences(load_a, load_b)
-    said = lines(stacks, factors) or ["nothing to compare: no stack and cell measured cleanly on both sides"]
+    said = lines(stacks, factors, quality) or ["nothing to compare: no stack and cell measured cleanly on both sides"]
     page = "".join(
         [
             f"<!doctype html><html><head><meta charset='utf-8'><title>speedsplit compare</title>"
@@ -134,6 +184,9 @@ def compare(
             html_table(factors) if factors.height else "<p>—</p>",
             "<h2>Stacks</h2>",
             html_table(stacks) if stacks.height else "<p>—</p>",
+            "<h2>Quality</h2><p class='note'>Each stack probed on both sides: its perplexity (B / A paired by "
+            "window, 95% t interval) and how many of its greedy continuations are the same.</p>",
+            html_table(quality) if quality.height else "<p>—</p>",
             "</body></html>",
         ]
     )

@@ -21,6 +21,11 @@ def check_own_weights(config: dict, model: str, entry: dict) -> None:
             f"config error at models.{model}.weights: trained is for a synthetic model of shape tiny (it trains in "
             f"the model rule, on a CPU), not {entry['source']} {entry['shape']}"
         )
+    if entry["weights"] == "trained" and entry["tokenizer"] != "wordlevel":
+        raise ConfigError(
+            f"config error at models.{model}.tokenizer: weights trained learn their own tokenizer (byte-level BPE); "
+            f"tokenizer {entry['tokenizer']} needs weights random"
+        )
     try:
         if entry["path"]:
             inspect_local(entry["path"])

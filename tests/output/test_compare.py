@@ -85,3 +85,35 @@ def test_the_committed_comparisons_rebuild(name, tmp_path):
 
 def test_every_committed_comparison_is_rebuilt_here():
     assert sorted(p.name for p in (REPO / "docs/comparisons").iterdir() if p.is_dir()) == sorted(COMMITTED)
+
+
+def test_each_stacks_quality_is_compared_too(tmp_path, tiny_model):
+    """A stack probed on both sides: B's perplexity over A's and how many of its continuations
+    B says as A did, against reference servers whose answers differ by a known amount."""
+    import math
+
+    from speedsplit.core.quality import QualityProbe
+    from speedsplit.probes import quality
+    from speedsplit.serving import reference as R
+    from speedsplit.serving.reference_answers import Answers
+    from speedsplit.serving.reference_speed import Speed
+
+    probe = QualityProbe(prompts=8, prompt_tokens=8, output_tokens=12, windows=4, window_tokens=24)
+    sides = {}
+    for name, answers in (("a", Answers(nll=1.0)), ("b", Answers(nll=1.1, diverge_every=2, diverge_at=3))):
+        url = R.serve_in_thread(
+            R.make_app(Speed(0.0, 0.0), served_name="m", model_dir=str(tiny_model), answers=answers)
+        )
+        root = write_side(tmp_path / name, {"vllm-fp16": 1000.0})
+        path = root / "bench/tiny/vllm-fp16/tp1/u8-wide-greedy/run0.json"
+        res = read_result(path)
+        res.quality = quality.run(url, "m", "vllm", probe, tiny_model)
+        write_result(path, res)
+        sides[name] = (root, res.quality)
+    said = compare.compare(sides["a"][0], sides["b"][0], CHAINS, tmp_path / "out")
+    line = next(s for s in said if s.startswith("quality of vllm-fp16 (tiny, tp1): "))
+    agree = sum(x.ids == y.ids for x, y in zip(sides["a"][1].outputs, sides["b"][1].outputs))
+    assert 0 < agree < probe.prompts
+    assert f"B/A {math.exp(0.1):.3g}× [{math.exp(0.1):.3g}, {math.exp(0.1):.3g}]" in line
+    assert f"{agree}/{probe.prompts} continuations the same (token ids)" in line
+    assert (tmp_path / "out/tables/compare_quality.csv").is_file()

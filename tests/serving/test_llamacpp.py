@@ -14,7 +14,7 @@ from speedsplit.planning.grid import chain_steps, stack_params
 from conftest import run_snakemake
 
 ENGINES = {
-    "models": {"tiny": {"tokenizer": "gpt2"}},
+    "models": {"tiny": {"tokenizer": "gpt2", "weights": "random"}},
     "chains": {"engines": ["hf-generate", "llamacpp-f16", "llamacpp-q8_0"]},
     "workloads": {"eng": {"prompt_tokens": 64, "output_tokens": 32, "requests_per_user": 8, "warmup_requests": 1}},
     "grid": {"users": [4], "workloads": ["eng"], "sampling": ["greedy"], "runs": 2},
@@ -46,7 +46,7 @@ def test_only_a_stack_that_drops_connections_says_so_in_its_params():
 
 
 def test_what_a_llama_cpp_stack_lacks_is_one_line_at_config_time(tmp_path, monkeypatch):
-    wordlevel = {**ENGINES, "models": {"tiny": {"tokenizer": "wordlevel"}}}
+    wordlevel = {**ENGINES, "models": {"tiny": {"tokenizer": "wordlevel", "weights": "random"}}}
     with pytest.raises(cfgmod.ConfigError, match=r"models\.tiny\.tokenizer: .* set tokenizer: gpt2"):
         _config(tmp_path, wordlevel)
 

@@ -350,7 +350,9 @@ def test_the_continuous_batching_stack_serves_a_50k_vocabulary_on_a_cpu(tmp_path
 
     model = tmp_path / "gpt2-vocab"
     synthesize("tiny", model, tokenizer="gpt2")
-    cfg = C.validate(C.merge(C.load(REPO / "config/config.yaml"), {"models": {"tiny": {"tokenizer": "gpt2"}}}))
+    cfg = C.validate(
+        C.merge(C.load(REPO / "config/config.yaml"), {"models": {"tiny": {"tokenizer": "gpt2", "weights": "random"}}})
+    )
     stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
     assert stack["host_cache_cap"]
     cell = C.cell_params(cfg, C.cell_by_name(cfg, "u2-wide-greedy"))

@@ -23,6 +23,38 @@ def workdir(local_run):
 
 
 @pytest.mark.slow
+def test_each_step_says_its_quality_beside_its_speed(workdir):
+    """The trained tiny model's quality through each stack of the chain (quality: on by default):
+    each stack probed once, on its first cell of run 0, saying what it serves; each chain step
+    with its agreement, and the INT4 step with next-token agreement and a perplexity ratio."""
+    import polars as pl
+
+    probed = [read_result(p) for p in sorted((workdir / "results/bench").rglob("run*.json"))]
+    probed = [r for r in probed if r.quality is not None]
+    assert sorted((r.stack, r.cell, r.run) for r in probed) == [
+        (s, "u4-ci-wide-greedy", 0) for s in ("hf-fp16", "vllm-fp16", "vllm-marlin")
+    ]
+    assert all(r.weights.weights == "trained" and r.quality.status == "ok" for r in probed)
+    stacks = {r["stack"]: r for r in pl.read_csv(workdir / "results/tables/quality_stacks.csv").iter_rows(named=True)}
+    # transformers serve refuses token ids (HTTP 422) and ignores logprobs and echo: agreement by
+    # text, no perplexity
+    hf = stacks["hf-fp16"]
+    assert hf["serves_token_ids"].startswith("no: HTTP 422") and hf["serves_logprobs"] == "no: none in the stream"
+    assert hf["serves_prompt_logprobs"].startswith("no: ") and hf["perplexity"] is None
+    for s in ("vllm-fp16", "vllm-marlin"):
+        assert stacks[s]["serves_prompt_logprobs"] == "yes" and stacks[s]["tokens_scored"] == 8 * 127
+        assert 1 < stacks[s]["perplexity"] < 1024  # a trained model: far below the vocabulary
+    steps = {r["to_stack"]: r for r in pl.read_csv(workdir / "results/tables/quality.csv").iter_rows(named=True)}
+    assert steps["vllm-fp16"]["compared_by"] == "texts re-tokenized" and steps["vllm-fp16"]["same_weights"]
+    int4 = steps["vllm-marlin"]
+    assert int4["compared_by"] == "token ids" and int4["prompts"] == 16 and int4["reference"] == "vllm-fp16"
+    assert 0.5 < int4["next_token_agreement"] <= 1 and int4["perplexity_ratio_lo"] <= int4["perplexity_ratio"]
+    assert int4["speed_factor"] is not None and int4["passes"] in (True, False)
+    said = (workdir / "snakemake.out").read_text()
+    assert "quality, study (tiny, tp1): runtime: " in said and "INT4 weights + kernel: " in said
+
+
+@pytest.mark.slow
 def test_every_result_is_complete_and_honest(workdir):
     results = sorted((workdir / "results/bench").rglob("run*.json"))
     assert len(results) == 3 * 2 * 2  # stacks x cells x runs
