@@ -8,6 +8,9 @@ rule model:
     params:
         entry=model_entry,
         platform=PLATFORM,
+    # a trained model (weights: trained) trains on the CPU: Snakemake hands a job's threads to
+    # torch (OMP_NUM_THREADS), one unless told
+    threads: MODEL_THREADS
     resources:
         gpu=1,
     log:

@@ -56,7 +56,7 @@ def train_tokenizer(text: str, vocab_size: int, special_tokens: list[str]):
     tok.train_from_iterator(text.split("\n\n"), trainer)
     unk, bos, eos = special_tokens
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token=unk, bos_token=bos, eos_token=eos, pad_token=unk, model_max_length=1 << 20
+        tokenizer_object=tok, unk_token=unk, bos_token=bos, eos_token=eos, pad_token=unk, model_max_length=1 << 30
     )
 
 
@@ -136,6 +136,7 @@ def train(cfg: dict, corpus: Corpus, t: Training, seed: int, progress=print):
         "held_out_loss": held,
         "held_out_perplexity": math.exp(held),
         "tokenizer_s": tok_s,
+        "threads": torch.get_num_threads(),
         "train_s": time.perf_counter() - t1,
         "corpus": corpus.identity,
     }
