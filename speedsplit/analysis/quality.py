@@ -56,8 +56,8 @@ STEP_SCHEMA = {
     "from_stack": pl.String,
     "to_stack": pl.String,
     "speed_factor": pl.Float64,
-    "speed_lo": pl.Float64,
-    "speed_hi": pl.Float64,
+    "speed_factor_lo": pl.Float64,
+    "speed_factor_hi": pl.Float64,
     "same_weights": pl.Boolean,
     "compared_by": pl.String,
     "prompts": pl.Int64,
@@ -70,8 +70,8 @@ STEP_SCHEMA = {
     "first_divergence_hi": pl.Float64,
     "output_tokens": pl.Int64,
     "next_token_agreement": pl.Float64,
-    "next_token_lo": pl.Float64,
-    "next_token_hi": pl.Float64,
+    "next_token_agreement_lo": pl.Float64,
+    "next_token_agreement_hi": pl.Float64,
     "perplexity_ratio": pl.Float64,
     "perplexity_ratio_lo": pl.Float64,
     "perplexity_ratio_hi": pl.Float64,
@@ -239,7 +239,7 @@ def _speed(attribution: pl.DataFrame | None, chain: str, model: str, topology: s
     if not row.height:
         return {}
     r = row.row(0, named=True)
-    return {"speed_factor": r["value"], "speed_lo": r["lo"], "speed_hi": r["hi"]}
+    return {"speed_factor": r["value"], "speed_factor_lo": r["lo"], "speed_factor_hi": r["hi"]}
 
 
 def steps_frame(
@@ -277,7 +277,9 @@ def steps_frame(
                     "gate": gate,
                     "note": _weights_note(weights),
                 }
-                row["next_token_agreement"], row["next_token_lo"], row["next_token_hi"] = next_token_agreement(ra, rb)
+                row["next_token_agreement"], row["next_token_agreement_lo"], row["next_token_agreement_hi"] = (
+                    next_token_agreement(ra, rb)
+                )
                 ratio = perplexity_ratio(ra, rb)
                 row["perplexity_ratio"], row["perplexity_ratio_lo"], row["perplexity_ratio_hi"] = ratio
                 row |= _gate(rec, ref, members[0], b, gate)
