@@ -22,8 +22,6 @@ PREV = ss_plan.predecessors(CFG, lambda job: os.path.exists(job.result))
 JOBS = list(PREV)
 PLATFORM = ss_config.platform_of(CFG)
 PLAN = "results/plan.json"  # written when the workflow starts (rules/bench.smk)
-# Threads of the model job, which may train the tiny model: the run's cores, at most 4.
-MODEL_THREADS = max(1, min(workflow.cores or 1, 4))
 
 
 def _alternatives(names):

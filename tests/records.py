@@ -5,7 +5,6 @@ from speedsplit.core.record import (
     CellParams,
     Distribution,
     EngineFacts,
-    Hardware,
     Provenance,
     RunResult,
     RecordedJob,
@@ -13,6 +12,7 @@ from speedsplit.core.record import (
     Summary,
     to_json,
 )
+from speedsplit.core.facts import Hardware
 from speedsplit.core.results import write_json_atomic
 from speedsplit.core.specs import StackSpec
 

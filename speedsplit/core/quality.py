@@ -17,6 +17,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from speedsplit.core.facts import StrictRecord
+
 # How a token is named in an OpenAI `logprobs` object when the request asks for ids (vLLM's
 # `return_tokens_as_token_ids`, honoured by speedsplit's own servers too): "token_id:17".
 ID_PREFIX = "token_id:"
@@ -36,10 +38,8 @@ class QualityProbe(BaseModel):
     text: str = Field("", description="the held-out text file ('': the model's own, else the standard library's)")
 
 
-class QualityOutput(BaseModel):
+class QualityOutput(StrictRecord):
     """One greedy continuation as a stack returned it."""
-
-    model_config = ConfigDict(extra="forbid")
 
     prompt: int = Field(description="which window's start it continued")
     text: str = Field("", description="the text streamed")
@@ -49,10 +49,8 @@ class QualityOutput(BaseModel):
     error: str | None = None
 
 
-class QualityWindow(BaseModel):
+class QualityWindow(StrictRecord):
     """One held-out window as a stack scored it."""
-
-    model_config = ConfigDict(extra="forbid")
 
     window: int
     ids: list[int] | None = Field(None, description="the server's token ids of the window")
@@ -63,10 +61,8 @@ class QualityWindow(BaseModel):
     error: str | None = None
 
 
-class QualityRecord(BaseModel):
+class QualityRecord(StrictRecord):
     """What one stack answered to the quality probe."""
-
-    model_config = ConfigDict(extra="forbid")
 
     status: Literal["ok", "error"]
     probe: QualityProbe

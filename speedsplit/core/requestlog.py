@@ -15,13 +15,13 @@ from typing import Literal
 
 from pydantic import Field, field_serializer
 
-from speedsplit.core.record import _Record
+from speedsplit.core.facts import StrictRecord
 
 # The forms a run's request records take beside its result, newest first.
 SUFFIXES = (".requests.parquet", ".requests.jsonl.gz", ".requests.jsonl")
 
 
-class RequestRecord(_Record):
+class RequestRecord(StrictRecord):
     """One request as the client saw it (times in seconds from its phase's start, written to
     the microsecond: finer digits are clock noise and would triple the records' size)."""
 

@@ -22,7 +22,6 @@ from speedsplit.core.record import (
     ModelShape,
     ModelSource,
     Provenance,
-    QuantConfig,
     RecordedJob,
     ResultError,
     RunResult,
@@ -32,6 +31,7 @@ from speedsplit.core.record import (
     read_result,
     to_json,
 )
+from speedsplit.core.facts import QuantConfig
 from speedsplit.core.quality import QualityRecord
 from speedsplit.core.requestlog import RequestRecord
 from speedsplit.core.specs import JobSpec, parse_job

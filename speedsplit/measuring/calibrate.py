@@ -19,7 +19,8 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-from speedsplit.core.record import Calibration, CalibrationLevel
+from speedsplit.core.record import Calibration
+from speedsplit.core.facts import CalibrationLevel
 from speedsplit.core.results import _cpu_model, write_json_atomic
 from speedsplit.probes import loadgen, slo
 from speedsplit.serving import reference_speed

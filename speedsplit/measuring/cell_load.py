@@ -10,7 +10,7 @@ from pathlib import Path
 from speedsplit.core.loads import ClosedLoop, OpenLoop, TraceReplay, load_of
 from speedsplit.core.record import CellParams
 from speedsplit.core.specs import StackSpec
-from speedsplit.models.checkpoint import load_tokenizer
+from speedsplit.models.tokenizer import load_tokenizer
 from speedsplit.models.prompts import block_prompts, prompts_of
 from speedsplit.probes import loadgen, traffic
 

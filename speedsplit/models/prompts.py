@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import random
 
-from speedsplit.models.checkpoint import ModelError, exact_prompt, load_tokenizer
+from speedsplit.models.checkpoint import ModelError
+from speedsplit.models.tokenizer import exact_prompt, load_tokenizer
 
 
 def prompts_of(tokenizer_dir, lengths: list[int], seed: int) -> list[str]:

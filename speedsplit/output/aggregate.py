@@ -17,6 +17,7 @@ from speedsplit.analysis import answer
 from speedsplit.analysis import chains as ch
 from speedsplit.analysis import frames as f
 from speedsplit.analysis import timeline as tl
+from speedsplit.analysis.calibration import calibration_frame
 from speedsplit.core import formats, plausible
 from speedsplit.core.record import read_result
 from speedsplit.core.results import atomic_dir
@@ -66,7 +67,7 @@ def build_frames(
         "answer": answer.sentences(attribution, chains),
         "crossover": ch.crossover_frame(attribution),
         "stability": ch.stability_frame(attribution),
-        "calibration": f.calibration_frame(results),
+        "calibration": calibration_frame(results),
         "timeline": tl.timeline_frame(
             {(r.model, r.stack, r.topology, r.cell, r.run): Path(p) for r, p in zip(results, result_paths)},
             tl.choose(attribution, runs, chains),

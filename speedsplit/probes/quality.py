@@ -21,7 +21,7 @@ from pathlib import Path
 
 from speedsplit.core import apikey
 from speedsplit.core.quality import ID_PREFIX, QualityOutput, QualityProbe, QualityRecord, QualityWindow
-from speedsplit.models.checkpoint import load_tokenizer
+from speedsplit.models.tokenizer import load_tokenizer
 from speedsplit.probes.loadspec import LoadSpec, request_body
 
 
@@ -63,7 +63,7 @@ def windows_of(text: str, tokenizer, probe: QualityProbe) -> tuple[list[list[int
     unknown tokens) gets windows of its own words instead, seeded, and the note says so."""
     import random
 
-    from speedsplit.models.checkpoint import exact_prompt
+    from speedsplit.models.tokenizer import exact_prompt
 
     want = max(probe.prompts, probe.windows)
     ids = tokenizer.encode(text, add_special_tokens=False)

@@ -14,7 +14,8 @@ import urllib.error
 import urllib.request
 
 from speedsplit.core import apikey
-from speedsplit.core.record import GpuTelemetry, ServerTelemetry, Telemetry
+from speedsplit.core.record import Telemetry
+from speedsplit.core.facts import GpuTelemetry, ServerTelemetry
 
 # vLLM's names (0.26 and later); counters are exposed with a _total suffix.
 GAUGES = {"kv_cache": "vllm:kv_cache_usage_perc", "running": "vllm:num_requests_running"}

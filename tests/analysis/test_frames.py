@@ -114,7 +114,7 @@ def test_corrupt_or_truncated_results_are_refused(result_files, tmp_path):
 
 
 def test_results_of_different_machines_are_never_pooled(result_files, tmp_path, capsys):
-    from speedsplit.core.record import Gpu
+    from speedsplit.core.facts import Gpu
 
     other = fake_result("vllm-fp16", 8, 3, 500.0)
     other.provenance.hardware.gpus = [Gpu(index="0", name="NVIDIA H200", driver="580", memory="143771 MiB")]

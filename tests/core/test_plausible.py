@@ -7,7 +7,8 @@ from records import fake_result, write_result
 
 from speedsplit.analysis import answer
 from speedsplit.core import plausible
-from speedsplit.core.record import Calibration, CalibrationLevel
+from speedsplit.core.record import Calibration
+from speedsplit.core.facts import CalibrationLevel
 from speedsplit.output import aggregate
 
 

@@ -5,6 +5,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from speedsplit.models import checkpoint as M
+from speedsplit.models.tokenizer import exact_prompt
 
 
 def test_tiny_shape_suits_vllm_cpu(tiny_model):
@@ -41,7 +42,7 @@ def test_prompts_have_exact_token_counts(tiny_model, n):
     tok = AutoTokenizer.from_pretrained(str(tiny_model))
     rng = random.Random(n)
     for _ in range(3):
-        text = M.exact_prompt(tok, n, rng)
+        text = exact_prompt(tok, n, rng)
         assert len(tok.encode(text, add_special_tokens=False)) == n
         assert len(tok.encode(text)) == n  # no special tokens are added either
 

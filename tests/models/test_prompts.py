@@ -1,6 +1,6 @@
 """Prompts built from a trace's blocks share exactly the tokens the trace says they share."""
 
-from speedsplit.models.checkpoint import load_tokenizer
+from speedsplit.models.tokenizer import load_tokenizer
 from speedsplit.models.prompts import block_prompts
 
 

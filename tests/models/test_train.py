@@ -8,7 +8,8 @@ import json
 import pytest
 
 from speedsplit.models import corpus, train
-from speedsplit.models.checkpoint import exact_prompt, load_tokenizer, synthesize
+from speedsplit.models.checkpoint import synthesize
+from speedsplit.models.tokenizer import exact_prompt, load_tokenizer
 from speedsplit.models.prompts import word_ids
 from speedsplit.planning import config as C
 

@@ -85,7 +85,7 @@ def test_a_vllm_cache_sized_by_hand_is_passed_in_bytes_and_a_capped_cache_above_
     fails a capacity level like a wrong kernel does."""
     from records import fake_result
 
-    from speedsplit.core.record import MemoryCap
+    from speedsplit.core.facts import MemoryCap
     from speedsplit.measuring import checks
     from speedsplit.planning import config as C
     from speedsplit.probes import slo
@@ -116,7 +116,8 @@ def test_a_vllm_cache_sized_by_hand_is_passed_in_bytes_and_a_capped_cache_above_
     res.engine.kv_cache_gib = 5.2  # sized to the fit
     assert not checks.over_memory_cap(res)
     # what NVML saw on the card: more than 0.5 GiB above the cap is over it, whatever the engine said
-    from speedsplit.core.record import GpuTelemetry, Telemetry
+    from speedsplit.core.record import Telemetry
+    from speedsplit.core.facts import GpuTelemetry
 
     res.telemetry = Telemetry(interval_s=0.5, server_absent="not read here")
 
