@@ -8,9 +8,6 @@ rule model:
     params:
         entry=model_entry,
         platform=PLATFORM,
-    # a trained model (weights: trained) trains on the CPU: Snakemake hands a job's threads to
-    # torch (OMP_NUM_THREADS), one unless told; a local run lowers 4 to its --cores
-    threads: 4
     resources:
         gpu=1,
     log:

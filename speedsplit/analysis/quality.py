@@ -24,7 +24,7 @@ import math
 
 import polars as pl
 
-from speedsplit.analysis.estimate import t_quantile
+from speedsplit.analysis.estimate import LEVEL, t_quantile
 from speedsplit.core.quality import QualityRecord
 
 STACK_SCHEMA = {
@@ -87,16 +87,17 @@ RANDOM_NOTE = "random weights: these quality figures say nothing about a trained
 Z95 = 1.959963984540054
 
 
-def mean_t(values: list[float]) -> tuple[float | None, float | None, float | None]:
-    """The mean and its 95% Student t interval (no interval from one value)."""
+def mean_t(values: list[float], low: float = -math.inf, high: float = math.inf):
+    """The mean and its 95% Student t interval (none from one value), the interval clamped to
+    [low, high] (a share's to [0, 1])."""
     if not values:
         return None, None, None
     n, m = len(values), math.fsum(values) / len(values)
     if n < 2:
         return m, None, None
     sd = math.sqrt(math.fsum((v - m) ** 2 for v in values) / (n - 1))
-    half = t_quantile(0.975, n - 1) * sd / math.sqrt(n)
-    return m, m - half, m + half
+    half = t_quantile(0.5 + LEVEL / 2, n - 1) * sd / math.sqrt(n)
+    return m, max(low, m - half), min(high, m + half)
 
 
 def wilson(k: int, n: int) -> tuple[float | None, float | None, float | None]:
@@ -129,8 +130,19 @@ def perplexity(rec: QualityRecord) -> tuple[float | None, float | None, float | 
     return value, *_exp((lo, hi)), len(wins), len(nll)
 
 
+def unlike(a: QualityRecord, b: QualityRecord) -> str | None:
+    """Why two records cannot be set side by side (another text or probe), or None."""
+    if a.text_sha256 != b.text_sha256:
+        return f"not comparable: another held-out text ({a.text_sha256 or 'none'} against {b.text_sha256 or 'none'})"
+    if a.probe != b.probe:
+        return "not comparable: another quality probe (config quality)"
+    return None
+
+
 def compare_outputs(a: QualityRecord, b: QualityRecord) -> dict:
     """Greedy continuations of the same prompts, compared token by token."""
+    if unlike(a, b):
+        return {"prompts": 0}
     by_prompt = {o.prompt: o for o in b.outputs if not o.error}
     pairs = [(o, by_prompt[o.prompt]) for o in a.outputs if not o.error and o.prompt in by_prompt]
     if not pairs:
@@ -143,7 +155,7 @@ def compare_outputs(a: QualityRecord, b: QualityRecord) -> dict:
         lengths.append(max(len(sx), len(sy)))
     agree = sum(f >= length for f, length in zip(firsts, lengths))
     share, lo, hi = wilson(agree, len(pairs))
-    div, dlo, dhi = mean_t([float(f) for f in firsts])
+    div, dlo, dhi = mean_t([float(f) for f in firsts], 0.0, float(max(lengths)))
     return {
         "compared_by": "token ids" if ids else "texts re-tokenized",
         "prompts": len(pairs),
@@ -159,9 +171,12 @@ def compare_outputs(a: QualityRecord, b: QualityRecord) -> dict:
 
 
 def next_token_agreement(a: QualityRecord, b: QualityRecord) -> tuple[float | None, float | None, float | None]:
-    """The share of held-out positions whose top token both stacks name alike (t over windows)."""
+    """The share of held-out positions whose top token both stacks name alike: the mean of the
+    windows' shares, with its t interval over windows (clamped to [0, 1])."""
+    if unlike(a, b):
+        return None, None, None
     tops_b = {w.window: w for w in b.windows if w.top}
-    shares, agree, total = [], 0, 0
+    shares = []
     for w in a.windows:
         v = tops_b.get(w.window)
         if not w.top or v is None or w.ids != v.ids:
@@ -169,16 +184,14 @@ def next_token_agreement(a: QualityRecord, b: QualityRecord) -> tuple[float | No
         same = [max(x, key=x.get) == max(y, key=y.get) for x, y in zip(w.top, v.top) if x and y]
         if same:
             shares.append(sum(same) / len(same))
-            agree, total = agree + sum(same), total + len(same)
-    if not total:
-        return None, None, None
-    _, lo, hi = mean_t(shares)
-    return agree / total, lo, hi
+    return mean_t(shares, 0.0, 1.0)
 
 
 def perplexity_ratio(a: QualityRecord, b: QualityRecord) -> tuple[float | None, float | None, float | None]:
     """b's perplexity over a's on the windows both scored alike (the same tokens): exp of the
     mean NLL difference per token, its interval paired window by window."""
+    if unlike(a, b):
+        return None, None, None
     wa, wb = _nll_windows(a), _nll_windows(b)
     diffs, per_window = [], []
     for k, (ids, na) in wa.items():
@@ -239,7 +252,7 @@ def _speed(attribution: pl.DataFrame | None, chain: str, model: str, topology: s
     if not row.height:
         return {}
     r = row.row(0, named=True)
-    return {"speed_factor": r["value"], "speed_factor_lo": r["lo"], "speed_factor_hi": r["hi"]}
+    return {"step": r["step"], "speed_factor": r["value"], "speed_factor_lo": r["lo"], "speed_factor_hi": r["hi"]}
 
 
 def steps_frame(
@@ -260,23 +273,31 @@ def steps_frame(
             ref = next((s for s in members if s in rec and perplexity(rec[s][0])[0] is not None), None)
             for i in range(1, len(members)):
                 a, b = members[i - 1], members[i]
-                if a not in rec or b not in rec:
-                    continue
-                (ra, _), (rb, weights) = rec[a], rec[b]
+                if a not in rec and b not in rec:
+                    continue  # a chain these results do not cover
                 row = {
                     "model": model,
                     "topology": topology,
                     "chain": chain,
                     "position": i,
-                    "step": (steps.get(chain) or [None] * len(members))[i - 1],
                     "from_stack": a,
                     "to_stack": b,
                     "same_weights": _same(variants, (model, topology, a), (model, topology, b)),
                     **_speed(attribution, chain, model, topology, i),
-                    **compare_outputs(ra, rb),
                     "gate": gate,
-                    "note": _weights_note(weights),
                 }
+                if not row.get("step"):  # no factor for the step (attribution's names it): the chain's own name
+                    names = steps.get(chain) or []
+                    row["step"] = names[i - 1] if i - 1 < len(names) else None
+                missing = [s for s in (a, b) if s not in rec or rec[s][0].status != "ok"]
+                if missing:
+                    why = [rec[s][0].error if s in rec else "no result carried its quality probe" for s in missing]
+                    row["note"] = "; ".join(f"no quality of {s}: {w}" for s, w in zip(missing, why))
+                    rows.append(row)
+                    continue
+                (ra, _), (rb, weights) = rec[a], rec[b]
+                row |= compare_outputs(ra, rb)
+                row["note"] = "; ".join(n for n in (unlike(ra, rb), _weights_note(weights)) if n)
                 row["next_token_agreement"], row["next_token_agreement_lo"], row["next_token_agreement_hi"] = (
                     next_token_agreement(ra, rb)
                 )
@@ -296,8 +317,9 @@ def _gate(rec: dict, ref: str | None, first: str, stack: str, gate: float) -> di
     the stack is the reference, or nothing compares them)."""
     if stack == ref:
         return {"reference": ref, "gate_basis": "the reference", "quality_share": 1.0, "passes": None}
-    if ref is not None and perplexity(rec[stack][0])[0] is not None:
-        share = perplexity(rec[ref][0])[0] / perplexity(rec[stack][0])[0]
+    ratio = perplexity_ratio(rec[ref][0], rec[stack][0])[0] if ref is not None else None
+    if ratio is not None:  # paired window by window, as the steps' ratios are
+        share = 1 / ratio
         return {"reference": ref, "gate_basis": "perplexity", "quality_share": share, "passes": share >= gate}
     if first in rec and first != stack:
         c = compare_outputs(rec[first][0], rec[stack][0])

@@ -129,6 +129,11 @@ def measure(
             raise
         except Exception as exc:  # anything unforeseen: recorded, and the lane goes on
             _record_error(result, exc, workdir)
+        if job.quality is not None and result.quality is None:  # its stack's quality says why there is none
+            why = f"not probed: the cell is {result.status}" + (
+                f" ({result.cause.splitlines()[0][:300]})" if result.cause else ""
+            )
+            result.quality = QualityRecord(status="error", probe=job.quality, error=why)
         result.finished = _now()
         result.timing.job_end = time.time()
         result.provenance = Provenance.model_validate(provenance(workdir))
@@ -223,8 +228,6 @@ def _measure_on_session(
         ) as held:
             _server_facts(result, held.state, held.reused)
             records = _run_load(result, held.state, job, tokenizer_dir, progress, held.api_key)
-            if job.quality is not None:
-                result.quality = probe_quality(held.state, job, tokenizer_dir, held.api_key, progress)
             sessions.transition(
                 held.sess,
                 held.generation,
@@ -233,6 +236,9 @@ def _measure_on_session(
                 last_used=time.time(),  # another workflow waits foreign_idle_s from here (evict_idle)
             )
             checks.check_servers(result, records, held.sess, held.generation, held.state, job.stack)
+            # after the cell is judged: what the probe does to the server is the probe's alone
+            if job.quality is not None and result.status in (None, "ok"):
+                result.quality = probe_quality(held.state, job, tokenizer_dir, held.api_key, progress)
     except sessions.NotReady as no:
         result.status = no.status
         if no.state is None:
@@ -260,6 +266,8 @@ def probe_quality(state: dict, job: JobSpec, tokenizer_dir, api_key: str | None,
             timeout,
             progress=progress,
         )
+    except procs.Stop:
+        raise
     except Exception as exc:
         return QualityRecord(status="error", probe=job.quality, error=f"{type(exc).__name__}: {exc}"[:400])
 

@@ -12,6 +12,7 @@ what it trained on (TRAIN_SAMPLE_TEXT), the text its GPTQ quantization calibrate
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -92,6 +93,9 @@ def train(cfg: dict, corpus: Corpus, t: Training, seed: int, progress=print):
 
     from speedsplit.models.checkpoint import SPECIAL_TOKENS
 
+    # every core the process may run on (a cluster job's allocation), whatever OMP_NUM_THREADS
+    # says (Snakemake sets it to a job's threads: one)
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
     t0 = time.perf_counter()
     tokenizer = train_tokenizer(corpus.train, cfg["vocab_size"], SPECIAL_TOKENS)
     tok_s = time.perf_counter() - t0

@@ -223,6 +223,12 @@ def _check_references(config: dict) -> None:
                     f"({entry['max_model_len']})"
                 )
     check_formats(config)
+    q = config["quality"]
+    if q["enabled"] and q["prompt_tokens"] > q["window_tokens"]:
+        raise ConfigError(
+            f"config error at quality.prompt_tokens: {q['prompt_tokens']} is more than quality.window_tokens "
+            f"({q['window_tokens']}): a continuation's prompt is the start of a window"
+        )
     _check_traffic(config)
     _check_coordination(config)
     _check_factorial(config)

@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from speedsplit.core import apikey
+from speedsplit.core import apikey, procs
 from speedsplit.core.quality import ID_PREFIX, QualityOutput, QualityProbe, QualityRecord, QualityWindow
 from speedsplit.models.tokenizer import load_tokenizer
 from speedsplit.probes.loadspec import LoadSpec, request_body
@@ -138,7 +138,8 @@ def continuation(url: str, spec: LoadSpec, prompt: str, extra: dict, key: str | 
 
 def score(url: str, model: str, text: str, fields: dict, key: str | None, timeout_s: float):
     """A window scored through its prompt logprobs: (token ids, logprobs from the second token
-    on, top logprobs at those positions); None for what the answer lacks."""
+    on, top logprobs at those positions); None for what the answer lacks. NotServed where the
+    answer holds no prompt logprobs at all."""
     body = {"model": model, "prompt": text, "max_tokens": 1, "temperature": 0.0, "echo": True, "stream": False}
     with _post(url, body | fields, key, timeout_s) as resp:
         answer = json.loads(resp.read())
@@ -146,11 +147,28 @@ def score(url: str, model: str, text: str, fields: dict, key: str | None, timeou
     lp = (answer.get("choices") or [{}])[0].get("logprobs") or {}
     tokens, lps, tops = lp.get("tokens") or [], lp.get("token_logprobs") or [], lp.get("top_logprobs") or []
     if not n or len(tokens) < n or len(lps) < n:
-        raise RuntimeError("the answer holds no prompt logprobs (echo with logprobs)")
+        raise NotServed("the answer holds no prompt logprobs (echo with logprobs)")
     ids = [_token_id(t) for t in tokens[:n]]
     logprobs = [float(x) for x in lps[1:n]]
     top = [_top(e) for e in tops[1:n]] if len(tops) >= n else []
     return (None if None in ids else ids), logprobs, (top if top and None not in top else None)
+
+
+class NotServed(RuntimeError):
+    """The server answered, without what was asked for."""
+
+
+# What a refusal of the logprob fields looks like: 422 (unknown fields, FastAPI's), or a 400
+# that names one of them. Any other refusal (a prompt too long, a wrong key) is the request's.
+ASKED_FIELDS = ("logprobs", "return_tokens_as_token_ids", "echo")
+
+
+def _refuses_fields(no: Refused) -> bool:
+    return no.status == 422 or (no.status < 500 and any(f in str(no) for f in ASKED_FIELDS))
+
+
+def _said(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:300]
 
 
 def run(
@@ -164,7 +182,9 @@ def run(
     workdir: str | Path = ".",
     progress=None,
 ) -> QualityRecord:
-    """Run the probe against one ready server; every failure is in the record, never raised."""
+    """Run the probe against one ready server; every failure is in the record, never raised
+    (but a stop signal). A server that stops answering (a connection refused, a timeout) is
+    asked nothing more: the rest of the probe says so."""
     t0 = time.perf_counter()
     record = QualityRecord(status="ok", probe=probe)
     try:
@@ -174,7 +194,7 @@ def run(
         wins, note = windows_of(text, tok, probe)
         record.text += note
     except Exception as exc:  # no text to probe with: nothing was asked of the server
-        record.status, record.error = "error", f"{type(exc).__name__}: {exc}"
+        record.status, record.error = "error", _said(exc)
         return record
     spec = LoadSpec(
         urls=[url],
@@ -188,50 +208,60 @@ def run(
         request_timeout_s=timeout_s,
     )
     ladder = _logprob_fields(probe.top_logprobs)
+    down = None  # why the server stopped answering
     for i, w in enumerate(wins[: probe.prompts]):
         out = QualityOutput(prompt=i)
-        prompt = tok.decode(w[: probe.prompt_tokens])
+        record.outputs.append(out)
+        if down:
+            out.error = f"not asked: {down}"
+            continue
         try:
             while True:
                 try:
-                    out.text, out.ids, out.top = continuation(url, spec, prompt, ladder[0], api_key, timeout_s)
+                    out.text, out.ids, out.top = continuation(
+                        url, spec, tok.decode(w[: probe.prompt_tokens]), ladder[0], api_key, timeout_s
+                    )
                     break
                 except Refused as no:  # fewer fields, once for the whole probe
-                    if len(ladder) == 1 or no.status >= 500:
+                    if len(ladder) == 1 or not _refuses_fields(no):
                         raise
-                    refused = f"no: {no}"
                     ladder = ladder[1:]
-                    if "return_tokens_as_token_ids" not in ladder[0]:
-                        record.serves["token_ids"] = refused
-                    if "logprobs" not in ladder[0]:
-                        record.serves["logprobs"] = refused
+                    for field, key in (("return_tokens_as_token_ids", "token_ids"), ("logprobs", "logprobs")):
+                        if field not in ladder[0]:
+                            record.serves.setdefault(key, f"no: {no}")
             out.text_ids = tok.encode(out.text, add_special_tokens=False)
+        except procs.Stop:
+            raise
+        except OSError as exc:  # refused, reset or timed out: the server is not answering
+            down = out.error = f"the server did not answer ({_said(exc)})"
         except Exception as exc:
-            out.error = f"{type(exc).__name__}: {exc}"[:300]
-        record.outputs.append(out)
+            out.error = _said(exc)
     ok = [o for o in record.outputs if not o.error]
-    record.serves.setdefault(
-        "token_ids", "yes" if ok and all(o.ids is not None for o in ok) else "no: none in the stream"
-    )
-    record.serves.setdefault(
-        "logprobs", "yes" if ok and all(o.top is not None for o in ok) else "no: none in the stream"
-    )
+    for key, has in (("token_ids", lambda o: o.ids is not None), ("logprobs", lambda o: o.top is not None)):
+        record.serves.setdefault(key, "yes" if ok and all(has(o) for o in ok) else "no: none in the stream")
     if progress:
         progress(f"quality: {len(ok)}/{len(record.outputs)} continuations")
+    fields = ladder[0] or {"logprobs": probe.top_logprobs}  # echo is nothing without logprobs
     for i, w in enumerate(wins[: probe.windows]):
         win = QualityWindow(window=i)
-        if record.serves.get("prompt_logprobs", "yes") != "yes":
-            win.error = "not served"
-        else:
-            try:
-                fields = ladder[0] or {"logprobs": probe.top_logprobs}  # echo is nothing without logprobs
-                win.ids, win.logprobs, win.top = score(url, model, tok.decode(w), fields, api_key, timeout_s)
-            except (Refused, RuntimeError) as exc:  # this stack does not serve them: asked once
+        record.windows.append(win)
+        if down or record.serves.get("prompt_logprobs", "yes") != "yes":
+            win.error = f"not asked: {down}" if down else "not served"
+            continue
+        try:
+            win.ids, win.logprobs, win.top = score(url, model, tok.decode(w), fields, api_key, timeout_s)
+        except procs.Stop:
+            raise
+        except (Refused, NotServed) as exc:
+            if isinstance(exc, Refused) and not _refuses_fields(exc):
+                win.error = _said(exc)  # this window's, not the stack's
+            else:  # this stack does not serve them: asked once
                 record.serves["prompt_logprobs"] = f"no: {exc}"
                 win.error = "not served"
-            except Exception as exc:
-                win.error = f"{type(exc).__name__}: {exc}"[:300]
-        record.windows.append(win)
+        except OSError as exc:
+            down = win.error = f"the server did not answer ({_said(exc)})"
+        except Exception as exc:
+            win.error = _said(exc)
     if probe.windows:
         record.serves.setdefault("prompt_logprobs", "yes")
     if not ok:

@@ -70,6 +70,8 @@ def parse_request(body, served_name: str, tokenizer, context: int) -> Request:
     if body.get("model") not in (None, served_name):
         raise BadRequest(f"unknown model {body.get('model')!r} (this server serves {served_name!r})")
     asked = logprobs.asked(body, BadRequest)
+    if asked.echo and body.get("stream"):
+        raise BadRequest("echo scoring is answered whole (stream: false)")
     if body.get("stream") is not True and not asked.echo:
         raise BadRequest("only streaming requests are served (stream: true), and echo scoring")
     prompt = body.get("prompt")

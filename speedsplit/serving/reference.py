@@ -119,7 +119,7 @@ def _parse(body: dict, chat: bool) -> tuple[str, int, bool, dict, logprobs.Asked
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise BadRequest(f"max_tokens must be a positive integer, not {n!r}")
     options = body.get("stream_options") or {}
-    asked = logprobs.asked(body, BadRequest)
+    asked = logprobs.Asked() if chat else logprobs.asked(body, BadRequest)  # chat's logprobs: none here
     return prompt, n, bool(body.get("stream", False)), options if isinstance(options, dict) else {}, asked
 
 

@@ -4,9 +4,10 @@ speed factors (tests/analysis/test_quality_truth.py).
 
 Every answer's token i is " t{i}" (id i), except that a request whose prompt falls in the
 diverging share (one prompt in `diverge_every`, by a hash of its text, the same on every
-server) says " u{i}" (id DIVERGED + i) from position `diverge_at` on. Every prompt token it
-scores (`echo` with `logprobs`) gets log-probability -`nll` and is the top token at its place,
-so its perplexity is exp(nll) exactly.
+server) says " u{i}" (id DIVERGED + i) from position `diverge_at` on. A prompt token it scores
+(`echo` with `logprobs`) at position j gets log-probability -(`nll` + `nll_wave` x (j % 3)), so
+with no wave its perplexity is exp(nll) exactly; it is the top token at its place except where
+(its id + j) % `other_top_every` == 0, where another token is half a nat above it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ DIVERGED = 1_000_000  # the ids of a diverging answer's tokens start here
 class Answers:
     diverge_every: int = 0  # one prompt in this many diverges (0: none)
     diverge_at: int = 0  # from this output position on
-    nll: float = 1.0  # every scored prompt token's negative log-probability
+    nll: float = 1.0  # every scored prompt token's negative log-probability (its base)
+    nll_wave: float = 0.0  # added times (position % 3)
+    other_top_every: int = 0  # (id + position) % this == 0: another token tops it (0: never)
 
     def diverges(self, prompt: str) -> bool:
         return bool(self.diverge_every) and zlib.crc32(prompt.encode()) % self.diverge_every == 0
@@ -32,11 +35,20 @@ class Answers:
         return (DIVERGED + i, f" u{i}") if d and i >= self.diverge_at else (i, f" t{i}")
 
     def scores(self, ids: list[int], top: int) -> tuple[list[float], list[dict[int, float]]]:
-        """A prompt's scores: each token's logprob from the second on (-nll), and the top ones
-        at its place: itself, then others a nat apart each."""
-        lps = [-self.nll] * (len(ids) - 1)
-        tops = [{t: -self.nll, **{DIVERGED + t + r: -self.nll - r for r in range(1, top)}} for t in ids[1:]]
+        """A prompt's scores: each token's logprob from the second on, and the top ones at its
+        place: itself (or another above it), then others a nat apart each."""
+        lps, tops = [], []
+        for j, t in enumerate(ids[1:], start=1):
+            lp = -(self.nll + self.nll_wave * (j % 3))
+            ranked = {t: lp, **{DIVERGED + t + r: lp - r for r in range(1, top)}}
+            if self.tops_another(t, j):
+                ranked[-1 - t] = lp + 0.5
+            lps.append(lp)
+            tops.append(ranked)
         return lps, tops
+
+    def tops_another(self, token: int, position: int) -> bool:
+        return bool(self.other_top_every) and (token + position) % self.other_top_every == 0
 
 
 def agreement(a: Answers, b: Answers, prompts: list[str], n: int) -> tuple[float, float]:

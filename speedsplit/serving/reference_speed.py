@@ -167,6 +167,8 @@ def add_speed_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--diverge-every", type=int, default=0, metavar="N", help="one prompt in N gets another answer")
     p.add_argument("--diverge-at", type=int, default=0, help="... from this output token on")
     p.add_argument("--nll", type=float, default=Answers.nll, help="every scored prompt token's -logprob")
+    p.add_argument("--nll-wave", type=float, default=0.0, help="added to it times (position %% 3)")
+    p.add_argument("--other-top-every", type=int, default=0, metavar="N", help="another token tops one in N")
 
 
 def speed_of(args: argparse.Namespace) -> tuple[Speed, Faults]:
@@ -187,6 +189,6 @@ def speed_of(args: argparse.Namespace) -> tuple[Speed, Faults]:
 
 
 def answers_of(args: argparse.Namespace) -> Answers:
-    if args.diverge_every < 0 or args.diverge_at < 0 or args.nll < 0:
-        raise SystemExit("--diverge-every, --diverge-at and --nll must not be negative")
-    return Answers(args.diverge_every, args.diverge_at, args.nll)
+    if min(args.diverge_every, args.diverge_at, args.nll, args.nll_wave, args.other_top_every) < 0:
+        raise SystemExit("--diverge-every, --diverge-at, --nll, --nll-wave and --other-top-every must not be negative")
+    return Answers(args.diverge_every, args.diverge_at, args.nll, args.nll_wave, args.other_top_every)

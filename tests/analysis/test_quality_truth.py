@@ -89,3 +89,59 @@ def test_a_stack_that_serves_no_logprobs_is_compared_by_its_text(probed):
     row = steps.row(0, named=True)
     assert row["compared_by"] == "texts re-tokenized"
     assert row["perplexity_ratio"] is None and row["gate_basis"] == "agreement"
+
+
+def test_the_intervals_are_the_textbook_ones():
+    assert Q.wilson(3, 10) == pytest.approx((0.3, 0.10779, 0.60322), abs=1e-5)
+    assert Q.wilson(16, 16)[1:] == pytest.approx((0.80639, 1.0), abs=1e-5)
+    assert Q.mean_t([1.0, 2.0, 3.0]) == pytest.approx((2.0, -0.48414, 4.48414), abs=1e-5)
+    assert Q.mean_t([1.0, 2.0, 3.0], 0.0, 4.0) == pytest.approx((2.0, 0.0, 4.0), abs=1e-5)  # clamped
+    assert Q.mean_t([0.5]) == (0.5, None, None)
+
+
+def test_a_top_token_that_moves_and_a_perplexity_that_varies_land_on_their_truth(probed, tiny_model):
+    """Against ref-a, ref-d names another top token wherever (token + position) % 5 == 0 and
+    scores each token 0.2 + 0.3 x (position % 3) nats worse: next-token agreement is the mean of
+    the windows' shares of the other positions, each window its own (an interval of some width),
+    and the perplexity ratio is exp of the mean difference."""
+    d = Answers(nll=1.2, nll_wave=0.3, other_top_every=5)
+    url = R.serve_in_thread(R.make_app(Speed(0.0, 0.0), served_name="m", model_dir=str(tiny_model), answers=d))
+    a, _ = probed[("tiny", "tp1", "ref-a")]
+    rd = quality.run(url, "m", "vllm", PROBE, tiny_model)
+    shares, diffs = [], []
+    for w in rd.windows:
+        moved = [d.tops_another(t, j) for j, t in enumerate(w.ids[1:], start=1)]
+        shares.append(1 - sum(moved) / len(moved))
+        diffs += [0.2 + 0.3 * (j % 3) for j in range(1, len(w.ids))]
+    share, lo, hi = Q.next_token_agreement(a, rd)
+    assert share == pytest.approx(sum(shares) / len(shares)) and lo < share < hi <= 1.0
+    assert Q.perplexity_ratio(a, rd)[0] == pytest.approx(math.exp(sum(diffs) / len(diffs)))
+
+
+def test_a_server_that_stops_answering_is_asked_nothing_more(tiny_model):
+    """A connection refused (the server gone): one request says so, the rest are not sent, and
+    the probe returns at once with its reasons, never a hang or an exception."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rec = quality.run(f"http://127.0.0.1:{port}", "m", "vllm", PROBE, tiny_model, timeout_s=5.0)
+    assert rec.status == "error" and rec.outputs[0].error.startswith("the server did not answer")
+    assert all(o.error.startswith("not asked: the server did not answer") for o in rec.outputs[1:])
+    assert all(w.error.startswith("not asked") for w in rec.windows) and rec.seconds < 5
+
+
+def test_a_stop_signal_ends_the_probe(tiny_model):
+    """SIGTERM while the probe runs (the job is being stopped): the probe does not swallow it."""
+    import os
+    import signal
+    import threading
+
+    from speedsplit.core import procs
+
+    url = R.serve_in_thread(R.make_app(Speed(0.0, 0.0), served_name="m", model_dir=str(tiny_model)))
+    many = QualityProbe(prompts=400, prompt_tokens=8, output_tokens=64, windows=0, window_tokens=16)
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    with procs.stop_on_signals(), pytest.raises(procs.Stop):
+        quality.run(url, "m", "vllm", many, tiny_model)

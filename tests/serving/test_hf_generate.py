@@ -284,3 +284,32 @@ def test_its_logprobs_and_prompt_scores_are_the_models_own(server, tiny_model):
         # greedy with EOS barred (ignore_eos): its pick is the top token other than EOS (id 2)
         best = [max(v for k, v in t.items() if k != "2") for t in o.top]
         assert all(math.isclose(b, t[str(i)], abs_tol=1e-6) for i, t, b in zip(o.ids, o.top, best))
+
+
+def test_rows_batched_together_each_get_their_own_logprobs(server, tiny_model):
+    """Four requests asking for logprobs sent at once (batches of up to 2, so some row is a
+    batch's second): every streamed token's logprob is the model's own for that row's context,
+    not another row's; a request that asks none gets none."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from speedsplit.measuring.cell_load import build_prompts
+    from speedsplit.probes import quality
+
+    prompts = build_prompts(tiny_model, 5, 8, seed=11)
+    spec = loadgen.LoadSpec(urls=[server], model="tiny", prompts=[], users=1, prompt_tokens=8, output_tokens=6)
+    ask = {"logprobs": 2, "return_tokens_as_token_ids": True}
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda p: quality.continuation(server, spec, p, ask, None, 60), prompts[:4]))
+    assert stats(server)["largest_batch"] >= 2
+    assert quality.continuation(server, spec, prompts[4], {}, None, 60)[1:] == (None, None)
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.bfloat16)
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    for prompt, (_, ids, top) in zip(prompts, answers):
+        context = tok(prompt)["input_ids"]
+        with torch.inference_mode():
+            lp = model(input_ids=torch.tensor([context + ids])).logits[0].float().log_softmax(-1)
+        for k, t in enumerate(ids):
+            assert top[k][str(t)] == pytest.approx(float(lp[len(context) - 1 + k, t]), abs=0.05)

@@ -31,9 +31,12 @@ def chart_rows(steps: pl.DataFrame, stacks: pl.DataFrame) -> pl.DataFrame:
             for r in stacks.filter((pl.col("model") == model) & (pl.col("topology") == topology)).iter_rows(named=True)
         }
         first = df.row(0, named=True)
-        speed, members = 1.0, [(first["from_stack"], 1.0, None)]
+        speed = 1.0 if first["position"] == 1 else None  # relative to the chain's first stack
+        members = [(first["from_stack"], speed, None)]
         for r in df.iter_rows(named=True):
-            speed = speed * r["speed_factor"] if speed is not None and r["speed_factor"] is not None else None
+            joined = r["from_stack"] == members[-1][0]  # a step left out breaks the product
+            ok = speed is not None and joined and r["speed_factor"] is not None
+            speed = speed * r["speed_factor"] if ok else None
             members.append((r["to_stack"], speed, r["step"]))
         base = next((ppl[s] for s, _, _ in members if ppl.get(s)), None)
         for i, (stack, speed, step) in enumerate(members):
