@@ -193,6 +193,8 @@ def run(
         record.text_sha256 = hashlib.sha256(text.encode()).hexdigest()[:16]
         wins, note = windows_of(text, tok, probe)
         record.text += note
+    except procs.Stop:
+        raise
     except Exception as exc:  # no text to probe with: nothing was asked of the server
         record.status, record.error = "error", _said(exc)
         return record

@@ -133,15 +133,27 @@ def test_a_server_that_stops_answering_is_asked_nothing_more(tiny_model):
 
 
 def test_a_stop_signal_ends_the_probe(tiny_model):
-    """SIGTERM while the probe runs (the job is being stopped): the probe does not swallow it."""
+    """SIGTERM while the probe waits for an answer (the job is being stopped): the probe does not
+    swallow it. The server sends it on the probe's third request."""
     import os
     import signal
-    import threading
+
+    from aiohttp import web
 
     from speedsplit.core import procs
 
-    url = R.serve_in_thread(R.make_app(Speed(0.0, 0.0), served_name="m", model_dir=str(tiny_model)))
-    many = QualityProbe(prompts=400, prompt_tokens=8, output_tokens=64, windows=0, window_tokens=16)
-    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    seen = []
+
+    @web.middleware
+    async def stop_the_client(request, handler):
+        seen.append(request.path)
+        if len(seen) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return await handler(request)
+
+    app = R.make_app(Speed(0.0, 0.0), served_name="m", model_dir=str(tiny_model))
+    app.middlewares.append(stop_the_client)
+    url = R.serve_in_thread(app)
     with procs.stop_on_signals(), pytest.raises(procs.Stop):
-        quality.run(url, "m", "vllm", many, tiny_model)
+        quality.run(url, "m", "vllm", PROBE, tiny_model)
+    assert len(seen) == 3  # nothing asked after the stop
