@@ -9,8 +9,9 @@ batch) and no paged cache. Requests speak vLLM's dialect: `max_tokens`, `min_tok
 with `top_p` and the request's own `seed`, row by row (a greedy request batched with a
 sampled one stays greedy). `logprobs` (with `return_tokens_as_token_ids`) streams each token's
 log-probability and the top ones, from the model's own distribution; `echo` with `logprobs`
-scores a prompt instead (its tokens' logprobs, nothing generated, one JSON answer): what the
-quality probes ask (speedsplit/probes/quality.py).
+scores a prompt instead (its tokens' logprobs and one greedy token after them, as OpenAI's
+completions answer echo with max_tokens 1; one JSON answer): what the quality probes ask
+(speedsplit/probes/quality.py).
 
 It behaves as a server should: a malformed request gets 400 with the reason before anything
 is queued (lengths bounded by the model's context), a client that leaves stops its row and a
@@ -89,15 +90,18 @@ class Batcher:
             for req in batch:  # its clients get the error; the server goes on
                 loop.call_soon_threadsafe(req.out.put_nowait, exc)
 
-    def score(self, ids: list[int], k: int) -> tuple[list[float], list[dict[int, float]]]:
-        """A prompt's scores: each token's logprob given those before it (from the second
-        on), and the k highest at each of those positions."""
+    def score(self, ids: list[int], k: int) -> tuple[list[int], list[float], list[dict[int, float]]]:
+        """A prompt scored, then one greedy token after it (as OpenAI's echo with max_tokens 1
+        answers): the tokens, each one's logprob given those before it (from the second on),
+        and the k highest at each of those places."""
         import torch
 
         with torch.inference_mode():
             x = torch.tensor([ids], device=self.device)
-            lp = self.model(input_ids=x).logits[0, :-1].float().log_softmax(-1)
-        return lp.gather(1, x[0, 1:, None])[:, 0].tolist(), [logprobs.top_of(row, k) if k else {} for row in lp]
+            lp = self.model(input_ids=x).logits[0].float().log_softmax(-1)
+        after = int(lp[-1].argmax())
+        chosen = lp[:-1].gather(1, x[0, 1:, None])[:, 0].tolist() + [float(lp[-1, after])]
+        return ids + [after], chosen, [logprobs.top_of(row, k) if k else {} for row in lp]
 
     def _generate(self, batch: list[Request], loop: asyncio.AbstractEventLoop) -> None:
         import torch
@@ -261,13 +265,13 @@ def make_app(batcher: Batcher, served_name: str, api_key: str | None = None) -> 
             req.cancelled = True  # finished, or its client left (the handler was cancelled): its row stops
 
     async def scored(req: Request) -> web.Response:
-        """An echo request: the prompt's own scores, after the running batch."""
+        """An echo request: the prompt's own scores and one greedy token, after the running batch."""
         async with batcher.model_lock:
-            lps, tops = await asyncio.to_thread(batcher.score, req.prompt_ids, req.asked.top)
-        ids = req.prompt_ids
+            ids, lps, tops = await asyncio.to_thread(batcher.score, req.prompt_ids, req.asked.top)
         lp = logprobs.logprobs_object(ids, [None, *lps], [None, *tops], tok.decode, req.asked.as_ids)
         choice = {"index": 0, "text": tok.decode(ids), "logprobs": lp, "finish_reason": "length"}
-        usage = {"prompt_tokens": len(ids), "completion_tokens": 0, "total_tokens": len(ids)}
+        n = len(req.prompt_ids)
+        usage = {"prompt_tokens": n, "completion_tokens": 1, "total_tokens": n + 1}
         return web.json_response(
             {
                 "id": f"cmpl-{uuid.uuid4().hex}",

@@ -258,13 +258,16 @@ async def _answer_probe(
     with logprob 0 (the answer is certain), streamed or not."""
     rid = f"ref-{uuid.uuid4().hex[:12]}"
     ids = state.ids_of(prompt)
-    if asked.echo:
+    if asked.echo:  # the prompt scored, then its answer's first token (logprob 0), as OpenAI's echo
         lps, tops = state.answers.scores(ids, asked.top)
-        lp = logprobs.logprobs_object(ids, [None, *lps], [None, *tops], _word_text, asked.as_ids)
-        choice = {"index": 0, "text": prompt, "logprobs": lp, "finish_reason": "length"}
+        first, first_text = state.answers.token(prompt, 0)
+        lp = logprobs.logprobs_object(
+            [*ids, first], [None, *lps, 0.0], [None, *tops, {first: 0.0}], _word_text, asked.as_ids
+        )
+        choice = {"index": 0, "text": prompt + first_text, "logprobs": lp, "finish_reason": "length"}
         return web.json_response(
             {"id": rid, "object": "text_completion", "model": state.served_name, "choices": [choice]}
-            | {"usage": _usage(len(ids), 0)}
+            | {"usage": _usage(len(ids), 1)}
         )
     diverges = state.answers.diverges(prompt)
     tokens = [state.answers.token(prompt, i, diverges) for i in range(n)]
