@@ -63,6 +63,20 @@ def _number(body: dict, key: str, default: float, low: float, high: float, low_o
     return float(value)
 
 
+def _prompt_ids(prompt, tokenizer) -> list[int]:
+    """The prompt's token ids: a text, or token ids (as lm-evaluation-harness sends them), or a
+    batch of one of either (a batch of more is refused: one request, one answer)."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str) and prompt:
+        return tokenizer(prompt)["input_ids"]
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if not all(0 <= t < len(tokenizer) for t in prompt):
+            raise BadRequest(f"a prompt token id is outside the vocabulary (0 to {len(tokenizer) - 1})")
+        return prompt
+    raise BadRequest("prompt must be a non-empty string or a list of token ids (a batch of one at most)")
+
+
 def parse_request(body, served_name: str, tokenizer, context: int) -> Request:
     """A /v1/completions body as a Request, or BadRequest naming what is wrong."""
     if not isinstance(body, dict):
@@ -74,10 +88,7 @@ def parse_request(body, served_name: str, tokenizer, context: int) -> Request:
         raise BadRequest("echo scoring is answered whole (stream: false)")
     if body.get("stream") is not True and not asked.echo:
         raise BadRequest("only streaming requests are served (stream: true), and echo scoring")
-    prompt = body.get("prompt")
-    if not isinstance(prompt, str) or not prompt:
-        raise BadRequest("prompt must be a non-empty string")
-    prompt_ids = tokenizer(prompt)["input_ids"]
+    prompt_ids = _prompt_ids(body.get("prompt"), tokenizer)
     room = context - len(prompt_ids)
     if room < 1:
         raise BadRequest(f"the prompt has {len(prompt_ids)} tokens; the model's context is {context}")
