@@ -330,51 +330,18 @@ def _gate(rec: dict, ref: str | None, first: str, stack: str, gate: float) -> di
 
 
 def quality_frames(results, chains, steps, attribution, gate: float) -> dict[str, pl.DataFrame]:
-    """Both quality tables from results (RunResult) that carry a quality record."""
+    """The quality tables from results (RunResult) that carry a quality record."""
     records: dict[tuple[str, str, str], tuple[QualityRecord, str | None]] = {}
     variants: dict[tuple[str, str, str], str] = {}
     for r in sorted(results, key=lambda r: (r.model, r.topology, r.stack, r.run, r.cell)):
         if r.quality is not None:
             records.setdefault((r.model, r.topology, r.stack), (r.quality, r.weights.weights))
             variants[(r.model, r.topology, r.stack)] = r.job.stack.variant
+    from speedsplit.analysis.quality_tasks import tasks_frame
+
+    step_rows = steps_frame(records, chains, steps, attribution, gate, variants)
     return {
         "quality_stacks": stacks_frame(records),
-        "quality": steps_frame(records, chains, steps, attribution, gate, variants),
+        "quality": step_rows,
+        "quality_tasks": tasks_frame(step_rows, records),
     }
-
-
-def _pct(v: float | None) -> str:
-    return "—" if v is None else f"{(v - 1) * 100:+.1f}%"
-
-
-def step_line(r: dict) -> str:
-    """A step's speed and quality in one phrase, e.g. 'INT4 weights + kernel: 1.36× faster;
-    agreement 9/16, perplexity +2.1% [+1.8%, +2.4%]; passes the 99% gate'."""
-    name = r["step"] or f"{r['from_stack']} → {r['to_stack']}"
-    parts = []
-    if r["speed_factor"] is not None:
-        parts.append(f"{r['speed_factor']:.3g}× throughput")
-    q = []
-    if r["prompts"] and r["same_weights"] and r["agree"] < r["prompts"]:
-        # the same weights served another way should say the same: say by how much they do not
-        q.append(
-            f"the same weights, yet {r['prompts'] - r['agree']}/{r['prompts']} continuations differ "
-            f"(the first difference at token {r['first_divergence']:.1f} of {r['output_tokens']} on average, {r['output_tokens']} where none; {r['compared_by']})"
-        )
-    elif r["prompts"]:
-        q.append(f"agreement {r['agree']}/{r['prompts']} ({r['compared_by']})")
-    if r["perplexity_ratio"] is not None:
-        ci = (
-            f" [{_pct(r['perplexity_ratio_lo'])}, {_pct(r['perplexity_ratio_hi'])}]"
-            if r["perplexity_ratio_lo"] is not None
-            else ""
-        )
-        q.append(f"perplexity {_pct(r['perplexity_ratio'])}{ci}")
-    if q:
-        parts.append(", ".join(q))
-    if r["passes"] is not None:
-        verdict = "passes" if r["passes"] else "FAILS"
-        parts.append(f"{verdict} the {r['gate'] * 100:.0f}% gate ({r['gate_basis']} against {r['reference']})")
-    elif r["gate_basis"] == "the reference":
-        parts.append("the quality gate's reference")
-    return f"{name}: {'; '.join(parts) or 'no quality measured'}"

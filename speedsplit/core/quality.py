@@ -8,7 +8,8 @@ user's):
 - greedy continuations of windows' first tokens, each of a forced length, with the server's
   token ids and top logprobs where it serves them: do two stacks say the same thing?
 - the windows themselves scored through their prompt logprobs (`echo` with `logprobs`): each
-  token's log-probability given the ones before it, for perplexity and next-token agreement.
+  token's log-probability given the ones before it, for perplexity and next-token agreement;
+- optionally, tasks of lm-evaluation-harness on local data (`LmEval`), their accuracy.
 """
 
 from __future__ import annotations
@@ -24,6 +25,27 @@ from speedsplit.core.facts import StrictRecord
 ID_PREFIX = "token_id:"
 
 
+LM_EVAL_INSTALL = "pip install lm-eval==0.4.13"
+
+
+def lm_eval_installed() -> bool:
+    """Whether lm-evaluation-harness can run here (config quality.lm_eval)."""
+    import importlib.util
+
+    return importlib.util.find_spec("lm_eval") is not None
+
+
+class LmEval(BaseModel):
+    """lm-evaluation-harness tasks run against the stack's server (config quality.lm_eval)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tasks: list[str] = Field(description="task names, found under include_path or among lm-eval's own")
+    include_path: str = Field("", description="a folder of task YAMLs with local data (lm-eval runs in it)")
+    limit: int | None = Field(None, ge=1, description="questions per task at most (None: all)")
+    timeout_s: float = Field(1800.0, gt=0, description="the longest lm-eval may take for all its tasks")
+
+
 class QualityProbe(BaseModel):
     """What a job's quality probe sends (config `quality`)."""
 
@@ -36,6 +58,7 @@ class QualityProbe(BaseModel):
     window_tokens: int = Field(128, ge=2, description="tokens of each scored window")
     top_logprobs: int = Field(5, ge=1, le=20, description="top logprobs asked for at each position")
     text: str = Field("", description="the held-out text file ('': the model's own, else the standard library's)")
+    lm_eval: LmEval | None = Field(None, description="task accuracy through lm-evaluation-harness (None: none)")
 
 
 class QualityOutput(StrictRecord):
@@ -61,6 +84,16 @@ class QualityWindow(StrictRecord):
     error: str | None = None
 
 
+class TaskScore(StrictRecord):
+    """One metric of one lm-evaluation-harness task, as the stack scored."""
+
+    task: str
+    metric: str = Field(description="lm-eval's metric and filter, e.g. 'acc,none'")
+    value: float
+    stderr: float | None = Field(None, description="lm-eval's standard error of the value")
+    samples: int | None = Field(None, description="questions it was computed on")
+
+
 class QualityRecord(StrictRecord):
     """What one stack answered to the quality probe."""
 
@@ -74,5 +107,7 @@ class QualityRecord(StrictRecord):
     )
     outputs: list[QualityOutput] = Field(default_factory=list)
     windows: list[QualityWindow] = Field(default_factory=list)
+    tasks: list[TaskScore] = Field(default_factory=list, description="lm-evaluation-harness tasks' scores")
+    tasks_error: str | None = Field(None, description="why the tasks have no scores (lm-eval's own words)")
     seconds: float | None = Field(None, description="the probe's time on the server")
     error: str | None = None

@@ -66,13 +66,13 @@ def traffic_lines(factors) -> list[str]:
     return out
 
 
-def quality_lines(steps) -> list[str]:
+def quality_lines(steps, tasks=None) -> list[str]:
     """Per chain, each step's speed beside its quality (output/analyses/quality.py)."""
     if steps is None:
         return []
     from speedsplit.output.analyses.quality import answer_lines
 
-    return [f"  quality, {line}" for line in answer_lines({"quality": steps})]
+    return [f"  quality, {line}" for line in answer_lines({"quality": steps, "quality_tasks": tasks})]
 
 
 def qualifier_lines(results: Path) -> list[str]:
@@ -97,7 +97,9 @@ def lines(results: str | Path = "results", run_args: list[str] | None = None) ->
     for sentence in [] if answer is None else answer["sentence"].to_list():
         out.append(f"  {sentence}")
     out += traffic_lines(_frame(results / "tables" / "traffic_factors.parquet"))
-    out += quality_lines(_frame(results / "tables" / "quality.parquet"))
+    out += quality_lines(
+        _frame(results / "tables" / "quality.parquet"), _frame(results / "tables" / "quality_tasks.parquet")
+    )
     missing = undecomposed(results)
     for why in missing:
         out.append(f"  NOT DECOMPOSED: {why}")

@@ -223,17 +223,36 @@ def _check_references(config: dict) -> None:
                     f"({entry['max_model_len']})"
                 )
     check_formats(config)
-    q = config["quality"]
-    if q["enabled"] and q["prompt_tokens"] > q["window_tokens"]:
-        raise ConfigError(
-            f"config error at quality.prompt_tokens: {q['prompt_tokens']} is more than quality.window_tokens "
-            f"({q['window_tokens']}): a continuation's prompt is the start of a window"
-        )
+    _check_quality(config["quality"])
     _check_traffic(config)
     _check_coordination(config)
     _check_factorial(config)
     _check_report(config)
     _check_capacity(config)
+
+
+def _check_quality(q: dict) -> None:
+    if not q["enabled"]:
+        return
+    if q["prompt_tokens"] > q["window_tokens"]:
+        raise ConfigError(
+            f"config error at quality.prompt_tokens: {q['prompt_tokens']} is more than quality.window_tokens "
+            f"({q['window_tokens']}): a continuation's prompt is the start of a window"
+        )
+    lm = q["lm_eval"]
+    if lm["tasks"]:
+        from speedsplit.core.quality import LM_EVAL_INSTALL, lm_eval_installed
+
+        if not lm_eval_installed():
+            raise ConfigError(
+                f"config error at quality.lm_eval.tasks: lm-evaluation-harness is not installed ({LM_EVAL_INSTALL})"
+            )
+        # a relative folder: in the working directory, else beside the workflow (config/tasks/...)
+        shipped = DEFAULT_CONFIG.parents[1] / lm["include_path"]
+        if lm["include_path"] and not Path(lm["include_path"]).is_dir():
+            if Path(lm["include_path"]).is_absolute() or not shipped.is_dir():
+                raise ConfigError(f"config error at quality.lm_eval.include_path: {lm['include_path']} is not a folder")
+            lm["include_path"] = str(shipped)
 
 
 def _check_coordination(config: dict) -> None:

@@ -86,7 +86,10 @@ def quality_probe(config: dict, job: BenchJob, carriers: Collection[BenchJob] | 
     q = config["quality"]
     from speedsplit.core.quality import QualityProbe
 
-    return {k: q[k] for k in QualityProbe.model_fields}
+    probe = {k: q[k] for k in QualityProbe.model_fields if k != "lm_eval"}
+    if q["lm_eval"]["tasks"]:  # only then in the job file: a config without tasks keeps its cells
+        probe["lm_eval"] = dict(q["lm_eval"])
+    return probe
 
 
 def lane_count(config: dict, topology: str) -> int:

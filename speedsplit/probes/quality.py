@@ -22,6 +22,7 @@ from pathlib import Path
 from speedsplit.core import apikey, procs
 from speedsplit.core.quality import ID_PREFIX, QualityOutput, QualityProbe, QualityRecord, QualityWindow
 from speedsplit.models.tokenizer import load_tokenizer
+from speedsplit.probes import quality_tasks
 from speedsplit.probes.loadspec import LoadSpec, request_body
 
 
@@ -266,6 +267,15 @@ def run(
             win.error = _said(exc)
     if probe.windows:
         record.serves.setdefault("prompt_logprobs", "yes")
+    if probe.lm_eval is not None:
+        if progress:
+            progress(f"quality: lm-eval tasks {', '.join(probe.lm_eval.tasks)}")
+        if down:
+            record.tasks_error = f"not asked: {down}"
+        else:
+            record.tasks, record.tasks_error = quality_tasks.run(
+                url, model, probe.lm_eval, tokenizer_dir, api_key, workdir
+            )
     if not ok:
         record.status, record.error = "error", record.outputs[0].error if record.outputs else "no continuation"
     record.seconds = time.perf_counter() - t0

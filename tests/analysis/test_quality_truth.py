@@ -7,6 +7,7 @@ import math
 import pytest
 
 from speedsplit.analysis import quality as Q
+from speedsplit.output.analyses.quality import step_line
 from speedsplit.core.quality import QualityProbe
 from speedsplit.models.tokenizer import load_tokenizer
 from speedsplit.probes import quality
@@ -72,7 +73,7 @@ def test_every_step_of_the_chain_lands_on_its_truth(probed, tiny_model):
     assert gate["ref-b"]["reference"] == "ref-a" and gate["ref-b"]["gate_basis"] == "perplexity"
     assert gate["ref-b"]["quality_share"] == pytest.approx(math.exp(-0.005)) and gate["ref-b"]["passes"]
     assert gate["ref-c"]["quality_share"] == pytest.approx(math.exp(-0.5)) and not gate["ref-c"]["passes"]
-    line = Q.step_line(gate["ref-c"])
+    line = step_line(gate["ref-c"])
     assert line.startswith("c: ") and "perplexity +" in line and "FAILS the 99% gate" in line
 
 

@@ -50,8 +50,15 @@ def test_each_step_says_its_quality_beside_its_speed(workdir):
     assert int4["compared_by"] == "token ids" and int4["prompts"] == 16 and int4["reference"] == "vllm-fp16"
     assert 0.5 < int4["next_token_agreement"] <= 1 and int4["perplexity_ratio_lo"] <= int4["perplexity_ratio"]
     assert int4["speed_factor"] is not None and int4["passes"] in (True, False)
+    # task accuracy (ci.yaml: lm-evaluation-harness, 8 questions of the shipped task): the vLLM
+    # stacks scored, transformers serve not (it serves no prompt logprobs), each step says so
+    tasks = {r["to_stack"]: r for r in pl.read_csv(workdir / "results/tables/quality_tasks.csv").iter_rows(named=True)}
+    assert tasks["vllm-marlin"]["task"] == "python_next_line" and tasks["vllm-marlin"]["samples"] == 8
+    assert tasks["vllm-marlin"]["difference"] is not None and tasks["vllm-marlin"]["difference_lo"] is not None
+    assert tasks["vllm-fp16"]["from_value"] is None and "hf-fp16: lm-eval failed" in tasks["vllm-fp16"]["note"]
     said = (workdir / "snakemake.out").read_text()
     assert "quality, study (tiny, tp1): runtime: " in said and "INT4 weights + kernel: " in said
+    assert "python_next_line acc " in said
 
 
 @pytest.mark.slow

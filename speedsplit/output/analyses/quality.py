@@ -115,10 +115,45 @@ def charts(frames: dict[str, pl.DataFrame]) -> dict:
     return {"quality": tradeoff_chart(points, unscored)} if points.height else {}
 
 
+def _pct(v: float | None) -> str:
+    return "—" if v is None else f"{(v - 1) * 100:+.1f}%"
+
+
+def step_line(r: dict) -> str:
+    """A step's speed and quality in one phrase, e.g. 'INT4 weights + kernel: 1.36× faster;
+    agreement 9/16, perplexity +2.1% [+1.8%, +2.4%]; passes the 99% gate'."""
+    name = r["step"] or f"{r['from_stack']} → {r['to_stack']}"
+    parts = []
+    if r["speed_factor"] is not None:
+        parts.append(f"{r['speed_factor']:.3g}× throughput")
+    q = []
+    if r["prompts"] and r["same_weights"] and r["agree"] < r["prompts"]:
+        # the same weights served another way should say the same: say by how much they do not
+        q.append(
+            f"the same weights, yet {r['prompts'] - r['agree']}/{r['prompts']} continuations differ "
+            f"(the first difference at token {r['first_divergence']:.1f} of {r['output_tokens']} on average, {r['output_tokens']} where none; {r['compared_by']})"
+        )
+    elif r["prompts"]:
+        q.append(f"agreement {r['agree']}/{r['prompts']} ({r['compared_by']})")
+    if r["perplexity_ratio"] is not None:
+        ci = (
+            f" [{_pct(r['perplexity_ratio_lo'])}, {_pct(r['perplexity_ratio_hi'])}]"
+            if r["perplexity_ratio_lo"] is not None
+            else ""
+        )
+        q.append(f"perplexity {_pct(r['perplexity_ratio'])}{ci}")
+    if q:
+        parts.append(", ".join(q))
+    if r["passes"] is not None:
+        verdict = "passes" if r["passes"] else "FAILS"
+        parts.append(f"{verdict} the {r['gate'] * 100:.0f}% gate ({r['gate_basis']} against {r['reference']})")
+    elif r["gate_basis"] == "the reference":
+        parts.append("the quality gate's reference")
+    return f"{name}: {'; '.join(parts) or 'no quality measured'}"
+
+
 def answer_lines(frames: dict[str, pl.DataFrame]) -> list[str]:
     """Per chain step, its speed and its quality in one line."""
-    from speedsplit.analysis.quality import step_line
-
     steps = frames.get("quality")
     if steps is None or not steps.height:
         return []
@@ -126,11 +161,31 @@ def answer_lines(frames: dict[str, pl.DataFrame]) -> list[str]:
     for (model, topology, chain), df in steps.sort("position").group_by(
         ["model", "topology", "chain"], maintain_order=True
     ):
-        lines = [step_line(r) for r in df.iter_rows(named=True)]
+        tasks = frames.get("quality_tasks")
+        lines = [step_line(r) + _task_words(tasks, r) for r in df.iter_rows(named=True)]
         note = df["note"].drop_nulls().to_list()
         tail = f" ({note[0]})" if note and note[0] else ""
         out.append(f"{chain} ({model}, {topology}): " + " | ".join(lines) + tail)
     return out
+
+
+def _task_words(tasks: pl.DataFrame | None, step: dict) -> str:
+    """The step's lm-evaluation-harness metrics: '; python_next_line acc 0.3 → 0.35 (+0.05 [-0.24, +0.34])'."""
+    if tasks is None or not tasks.height:
+        return ""
+    mine = tasks.filter(
+        (pl.col("model") == step["model"])
+        & (pl.col("topology") == step["topology"])
+        & (pl.col("chain") == step["chain"])
+        & (pl.col("position") == step["position"])
+        & pl.col("difference").is_not_null()
+    )
+    said = []
+    for t in mine.iter_rows(named=True):
+        ci = f" [{t['difference_lo']:+.3g}, {t['difference_hi']:+.3g}]" if t["difference_lo"] is not None else ""
+        metric = t["metric"].split(",")[0]
+        said.append(f"{t['task']} {metric} {t['from_value']:.3g} → {t['to_value']:.3g} ({t['difference']:+.3g}{ci})")
+    return "".join(f"; {w}" for w in said)
 
 
 def answer(frames: dict[str, pl.DataFrame]) -> str:
@@ -151,13 +206,18 @@ def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
         "it serves, and its perplexity. On random weights these figures say nothing.",
         html_table(steps) if steps.height else "<p>No chain step with both stacks probed.</p>",
         html_table(stacks.drop("text")),
+        *(
+            ["<h3>Task accuracy (lm-evaluation-harness)</h3>", html_table(frames["quality_tasks"])]
+            if frames.get("quality_tasks") is not None and frames["quality_tasks"].height
+            else []
+        ),
     )
 
 
 ANALYSIS = Analysis(
     "quality",
     order=15,
-    tables=("quality", "quality_stacks"),
+    tables=("quality", "quality_stacks", "quality_tasks"),
     enabled=lambda config: config["quality"]["enabled"],
     build=build,
     spec=lambda config: {"gate": float(config["quality"]["gate"])},
