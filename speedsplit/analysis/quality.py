@@ -47,7 +47,8 @@ STACK_SCHEMA = {
     "note": pl.String,
 }
 
-STEP_SCHEMA = {
+# what names a chain step, first in every per-step table (quality, quality_tasks)
+STEP_KEYS = {
     "model": pl.String,
     "topology": pl.String,
     "chain": pl.String,
@@ -55,6 +56,9 @@ STEP_SCHEMA = {
     "step": pl.String,
     "from_stack": pl.String,
     "to_stack": pl.String,
+}
+
+STEP_SCHEMA = STEP_KEYS | {
     "speed_factor": pl.Float64,
     "speed_factor_lo": pl.Float64,
     "speed_factor_hi": pl.Float64,

@@ -7,17 +7,10 @@ import math
 
 import polars as pl
 
-from speedsplit.analysis.quality import Z95
+from speedsplit.analysis.quality import STEP_KEYS, Z95
 from speedsplit.core.quality import QualityRecord
 
-TASK_SCHEMA = {
-    "model": pl.String,
-    "topology": pl.String,
-    "chain": pl.String,
-    "position": pl.Int64,
-    "step": pl.String,
-    "from_stack": pl.String,
-    "to_stack": pl.String,
+TASK_SCHEMA = STEP_KEYS | {
     "task": pl.String,
     "metric": pl.String,
     "samples": pl.Int64,
@@ -50,7 +43,7 @@ def tasks_frame(
         )
         for task, metric in sorted(ta.keys() | tb.keys()) or [(None, None)]:
             x, y = ta.get((task, metric)), tb.get((task, metric))
-            row = {k: step[k] for k in ("model", "topology", "chain", "position", "step", "from_stack", "to_stack")}
+            row = {k: step[k] for k in STEP_KEYS}
             row |= {"task": task, "metric": metric, "note": why}
             row |= {"samples": (y or x).samples if (x or y) else None}
             row |= {

@@ -276,6 +276,8 @@ def run(
             record.tasks, record.tasks_error = quality_tasks.run(
                 url, model, probe.lm_eval, tokenizer_dir, api_key, workdir
             )
+            if record.tasks_error and record.serves.get("prompt_logprobs", "").startswith("no"):
+                record.tasks_error += " (this stack serves no prompt logprobs: lm-eval's loglikelihood tasks need them)"
     if not ok:
         record.status, record.error = "error", record.outputs[0].error if record.outputs else "no continuation"
     record.seconds = time.perf_counter() - t0

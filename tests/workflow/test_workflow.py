@@ -56,6 +56,7 @@ def test_each_step_says_its_quality_beside_its_speed(workdir):
     assert tasks["vllm-marlin"]["task"] == "python_next_line" and tasks["vllm-marlin"]["samples"] == 8
     assert tasks["vllm-marlin"]["difference"] is not None and tasks["vllm-marlin"]["difference_lo"] is not None
     assert tasks["vllm-fp16"]["from_value"] is None and "hf-fp16: lm-eval failed" in tasks["vllm-fp16"]["note"]
+    assert "serves no prompt logprobs" in tasks["vllm-fp16"]["note"]
     said = (workdir / "snakemake.out").read_text()
     assert "quality, study (tiny, tp1): runtime: " in said and "INT4 weights + kernel: " in said
     assert "python_next_line acc " in said
