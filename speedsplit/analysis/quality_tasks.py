@@ -8,7 +8,7 @@ import math
 import polars as pl
 
 from speedsplit.analysis.quality import STEP_KEYS, Z95
-from speedsplit.core.quality import QualityRecord
+from speedsplit.core.quality import QualityRecord, TaskScore
 
 TASK_SCHEMA = STEP_KEYS | {
     "task": pl.String,
@@ -23,6 +23,18 @@ TASK_SCHEMA = STEP_KEYS | {
     "difference_hi": pl.Float64,
     "note": pl.String,
 }
+
+
+def difference(x: TaskScore | None, y: TaskScore | None) -> tuple[float | None, float | None, float | None]:
+    """y's value less x's and its 95% interval from their standard errors (normal, the two
+    scored apart); None where a side or a standard error is missing."""
+    if x is None or y is None:
+        return None, None, None
+    d = y.value - x.value
+    if x.stderr is None or y.stderr is None:
+        return d, None, None
+    half = Z95 * math.sqrt(x.stderr**2 + y.stderr**2)
+    return d, d - half, d + half
 
 
 def tasks_frame(
@@ -52,10 +64,6 @@ def tasks_frame(
                 "to_value": y and y.value,
                 "to_stderr": y and y.stderr,
             }
-            if x and y:
-                row["difference"] = y.value - x.value
-                if x.stderr is not None and y.stderr is not None:
-                    half = Z95 * math.sqrt(x.stderr**2 + y.stderr**2)
-                    row["difference_lo"], row["difference_hi"] = row["difference"] - half, row["difference"] + half
+            row |= dict(zip(("difference", "difference_lo", "difference_hi"), difference(x, y)))
             rows.append(row)
     return pl.DataFrame(rows, schema=TASK_SCHEMA)

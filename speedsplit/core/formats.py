@@ -28,6 +28,13 @@ def value_text(v, digits: int = 4) -> str:
     return str(v)
 
 
+def difference_text(d, lo=None, hi=None) -> str:
+    """A signed difference and its interval, where it has one: '+0.017 [-0.1, +0.13]'."""
+    if d is None:
+        return "—"
+    return f"{d:+.3g}" + (f" [{lo:+.3g}, {hi:+.3g}]" if lo is not None and hi is not None else "")
+
+
 def flat(df: pl.DataFrame) -> pl.DataFrame:
     """List columns joined into text (CSV holds no lists)."""
     lists = [c for c, t in df.schema.items() if isinstance(t, pl.List)]

@@ -12,7 +12,7 @@ import polars as pl
 
 from speedsplit.analysis import compare as cmp
 from speedsplit.analysis import frames as f
-from speedsplit.core.formats import html_table, value_text, write_frames
+from speedsplit.core.formats import difference_text, html_table, value_text, write_frames
 from speedsplit.core.quality import QualityRecord
 from speedsplit.core.record import Provenance, read_result
 from speedsplit.core.results import write_bytes_atomic
@@ -126,9 +126,43 @@ def quality_frame(a: dict[tuple, QualityRecord], b: dict[tuple, QualityRecord]) 
     return pl.DataFrame(rows, schema=QUALITY_SCHEMA)
 
 
-def lines(stacks: pl.DataFrame, factors: pl.DataFrame, quality: pl.DataFrame | None = None) -> list[str]:
+TASKS_SCHEMA = {
+    "model": pl.String,
+    "topology": pl.String,
+    "stack": pl.String,
+    "task": pl.String,
+    "metric": pl.String,
+    "a": pl.Float64,
+    "b": pl.Float64,
+    "b_minus_a": pl.Float64,
+    "lo": pl.Float64,
+    "hi": pl.Float64,
+}
+
+
+def tasks_frame(a: dict[tuple, QualityRecord], b: dict[tuple, QualityRecord]) -> pl.DataFrame:
+    """Per stack and lm-evaluation-harness task metric scored on both sides: B's value less A's,
+    with its 95% interval (analysis/quality_tasks.difference)."""
+    from speedsplit.analysis.quality_tasks import difference
+
+    rows = []
+    for key in sorted(a.keys() & b.keys()):
+        ta, tb = ({(t.task, t.metric): t for t in side[key].tasks} for side in (a, b))
+        for task, metric in sorted(ta.keys() & tb.keys()):
+            x, y = ta[(task, metric)], tb[(task, metric)]
+            rows.append(
+                dict(zip(("model", "topology", "stack"), key))
+                | {"task": task, "metric": metric, "a": x.value, "b": y.value}
+                | dict(zip(("b_minus_a", "lo", "hi"), difference(x, y)))
+            )
+    return pl.DataFrame(rows, schema=TASKS_SCHEMA)
+
+
+def lines(
+    stacks: pl.DataFrame, factors: pl.DataFrame, quality: pl.DataFrame | None = None, tasks: pl.DataFrame | None = None
+) -> list[str]:
     """The comparison in words: each chain factor, then each stack's throughput, B / A, then
-    each stack's quality."""
+    each stack's quality and task scores."""
     out = []
     for r in factors.iter_rows(named=True):
         out.append(
@@ -152,6 +186,11 @@ def lines(stacks: pl.DataFrame, factors: pl.DataFrame, quality: pl.DataFrame | N
         out.append(
             f"quality of {r['stack']} ({r['model']}, {r['topology']}): {'; '.join(said) or 'nothing to compare'}"
         )
+    for r in [] if tasks is None else tasks.iter_rows(named=True):
+        out.append(
+            f"{r['task']} {r['metric'].partition(',')[0]} of {r['stack']} ({r['model']}, {r['topology']}): "
+            f"A {value_text(r['a'], 3)}, B {value_text(r['b'], 3)}, B−A {difference_text(r['b_minus_a'], r['lo'], r['hi'])}"
+        )
     return out
 
 
@@ -164,11 +203,14 @@ def compare(
     (runs_a, prov_a, load_a, quality_a), (runs_b, prov_b, load_b, quality_b) = side(a), side(b)
     stacks = cmp.stacks_frame(runs_a, runs_b, tolerate_flags)
     factors = cmp.factors_frame(runs_a, runs_b, chains, tolerate_flags)
-    quality = quality_frame(quality_a, quality_b)
+    quality, tasks = quality_frame(quality_a, quality_b), tasks_frame(quality_a, quality_b)
     out = Path(out)
-    write_frames({"compare_stacks": stacks, "compare_factors": factors, "compare_quality": quality}, out / "tables")
+    frames = {"compare_stacks": stacks, "compare_factors": factors, "compare_quality": quality, "compare_tasks": tasks}
+    write_frames(frames, out / "tables")
     head = [describe("A", a, prov_a, runs_a), describe("B", b, prov_b, runs_b)] + load_differences(load_a, load_b)
-    said = lines(stacks, factors, quality) or ["nothing to compare: no stack and cell measured cleanly on both sides"]
+    said = lines(stacks, factors, quality, tasks) or [
+        "nothing to compare: no stack and cell measured cleanly on both sides"
+    ]
     page = "".join(
         [
             f"<!doctype html><html><head><meta charset='utf-8'><title>speedsplit compare</title>"
@@ -187,6 +229,9 @@ def compare(
             "<h2>Quality</h2><p class='note'>Each stack probed on both sides: its perplexity (B / A paired by "
             "window, 95% t interval) and how many of its greedy continuations are the same.</p>",
             html_table(quality) if quality.height else "<p>—</p>",
+            "<h2>Task accuracy</h2><p class='note'>Each lm-evaluation-harness metric scored on both sides "
+            "(quality.lm_eval): B less A, its 95% interval from the two standard errors.</p>",
+            html_table(tasks) if tasks.height else "<p>—</p>",
             "</body></html>",
         ]
     )

@@ -117,3 +117,24 @@ def test_each_stacks_quality_is_compared_too(tmp_path, tiny_model):
     assert f"B/A {math.exp(0.1):.3g}× [{math.exp(0.1):.3g}, {math.exp(0.1):.3g}]" in line
     assert f"{agree}/{probe.prompts} continuations the same (token ids)" in line
     assert (tmp_path / "out/tables/compare_quality.csv").is_file()
+
+
+def test_each_stacks_task_scores_are_compared_too():
+    """A task metric lm-eval scored on both sides (the record's `tasks`): B less A with the interval
+    of two independent standard errors; a metric on one side only is not compared."""
+    import math
+
+    from speedsplit.core.quality import QualityProbe, QualityRecord, TaskScore
+
+    def rec(value, stderr, extra=()):
+        tasks = [TaskScore(task="t", metric="acc,none", value=value, stderr=stderr, samples=60), *extra]
+        return {("tiny", "tp1", "vllm-fp16"): QualityRecord(status="ok", probe=QualityProbe(), tasks=tasks)}
+
+    only_b = TaskScore(task="t", metric="acc_norm,none", value=0.5, stderr=0.1, samples=60)
+    tasks = compare.tasks_frame(rec(0.30, 0.03), rec(0.35, 0.04, [only_b]))
+    (row,) = tasks.iter_rows(named=True)
+    half = 1.959963984540054 * math.hypot(0.03, 0.04)
+    assert row["metric"] == "acc,none" and math.isclose(row["b_minus_a"], 0.05)
+    assert math.isclose(row["lo"], 0.05 - half) and math.isclose(row["hi"], 0.05 + half)
+    line = compare.lines(tasks.clear(), tasks.clear(), None, tasks)[0]
+    assert line == f"t acc of vllm-fp16 (tiny, tp1): A 0.3, B 0.35, B−A +0.05 [{0.05 - half:+.3g}, {0.05 + half:+.3g}]"

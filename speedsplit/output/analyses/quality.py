@@ -7,7 +7,7 @@ from __future__ import annotations
 import altair as alt
 import polars as pl
 
-from speedsplit.core.formats import html_table
+from speedsplit.core.formats import difference_text, html_table
 from speedsplit.output.analyses import Analysis, Basis, answer_block, html_section
 
 
@@ -182,9 +182,8 @@ def _task_words(tasks: pl.DataFrame | None, step: dict) -> str:
     )
     said = []
     for t in mine.iter_rows(named=True):
-        ci = f" [{t['difference_lo']:+.3g}, {t['difference_hi']:+.3g}]" if t["difference_lo"] is not None else ""
-        metric = t["metric"].split(",")[0]
-        said.append(f"{t['task']} {metric} {t['from_value']:.3g} → {t['to_value']:.3g} ({t['difference']:+.3g}{ci})")
+        diff = difference_text(t["difference"], t["difference_lo"], t["difference_hi"])
+        said.append(f"{t['task']} {t['metric'].split(',')[0]} {t['from_value']:.3g} → {t['to_value']:.3g} ({diff})")
     return "".join(f"; {w}" for w in said)
 
 
