@@ -221,9 +221,11 @@ def test_a_request_counts_as_sent_when_its_body_goes_to_the_socket(server_url):
 def test_a_connection_idle_past_the_idle_limit_is_not_reused():
     """A server that closes idle connections (uvicorn: 5 s) would fail a request sent on one as
     it closes: the client lets go of a connection idle longer than idle_close_s first. Here the
-    server serves one request at a time: user 0's warm-up ends 0.8 s before user 1's, and its
-    connection sits idle that long before the measured phase (user 1's, a few milliseconds: under
-    three test workers on two cores, more than 0.15 s at times)."""
+    server serves one request at a time: user 0's warm-up ends 1.2 s before user 1's, and its
+    connection sits idle at least that long before the measured phase. Under a 4 s limit it is
+    reused, under 1 s it is not. (What becomes of user 1's connection is not asserted: idle a
+    few milliseconds, or on a loaded machine not yet back in the pool when the measured phase
+    starts, so that a request opens another: seen in CI's fast tier and under two busy loops.)"""
     ports = []
 
     @web.middleware
@@ -231,14 +233,14 @@ def test_a_connection_idle_past_the_idle_limit_is_not_reused():
         ports.append(request.transport.get_extra_info("peername")[1])
         return await handler(request)
 
-    app = reference.make_app(Speed(ttft_s=0.8, itl_s=0.001, max_concurrency=1))
+    app = reference.make_app(Speed(ttft_s=1.2, itl_s=0.001, max_concurrency=1))
     app.middlewares.append(peer)
     url = reference.serve_in_thread(app)
-    for idle_close_s, connections in ((4.0, 2), (0.4, 3)):
+    for idle_close_s, reused in ((4.0, True), (1.0, False)):
         ports.clear()
         summary, _ = loadgen.run(spec(url, users=2, requests_per_user=1, idle_close_s=idle_close_s))
         assert summary.failed == 0 and len(ports) == 4
-        assert len(set(ports)) == connections, (idle_close_s, ports)
+        assert (ports[0] in ports[2:]) == reused, (idle_close_s, ports)  # user 0's warm-up connection
 
 
 def test_a_client_loop_that_did_not_run_says_how_long():
