@@ -216,15 +216,18 @@ def _truth(args) -> int:
 
 
 def _schema_args(p):
-    pass
+    p.add_argument(
+        "--config", action="store_true", help="the config's schema (docs/config-schema.json) instead of a result's"
+    )
 
 
 def _schema(args) -> int:
     import json
 
     from speedsplit.core.record import json_schema
+    from speedsplit.planning.config import load_schema
 
-    print(json.dumps(json_schema(), indent=2, sort_keys=True))
+    print(json.dumps(load_schema() if args.config else json_schema(), indent=2, sort_keys=True))
     return 0
 
 
@@ -292,7 +295,7 @@ COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
         _truth_args,
         _truth,
     ),
-    "schema": ("What does a result file hold? (its JSON Schema)", _schema_args, _schema),
+    "schema": ("What does a result file (or, --config, a config) hold? (its JSON Schema)", _schema_args, _schema),
     "fidelity": (
         "Does speedsplit's Poisson mode agree with `vllm bench serve --request-rate` on a server?",
         _fidelity_args,

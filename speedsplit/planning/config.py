@@ -1,5 +1,6 @@
 """Load and validate the workflow config: merge the files over the default, fill the schema's
-defaults (speedsplit/planning/schema.yaml, the one place a default lives), check the schema
+defaults (speedsplit/planning/schema.yaml, the one place a default lives; a stack's entry is
+generated from planning/stack_config.StackConfig), check the schema
 and every cross-reference. What the config then describes (cells, stacks, specs) is
 speedsplit/planning/grid.py, read through this module.
 
@@ -41,6 +42,7 @@ from speedsplit.planning.grid import (  # noqa: F401 (re-exported: callers read 
     topology_gpus,
     trace_window,
 )
+from speedsplit.planning import stack_config
 from speedsplit.planning.model_checks import check_formats, check_own_weights
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema.yaml"
@@ -83,7 +85,10 @@ _Validator = _with_defaults(Draft202012Validator)
 
 
 def load_schema() -> dict:
-    return yaml.safe_load(SCHEMA_PATH.read_text())
+    """The config's JSON Schema: schema.yaml, with a stack's entry generated from StackConfig."""
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    schema["properties"]["stacks"]["additionalProperties"] = stack_config.json_schema()
+    return schema
 
 
 def _key_path(error) -> str:
@@ -141,17 +146,17 @@ def merge(base: dict, top: dict) -> dict:
 
 def _check_references(config: dict) -> None:
     stacks, workloads = config["stacks"], config["workloads"]
-    for stack, entry in stacks.items():
+    for stack, entry in stack_config.stacks_of(config).items():
         # Secrets reach servers through the environment only: anything written in the config
         # is copied into job files, results, the report and the server's own log.
-        for prefix, part in (("", entry), ("on_cpu.", entry["on_cpu"]), ("on_gpu.", entry["on_gpu"])):
-            for key, value in part.get("env", {}).items():
+        for prefix, part in (("", entry), ("on_cpu.", entry.on_cpu), ("on_gpu.", entry.on_gpu)):
+            for key, value in part.env.items():
                 if looks_secret(key) or redact_secrets(str(value)) != str(value):
                     raise ConfigError(
                         f"config error at stacks.{stack}.{prefix}env.{key}: a secret never goes into the config "
                         f"(a token, a password in a URL); export {key} instead: servers inherit it"
                     )
-            for n, arg in enumerate(part.get("args", [])):
+            for n, arg in enumerate(part.args):
                 if redact_secrets(str(arg)) != str(arg) and not arg.startswith("-"):
                     raise ConfigError(
                         f"config error at stacks.{stack}.{prefix}args[{n}]: a secret never goes into the config "
@@ -162,7 +167,7 @@ def _check_references(config: dict) -> None:
                         f"config error at stacks.{stack}.{prefix}args[{n}]: {arg.split('=')[0]} would put a secret "
                         "into the config; give it to the server through the environment"
                     )
-        if entry["kv_cache_gib"] is not None and family(entry) != "vllm":
+        if entry.kv_cache_gib is not None and family(entry) != "vllm":
             raise ConfigError(
                 f"config error at stacks.{stack}.kv_cache_gib: only a vLLM stack sizes its KV cache by a flag"
             )
@@ -259,7 +264,7 @@ def _check_coordination(config: dict) -> None:
     co = config["coordination"]
     if not co["enabled"]:
         return
-    if co["stack"] not in config["stacks"] or config["stacks"][co["stack"]]["dialect"] != "vllm":
+    if co["stack"] not in config["stacks"] or stack_config.stack_config(config, co["stack"]).dialect != "vllm":
         raise ConfigError(f"config error at coordination.stack: {co['stack']!r} is not a vLLM stack of this config")
     for i, topo in enumerate(co["topologies"]):
         if topo not in config["topologies"] or config["topologies"][topo]["instances"] != 1:

@@ -32,6 +32,7 @@ from speedsplit.planning import config as cfgmod
 from speedsplit.planning import grid as gridmod
 from speedsplit.planning import plan as planmod
 from speedsplit.planning import roofline
+from speedsplit.planning.stack_config import stack_config
 
 DEFAULT_RESULTS = "results/bench/**/run*.json"
 BANDWIDTH = "results/hardware/bandwidth.json"
@@ -122,7 +123,7 @@ def roofline_rate(
     model of this shape (config.json) on cards of this copy bandwidth (GB/s)."""
     if cfgmod.platform_of(config) != "cuda" or not bandwidth or not shape:
         return None
-    variant = config["stacks"][stack]["variant"]
+    variant = stack_config(config, stack).variant
     if variant in gridmod.INT4:
         q = config["quantization"]
         shape = {
@@ -189,7 +190,7 @@ def _startup(config: dict, measured: Measured, job: planmod.BenchJob, at: float,
     had filled the shared compile cache before this one starts (results/cache/shared), else cold."""
     platform, est, key = cfgmod.platform_of(config), config["estimate"], (job.model, job.stack, job.topology)
     cold = measured.startup.get(key, float(est["startup_s"][platform]))
-    if gridmod.family(config["stacks"][job.stack]) != "vllm":
+    if gridmod.family(stack_config(config, job.stack)) != "vllm":
         return cold  # no compile cache to reuse
     if key in compiled and compiled[key] <= at:
         return measured.startup_warm.get(key, min(cold, float(est["startup_warm_s"][platform])))

@@ -13,6 +13,7 @@ from speedsplit.core.errors import UserError
 from speedsplit.core.loads import kind_of
 from speedsplit.core.record import OUTLIER_FACTOR, OUTLIER_MIN_S
 from speedsplit.models.checkpoint import INT4_FORMATS
+from speedsplit.planning.stack_config import StackConfig, stack_config, stacks_of
 
 
 class ConfigError(UserError, ValueError):
@@ -30,27 +31,27 @@ def kernel_reference(config: dict) -> str | None:
         return config["report"]["kernel_reference"]
     for chain in config["chains"].values():
         for before, stack in zip(chain, chain[1:]):
-            if config["stacks"][stack]["variant"] in INT4:
+            if stack_config(config, stack).variant in INT4:
                 return before
     return None
 
 
-def family(entry: dict) -> str:
+def family(entry: StackConfig) -> str:
     """'vllm' for a stack that runs vLLM, 'llama.cpp' for llama.cpp's server, 'reference' for
     the server of known speed (speedsplit/serving/reference.py), else 'hf' (transformers serve,
     stock generate())."""
-    if any("llama_server" in arg or "llama-server" in arg for arg in entry["args"]):
+    if any("llama_server" in arg or "llama-server" in arg for arg in entry.args):
         return "llama.cpp"
-    if "speedsplit.serving.reference" in entry["args"]:
+    if "speedsplit.serving.reference" in entry.args:
         return "reference"
-    return "vllm" if any("vllm" in arg for arg in entry["args"]) else "hf"
+    return "vllm" if any("vllm" in arg for arg in entry.args) else "hf"
 
 
-def weights(entry: dict) -> str:
+def weights(entry: StackConfig) -> str:
     """The weights a stack computes with: a 16-bit GGUF file holds the FP16 weights."""
-    if entry["variant"] == "gguf":
-        return "fp16" if entry["gguf_type"] in ("f16", "bf16") else f"gguf-{entry['gguf_type']}"
-    return entry["variant"]
+    if entry.variant == "gguf":
+        return "fp16" if entry.gguf_type in ("f16", "bf16") else f"gguf-{entry.gguf_type}"
+    return entry.variant
 
 
 def chain_steps(config: dict) -> dict[str, list[str]]:
@@ -65,19 +66,19 @@ def chain_steps(config: dict) -> dict[str, list[str]]:
     llama.cpp F16). Two steps of one chain that would read alike each name their stacks."""
     out = {}
     for name, chain in config["chains"].items():
-        entries = [config["stacks"][s] for s in chain]
+        entries = [stack_config(config, s) for s in chain]  # a stack may come twice
         pairs = list(zip(entries, entries[1:]))
-        kernel_split = any(a["variant"] == b["variant"] and a["variant"] in INT4 for a, b in pairs)
+        kernel_split = any(a.variant == b.variant and a.variant in INT4 for a, b in pairs)
         steps = []
         for a, b in pairs:
             if weights(a) != weights(b):
-                if b["variant"] in INT4:
-                    steps.append("INT4 format" if kernel_split or a["variant"] in INT4 else "INT4 weights + kernel")
-                elif b["variant"] == "gguf":
-                    steps.append(f"GGUF {b['gguf_type'].upper()} weights")
+                if b.variant in INT4:
+                    steps.append("INT4 format" if kernel_split or a.variant in INT4 else "INT4 weights + kernel")
+                elif b.variant == "gguf":
+                    steps.append(f"GGUF {b.gguf_type.upper()} weights")
                 else:
-                    steps.append("FP8 weights + activations" if b["variant"] == "fp8" else "FP16 weights")
-            elif b["variant"] in INT4:
+                    steps.append("FP8 weights + activations" if b.variant == "fp8" else "FP16 weights")
+            elif b.variant in INT4:
                 steps.append("kernel")
             elif family(a) != family(b):
                 steps.append("runtime")
@@ -91,19 +92,19 @@ def chain_steps(config: dict) -> dict[str, list[str]]:
     return out
 
 
-def _only(a: dict, b: dict, flag: str) -> bool:
+def _only(a: StackConfig, b: StackConfig, flag: str) -> bool:
     """Whether two stacks' arguments differ only in one flag's value."""
 
     def without(args: list[str]) -> list[str]:
         return [x for i, x in enumerate(args) if x != flag and (i == 0 or args[i - 1] != flag)]
 
-    return a["args"] != b["args"] and without(a["args"]) == without(b["args"])
+    return a.args != b.args and without(a.args) == without(b.args)
 
 
-def _only_prefix_caching(a: dict, b: dict) -> bool:
+def _only_prefix_caching(a: StackConfig, b: StackConfig) -> bool:
     """Whether two stacks' arguments differ in their prefix-caching switch alone
     (--no-enable-prefix-caching / --enable-prefix-caching)."""
-    differ = set(a["args"]) ^ set(b["args"])
+    differ = set(a.args) ^ set(b.args)
     return bool(differ) and all("prefix-caching" in arg for arg in differ)
 
 
@@ -165,7 +166,7 @@ def bench_models(config: dict) -> list[str]:
 
 def has_int4_stack(config: dict) -> bool:
     """Whether any benchmarked stack serves INT4 weights (GPTQ, AWQ)."""
-    return any(config["stacks"][s]["variant"] in INT4 for s in bench_stacks(config))
+    return any(s.variant in INT4 for s in stacks_of(config, bench_stacks(config)).values())
 
 
 def bench_stacks(config: dict, topology: str | None = None) -> list[str]:
@@ -317,35 +318,35 @@ def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
 
 def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[str, Any]:
     """The resolved server definition for one (model, stack, topology) on this platform."""
-    entry = config["stacks"][stack]
+    entry = stack_config(config, stack)
     plat = platform_of(config)
-    overlay = entry["on_gpu"] if plat == "cuda" else entry["on_cpu"]
+    overlay = entry.on_gpu if plat == "cuda" else entry.on_cpu
     topo = config["topologies"][topology]
-    env = {**entry["env"], **overlay.get("env", {})}
-    args = list(entry["args"]) + list(overlay.get("args", []))
+    env = {**entry.env, **overlay.env}
+    args = entry.args + overlay.args
     return {
         "stack": stack,
         "model": model,
         "topology": topology,
         "platform": plat,
-        "variant": entry["variant"],
+        "variant": entry.variant,
         "args": args,
         "env": env,
-        "dtype": overlay.get("dtype") or ("float16" if plat == "cuda" else "bfloat16"),
-        "dialect": entry["dialect"],
-        "ready_path": entry["ready_path"],
-        "request_model": entry["request_model"],
-        "expect_kernel": overlay.get("expect_kernel") or entry["expect_kernel"],
+        "dtype": overlay.dtype or ("float16" if plat == "cuda" else "bfloat16"),
+        "dialect": entry.dialect,
+        "ready_path": entry.ready_path,
+        "request_model": entry.request_model,
+        "expect_kernel": overlay.expect_kernel or entry.expect_kernel,
         "tensor_parallel": topo["tensor_parallel"],
         "instances": topo["instances"],
         "max_model_len": config["models"][model]["max_model_len"],
         "cpu_isolation": plat == "cuda" and config["benchmark"]["cpu_isolation"],
-        "card_memory_gib": entry["card_memory_gib"] or config["card_memory_gib"],
-        "memory_cap_args": list(entry["memory_cap_args"]),
-        "kv_cache_gib": entry["kv_cache_gib"],
-        "host_cache_cap": plat == "cpu" and entry["on_cpu"]["host_cache_cap"],
+        "card_memory_gib": entry.card_memory_gib or config["card_memory_gib"],
+        "memory_cap_args": entry.memory_cap_args,
+        "kv_cache_gib": entry.kv_cache_gib,
+        "host_cache_cap": plat == "cpu" and entry.on_cpu.host_cache_cap,
         # named only where it is off: every other stack's params (and finished cells) stay as they were
-        **({} if entry["keep_alive"] else {"keep_alive": False}),
+        **({} if entry.keep_alive else {"keep_alive": False}),
     }
 
 

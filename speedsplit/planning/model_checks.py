@@ -5,6 +5,7 @@ pre-quantized checkpoints, weight formats the platform can make or run, llama.cp
 from __future__ import annotations
 
 from speedsplit.planning.grid import ConfigError, bench_models, bench_stacks, platform_of
+from speedsplit.planning.stack_config import stack_config, stacks_of
 
 
 def check_own_weights(config: dict, model: str, entry: dict) -> None:
@@ -51,7 +52,7 @@ def check_formats(config: dict) -> None:
     platform = platform_of(config)
     _check_llama_cpp(config)
     for stack in bench_stacks(config):
-        variant = config["stacks"][stack]["variant"]
+        variant = stack_config(config, stack).variant
         if variant == "fp8" and platform != "cuda":
             raise ConfigError(
                 f"config error at stacks.{stack}.variant: fp8 (vLLM's dynamic W8A8) needs a CUDA card with FP8 "
@@ -76,8 +77,8 @@ def _check_llama_cpp(config: dict) -> None:
     from speedsplit.models import gguf
     from speedsplit.models.checkpoint import ModelError
 
-    stacks = {s: config["stacks"][s] for s in bench_stacks(config)}
-    gguf_stacks = [s for s, st in stacks.items() if st["variant"] == "gguf"]
+    stacks = stacks_of(config, bench_stacks(config))
+    gguf_stacks = [s for s, st in stacks.items() if st.variant == "gguf"]
     synthetic = {m: config["models"][m] for m in bench_models(config) if config["models"][m]["source"] == "synthetic"}
     for stack in gguf_stacks:
         for model, entry in synthetic.items():
@@ -87,7 +88,7 @@ def _check_llama_cpp(config: dict) -> None:
                     f"which cannot read the {entry['tokenizer']} tokenizer: set tokenizer: gpt2"
                 )
     for stack, st in stacks.items():
-        if any("{llama_server}" in a for a in st["args"]) and not gguf.server_binary():
+        if any("{llama_server}" in a for a in st.args) and not gguf.server_binary():
             raise ConfigError(
                 f"config error at stacks.{stack}.args: llama-server not found ({gguf.BUILD_HINT}, "
                 "or set SPEEDSPLIT_LLAMA_SERVER)"

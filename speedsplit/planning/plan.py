@@ -17,6 +17,7 @@ from speedsplit.core.record import CellParams
 from speedsplit.core.specs import StackSpec
 from speedsplit.models.checkpoint import INT4_FORMATS
 from speedsplit.planning import config as cfgmod
+from speedsplit.planning.stack_config import stack_config
 
 
 @dataclass(frozen=True)
@@ -223,7 +224,7 @@ def _in_flight(config: dict, cell: cfgmod.Cell) -> int:
 
 
 def _session_plan(config: dict, key: str, last_job: str, kv_tokens: int = 0) -> SessionPlan:
-    b = config["benchmark"]
+    b, stack = config["benchmark"], stack_config(config, key.split("/")[1])
     return SessionPlan(
         key=key,
         log=f"results/logs/sessions/{key.replace('/', '__')}.log",
@@ -231,14 +232,14 @@ def _session_plan(config: dict, key: str, last_job: str, kv_tokens: int = 0) -> 
         last_job=last_job,
         idle_timeout_s=float(b["idle_timeout_s"]),
         lease_timeout_s=float(b["lease_timeout_s"]),
-        startup_timeout_s=float(config["stacks"][key.split("/")[1]]["startup_timeout_s"]),
+        startup_timeout_s=float(stack.startup_timeout_s),
         request_timeout_s=float(b["request_timeout_s"]),
         stall_timeout_s=float(b["stall_timeout_s"]),
         kv_tokens=kv_tokens,
         cpu_slots=int(b["cpu_lanes"]),
         foreign_idle_s=float(b["foreign_idle_s"]),
         api_key=bool(b["api_key"]),
-        api_key_env=config["stacks"][key.split("/")[1]]["api_key_env"],
+        api_key_env=stack.api_key_env,
     )
 
 
@@ -276,11 +277,12 @@ def session_of(plan_path: str | Path, result_path: str) -> SessionPlan:
 
 def variant_dir(config: dict, stack: str) -> str:
     """Folder name under resources/models/{model}/ holding the weights a stack serves."""
-    variant = config["stacks"][stack]["variant"]
+    entry = stack_config(config, stack)
+    variant = entry.variant
     if variant in ("fp16", "fp8"):  # vLLM makes FP8 from the FP16 weights as it loads them
         return "fp16"
     if variant == "gguf":  # llama.cpp's file, converted from the FP16 weights
-        return f"gguf-{config['stacks'][stack]['gguf_type']}"
+        return f"gguf-{entry.gguf_type}"
     q = config["quantization"]
     group = "pc" if q["group_size"] == -1 else q["group_size"]
     return f"{variant}-w{q['bits']}g{group}"

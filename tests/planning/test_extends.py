@@ -5,6 +5,7 @@ import yaml
 from conftest import REPO
 
 from speedsplit.planning import config as C
+from speedsplit.planning.stack_config import stacks_of
 
 DEFAULT = REPO / "config" / "config.yaml"
 
@@ -110,7 +111,7 @@ def test_an_override_of_a_base_in_a_later_file_reaches_the_stacks_extending_it(t
     top = tmp_path / "top.yaml"
     top.write_text(yaml.safe_dump({"stacks": {"vllm": {"env": {"VLLM_LOGGING_LEVEL": "DEBUG"}}}}))
     cfg = C.load(top)
-    vllm_stacks = [name for name, s in cfg["stacks"].items() if C.family(s) == "vllm"]
+    vllm_stacks = [name for name, s in stacks_of(cfg).items() if C.family(s) == "vllm"]
     assert len(vllm_stacks) >= 10
     assert all(cfg["stacks"][name]["env"]["VLLM_LOGGING_LEVEL"] == "DEBUG" for name in vllm_stacks)
     assert cfg["stacks"]["vllm-marlin"]["env"]["VLLM_DISABLED_KERNELS"] == "MacheteLinearKernel"
@@ -121,12 +122,12 @@ def test_the_default_config_states_the_vllm_command_and_its_cpu_overlay_once():
     assert text.count("vllm.entrypoints.openai.api_server") == 1
     assert text.count("VLLM_CPU_KVCACHE_SPACE") == 1
     cfg = C.load()
-    vllm_stacks = {name: s for name, s in cfg["stacks"].items() if C.family(s) == "vllm"}
+    vllm_stacks = {name: s for name, s in stacks_of(cfg).items() if C.family(s) == "vllm"}
     base_args = yaml.safe_load(text)["stacks"]["vllm"]["args"]
     for name, s in vllm_stacks.items():
-        assert s["args"][: len(base_args)] == base_args, name
-        if s["variant"] != "fp8":
-            assert s["on_cpu"]["args"] == ["--enforce-eager"], name
+        assert s.args[: len(base_args)] == base_args, name
+        if s.variant != "fp8":
+            assert s.on_cpu.args == ["--enforce-eager"], name
     # the kernel sweep and the prefix switch: what each stack adds, and nothing else
     assert cfg["stacks"]["vllm-fp16-noprefix"]["args"] == base_args + ["--no-enable-prefix-caching"]
     assert cfg["stacks"]["vllm-marlin"]["args"] == base_args + ["--quantization", "gptq_marlin"]
