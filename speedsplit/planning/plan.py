@@ -18,6 +18,7 @@ from speedsplit.core.specs import StackSpec
 from speedsplit.models.checkpoint import INT4_FORMATS
 from speedsplit.planning import config as cfgmod
 from speedsplit.planning.stack_config import stack_config
+from speedsplit.planning.workload_config import workload_config
 
 
 @dataclass(frozen=True)
@@ -85,11 +86,12 @@ def quality_probe(config: dict, job: BenchJob, carriers: Collection[BenchJob] | 
     if job not in (quality_carriers(config) if carriers is None else carriers):
         return None
     q = config["quality"]
-    from speedsplit.core.quality import QualityProbe
+    from speedsplit.core.quality import LmEval, QualityProbe
 
+    # keys in the models' order, whatever the config file's: Snakemake compares params as text
     probe = {k: q[k] for k in QualityProbe.model_fields if k != "lm_eval"}
     if q["lm_eval"]["tasks"]:  # only then in the job file: a config without tasks keeps its cells
-        probe["lm_eval"] = dict(q["lm_eval"])
+        probe["lm_eval"] = {k: q["lm_eval"][k] for k in LmEval.model_fields}
     return probe
 
 
@@ -219,8 +221,8 @@ def session_plans(config: dict, finished: Callable[[BenchJob], bool] | None = No
 
 def _in_flight(config: dict, cell: cfgmod.Cell) -> int:
     """Tokens a cell keeps in flight at most: every user's prompt and output at once."""
-    w = config["workloads"][cell.workload]
-    return cell.users * (w["prompt_tokens"] + w["output_tokens"])
+    w = workload_config(config, cell.workload)
+    return cell.users * (w.prompt_tokens + w.output_tokens)
 
 
 def _session_plan(config: dict, key: str, last_job: str, kv_tokens: int = 0) -> SessionPlan:
