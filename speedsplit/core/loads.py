@@ -7,7 +7,8 @@
 - `TraceReplay`: a window of a recorded trace's arrivals at a speedup.
 
 A cell's job file (planning/grid.cell_params) names its kind by the keys it holds: `trace`, else
-`arrival`, else neither (closed loop); `load_of` reads it from the typed cell. Whoever does something per kind keys a
+`arrival`, else neither (closed loop); `load_of` reads it from the typed cell (a config's workload
+says its own: planning/workload_config.WorkloadConfig.kind). Whoever does something per kind keys a
 registry by the load's type (measuring/bench.py's prompts and schedule, planning/estimate.py's
 arrivals span) rather than testing keys.
 """
@@ -55,11 +56,6 @@ class TraceReplay(_Load):
 
 
 KINDS: dict[str, type[_Load]] = {"closed": ClosedLoop, "open": OpenLoop, "trace": TraceReplay}
-
-
-def kind_of(entry: dict) -> str:
-    """A cell's (or a workload's) load kind, from the keys that define it."""
-    return "trace" if entry.get("trace") else "open" if entry.get("arrival") else "closed"
 
 
 def load_of(cell) -> ClosedLoop | OpenLoop | TraceReplay:

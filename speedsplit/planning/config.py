@@ -1,6 +1,7 @@
 """Load and validate the workflow config: merge the files over the default, fill the schema's
-defaults (speedsplit/planning/schema.yaml, the one place a default lives; a stack's entry is
-generated from planning/stack_config.StackConfig), check the schema
+defaults (speedsplit/planning/schema.yaml, the one place a default lives; a model's, a stack's
+and a workload's entries are generated from planning/model_config.py, stack_config.py and
+workload_config.py), check the schema
 and every cross-reference. What the config then describes (cells, stacks, specs) is
 speedsplit/planning/grid.py, read through this module.
 
@@ -42,7 +43,7 @@ from speedsplit.planning.grid import (  # noqa: F401 (re-exported: callers read 
     topology_gpus,
     trace_window,
 )
-from speedsplit.planning import stack_config
+from speedsplit.planning import model_config, stack_config, workload_config
 from speedsplit.planning.model_checks import check_formats, check_own_weights
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema.yaml"
@@ -85,9 +86,12 @@ _Validator = _with_defaults(Draft202012Validator)
 
 
 def load_schema() -> dict:
-    """The config's JSON Schema: schema.yaml, with a stack's entry generated from StackConfig."""
+    """The config's JSON Schema: schema.yaml, with a model's, a stack's and a workload's entries
+    generated from ModelConfig, StackConfig and WorkloadConfig."""
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    schema["properties"]["models"]["additionalProperties"] = model_config.json_schema()
     schema["properties"]["stacks"]["additionalProperties"] = stack_config.json_schema()
+    schema["properties"]["workloads"]["additionalProperties"] = workload_config.json_schema()
     return schema
 
 
@@ -215,17 +219,17 @@ def _check_references(config: dict) -> None:
                 f"config error at topologies.{topo}: needs {need} GPUs but gpus_available is {config['gpus_available']}"
             )
     for model in bench_models(config):
-        entry = config["models"][model]
-        if entry["source"] == "hub" and not entry["repo"]:
+        entry = model_config.model_config(config, model)
+        if entry.source == "hub" and not entry.repo:
             raise ConfigError(f"config error at models.{model}.repo: a hub model needs a repo id")
         check_own_weights(config, model, entry)
         for wname in {c.workload for c in cells(config) if not c.trace}:
-            w = workloads[wname]
-            if w["prompt_tokens"] + w["output_tokens"] > entry["max_model_len"]:
+            w = workload_config.workload_config(config, wname)
+            if w.prompt_tokens + w.output_tokens > entry.max_model_len:
                 raise ConfigError(
                     f"config error at workloads.{wname}: prompt_tokens + output_tokens = "
-                    f"{w['prompt_tokens'] + w['output_tokens']} exceeds models.{model}.max_model_len "
-                    f"({entry['max_model_len']})"
+                    f"{w.prompt_tokens + w.output_tokens} exceeds models.{model}.max_model_len "
+                    f"({entry.max_model_len})"
                 )
     check_formats(config)
     _check_quality(config["quality"])
@@ -313,10 +317,10 @@ def _check_capacity(config: dict) -> None:
             raise ConfigError(f"config error at capacity.stacks[{i}]: unknown stack {stack!r}")
     if cap["workload"] is not None and cap["workload"] not in config["workloads"]:
         raise ConfigError(f"config error at capacity.workload: unknown workload {cap['workload']!r}")
-    workload = config["workloads"][cap["workload"] or grid_cells(config)[0].workload]
-    if workload.get("trace"):
+    workload = workload_config.workload_config(config, cap["workload"] or grid_cells(config)[0].workload)
+    if workload.trace:
         raise ConfigError("config error at capacity.workload: a trace replays its own rate; sweep an arrival workload")
-    if workload.get("arrival") and not cap.get("rates"):
+    if workload.arrival and not cap.get("rates"):
         raise ConfigError("config error at capacity.rates: an open-loop capacity workload needs its ladder of rates")
     if cap["sampling"] not in config["sampling"]:
         raise ConfigError(f"config error at capacity.sampling: unknown sampling {cap['sampling']!r}")
@@ -330,29 +334,29 @@ def _check_traffic(config: dict) -> None:
     from speedsplit.probes import traffic
 
     for name in {c.workload for c in cells(config) if c.trace}:
-        t = config["workloads"][name]["trace"]
+        t = workload_config.workload_config(config, name).trace
         for model in bench_models(config):
             try:
-                window = traffic.TraceWindow(**trace_window(t, t["speedups"][0]))
-                traffic.read_trace(window, config["models"][model]["max_model_len"])
+                window = traffic.TraceWindow(**trace_window(t, t.speedups[0]))
+                traffic.read_trace(window, model_config.model_config(config, model).max_model_len)
             except traffic.TrafficError as exc:
                 raise ConfigError(f"config error at workloads.{name}.trace: {exc} (models.{model})") from None
     for name in {c.workload for c in cells(config) if c.rate is not None and not c.trace}:
-        w = config["workloads"][name]
-        mix = w.get("lengths") or {}
-        if mix.get("kind") == "file" and not mix.get("path"):
+        w = workload_config.workload_config(config, name)
+        mix = w.lengths.model_dump(exclude_unset=True) if w.lengths else {}
+        if w.lengths and w.lengths.kind == "file" and not w.lengths.path:
             raise ConfigError(f"config error at workloads.{name}.lengths.path: a length file is needed for kind file")
         for model in bench_models(config):
-            for rate in w["arrival"]["rates"]:
-                arrival = {**w["arrival"], "rate_rps": rate}
+            for rate in w.arrival.rates:
+                arrival = {**w.arrival.model_dump(exclude_unset=True), "rate_rps": rate}
                 try:
                     traffic.schedule(
                         arrival,
                         mix,
-                        w["prompt_tokens"],
-                        w["output_tokens"],
+                        w.prompt_tokens,
+                        w.output_tokens,
                         0,
-                        config["models"][model]["max_model_len"],
+                        model_config.model_config(config, model).max_model_len,
                     )
                 except traffic.TrafficError as exc:
                     raise ConfigError(f"config error at workloads.{name}: {exc} (models.{model})") from None

@@ -32,6 +32,7 @@ from speedsplit.planning import config as cfgmod
 from speedsplit.planning import grid as gridmod
 from speedsplit.planning import plan as planmod
 from speedsplit.planning import roofline
+from speedsplit.planning.model_config import model_config
 from speedsplit.planning.stack_config import stack_config
 
 DEFAULT_RESULTS = "results/bench/**/run*.json"
@@ -93,13 +94,18 @@ class Measured:
         )
 
 
-def _model_shape(config: dict, model: str) -> dict | None:
-    """The model's config.json shape: a synthetic model's published shape, else its folder's."""
-    entry = config["models"][model]
+def model_shape(config: dict, model: str) -> dict | None:
+    """The model's config.json: a local model's own, a hub model's once downloaded, else the
+    published one of its `shape` (a synthetic model's; a hub model's before it is downloaded).
+    `shape` has a default (tiny), so a model's own config.json comes first."""
+    entry = model_config(config, model)
+    fetched = Path(f"resources/models/{model}/fp16")
     try:
-        if entry.get("shape"):
-            return shape_config(entry["shape"])
-        return read_model_config(f"resources/models/{model}/fp16")
+        if entry.source == "local":
+            return read_model_config(entry.path)
+        if entry.source == "hub" and (fetched / "config.json").is_file():
+            return read_model_config(fetched)
+        return shape_config(entry.shape)
     except ModelError:
         return None
 
@@ -152,7 +158,7 @@ def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: 
     est = config["estimate"]
     measured = Measured.read(results, platform)
     bandwidth = _bandwidth(config, bandwidth_json)  # read once, not per job
-    shapes = {model: _model_shape(config, model) for model in cfgmod.bench_models(config)}
+    shapes = {model: model_shape(config, model) for model in cfgmod.bench_models(config)}
     prev = planmod.predecessors(config)
     lanes: dict[planmod.BenchJob, int] = {}
     clock: dict[int, float] = {}  # each lane's time so far

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from speedsplit.core.errors import UserError
-from speedsplit.core.loads import kind_of
 from speedsplit.core.record import OUTLIER_FACTOR, OUTLIER_MIN_S
 from speedsplit.models.checkpoint import INT4_FORMATS
+from speedsplit.planning.model_config import model_config
 from speedsplit.planning.stack_config import StackConfig, stack_config, stacks_of
+from speedsplit.planning.workload_config import Trace, workload_config
 
 
 class ConfigError(UserError, ValueError):
@@ -211,8 +212,8 @@ class Cell:
 # cell per grid.users; open loop a cell per rate, whatever the users; a trace a cell per speedup.
 _LEVELS = {
     "closed": lambda w, users: [(u, None) for u in users],
-    "open": lambda w, users: [(0, float(r)) for r in w["arrival"]["rates"]],
-    "trace": lambda w, users: [(0, float(r)) for r in w["trace"]["speedups"]],
+    "open": lambda w, users: [(0, float(r)) for r in w.arrival.rates],
+    "trace": lambda w, users: [(0, float(r)) for r in w.trace.speedups],
 }
 
 
@@ -221,10 +222,10 @@ def grid_cells(config: dict) -> list[Cell]:
     g = config["grid"]
 
     def of(users: list[int], workload: str, sampling: str, stacks: tuple[str, ...] = ()) -> list[Cell]:
-        w = config["workloads"][workload]
-        kind = kind_of(w)
+        w = workload_config(config, workload)
         return [
-            Cell(u, workload, sampling, stacks, rate=rate, trace=kind == "trace") for u, rate in _LEVELS[kind](w, users)
+            Cell(u, workload, sampling, stacks, rate=rate, trace=w.kind == "trace")
+            for u, rate in _LEVELS[w.kind](w, users)
         ]
 
     if g["cells"]:
@@ -245,7 +246,7 @@ def cells(config: dict) -> list[Cell]:
     cap = config.get("capacity") or {}
     if cap.get("enabled"):
         workload = cap["workload"] or out[0].workload
-        if config["workloads"][workload].get("arrival"):
+        if workload_config(config, workload).arrival:
             levels = [Cell(0, workload, cap["sampling"], rate=float(r)) for r in sorted(set(cap.get("rates") or []))]
         else:
             levels = [Cell(u, workload, cap["sampling"]) for u in sorted(set(cap["users"]))]
@@ -284,19 +285,19 @@ def cell_by_name(config: dict, name: str) -> Cell:
 def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
     """Everything that defines one cell's measurement, as plain builtins (Snakemake params):
     its job file. Timeouts change no measurement: they come from the plan (SessionPlan)."""
-    w = config["workloads"][cell.workload]
+    w = workload_config(config, cell.workload)
     s = config["sampling"][cell.sampling]
     b = config["benchmark"]
     return {
         "cell": cell.name,
         "users": cell.users,
         "workload": cell.workload,
-        "prompt_tokens": w["prompt_tokens"],
-        "output_tokens": w["output_tokens"],
-        "requests_per_user": w["requests_per_user"],
-        "warmup_requests": w["warmup_requests"],
+        "prompt_tokens": w.prompt_tokens,
+        "output_tokens": w.output_tokens,
+        "requests_per_user": w.requests_per_user,
+        "warmup_requests": w.warmup_requests,
         # only when set: a cell without a ramp keeps the params (and the results) it had
-        **({"ramp_s": float(w["ramp_s"])} if w["ramp_s"] else {}),
+        **({"ramp_s": float(w.ramp_s)} if w.ramp_s else {}),
         "warmup": b["warmup"],
         "sampling": cell.sampling,
         "temperature": float(s["temperature"]),
@@ -339,7 +340,7 @@ def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[st
         "expect_kernel": overlay.expect_kernel or entry.expect_kernel,
         "tensor_parallel": topo["tensor_parallel"],
         "instances": topo["instances"],
-        "max_model_len": config["models"][model]["max_model_len"],
+        "max_model_len": model_config(config, model).max_model_len,
         "cpu_isolation": plat == "cuda" and config["benchmark"]["cpu_isolation"],
         "card_memory_gib": entry.card_memory_gib or config["card_memory_gib"],
         "memory_cap_args": entry.memory_cap_args,
@@ -353,20 +354,20 @@ def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[st
 def _open_loop(config: dict, cell: Cell) -> dict[str, Any]:
     """An open-loop cell's arrivals (its rate) and length mix, or its trace window (its
     speedup), and the client lag it tolerates."""
-    w = config["workloads"][cell.workload]
+    w = workload_config(config, cell.workload)
     lag = float(config["benchmark"]["max_client_lag_s"])
     if cell.trace:
-        return {"trace": trace_window(w["trace"], cell.rate), "max_client_lag_s": lag}
-    a = w["arrival"]
-    span = {"requests": a["requests"]} if "requests" in a else {"duration_s": float(a["duration_s"])}
-    arrival = {"pattern": a["pattern"], "rate_rps": float(cell.rate), "burstiness": float(a["burstiness"]), **span}
+        return {"trace": trace_window(w.trace, cell.rate), "max_client_lag_s": lag}
+    a = w.arrival
+    span = {"requests": a.requests} if a.requests is not None else {"duration_s": float(a.duration_s)}
+    arrival = {"pattern": a.pattern, "rate_rps": float(cell.rate), "burstiness": float(a.burstiness), **span}
     return {
         "arrival": arrival,
-        "lengths": dict(w["lengths"]) if w.get("lengths") else None,
+        "lengths": w.lengths.model_dump(exclude_unset=True) if w.lengths else None,
         "max_client_lag_s": lag,
     }
 
 
-def trace_window(trace: dict, speedup: float) -> dict:
+def trace_window(trace: Trace, speedup: float) -> dict:
     """A trace workload's window at one of its speedups (probes/traffic.TraceWindow's fields)."""
-    return {**{k: v for k, v in trace.items() if k != "speedups"}, "speedup": float(speedup)}
+    return {**trace.model_dump(exclude_unset=True, exclude={"speedups"}), "speedup": float(speedup)}

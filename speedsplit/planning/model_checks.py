@@ -5,35 +5,36 @@ pre-quantized checkpoints, weight formats the platform can make or run, llama.cp
 from __future__ import annotations
 
 from speedsplit.planning.grid import ConfigError, bench_models, bench_stacks, platform_of
+from speedsplit.planning.model_config import ModelConfig, model_config
 from speedsplit.planning.stack_config import stack_config, stacks_of
 
 
-def check_own_weights(config: dict, model: str, entry: dict) -> None:
+def check_own_weights(config: dict, model: str, entry: ModelConfig) -> None:
     """A local folder and pre-quantized checkpoints: there, complete, and what the config says."""
     from speedsplit.models.checkpoint import ModelError
     from speedsplit.models.local import inspect_local, inspect_quantized
 
-    if entry["source"] == "local" and not entry["path"]:
+    if entry.source == "local" and not entry.path:
         raise ConfigError(f"config error at models.{model}.path: a local model needs the folder's path")
-    if entry["path"] and entry["source"] != "local":
-        raise ConfigError(f"config error at models.{model}.path: a path is for source local, not {entry['source']}")
-    if entry["weights"] == "trained" and (entry["source"] != "synthetic" or entry["shape"] != "tiny"):
+    if entry.path and entry.source != "local":
+        raise ConfigError(f"config error at models.{model}.path: a path is for source local, not {entry.source}")
+    if entry.weights == "trained" and (entry.source != "synthetic" or entry.shape != "tiny"):
         raise ConfigError(
             f"config error at models.{model}.weights: trained is for a synthetic model of shape tiny (it trains in "
-            f"the model rule, on a CPU), not {entry['source']} {entry['shape']}"
+            f"the model rule, on a CPU), not {entry.source} {entry.shape}"
         )
-    if entry["weights"] == "trained" and entry["tokenizer"] != "wordlevel":
+    if entry.weights == "trained" and entry.tokenizer != "wordlevel":
         raise ConfigError(
             f"config error at models.{model}.tokenizer: weights trained learn their own tokenizer (byte-level BPE); "
-            f"tokenizer {entry['tokenizer']} needs weights random"
+            f"tokenizer {entry.tokenizer} needs weights random"
         )
     try:
-        if entry["path"]:
-            inspect_local(entry["path"])
+        if entry.path:
+            inspect_local(entry.path)
     except ModelError as exc:
         raise ConfigError(f"config error at models.{model}.path: {exc}") from None
     q = config["quantization"]
-    for method, path in entry["prequantized"].items():
+    for method, path in entry.prequantized.model_dump().items():
         if not path:
             continue
         if q["method"] == "dummy":
@@ -61,7 +62,7 @@ def check_formats(config: dict) -> None:
         if variant != "awq":
             continue
         for model in bench_models(config):
-            if config["models"][model]["prequantized"].get("awq"):
+            if model_config(config, model).prequantized.awq:
                 continue
             if config["quantization"]["method"] == "dummy":
                 raise ConfigError(
@@ -79,13 +80,14 @@ def _check_llama_cpp(config: dict) -> None:
 
     stacks = stacks_of(config, bench_stacks(config))
     gguf_stacks = [s for s, st in stacks.items() if st.variant == "gguf"]
-    synthetic = {m: config["models"][m] for m in bench_models(config) if config["models"][m]["source"] == "synthetic"}
+    models = {m: model_config(config, m) for m in bench_models(config)}
+    synthetic = {m: entry for m, entry in models.items() if entry.source == "synthetic"}
     for stack in gguf_stacks:
         for model, entry in synthetic.items():
-            if entry["tokenizer"] != "gpt2":
+            if entry.tokenizer != "gpt2":
                 raise ConfigError(
                     f"config error at models.{model}.tokenizer: stack {stack} serves it through llama.cpp, "
-                    f"which cannot read the {entry['tokenizer']} tokenizer: set tokenizer: gpt2"
+                    f"which cannot read the {entry.tokenizer} tokenizer: set tokenizer: gpt2"
                 )
     for stack, st in stacks.items():
         if any("{llama_server}" in a for a in st.args) and not gguf.server_binary():
@@ -94,7 +96,7 @@ def _check_llama_cpp(config: dict) -> None:
                 "or set SPEEDSPLIT_LLAMA_SERVER)"
             )
     needs = [f"stacks.{s}.variant: gguf" for s in gguf_stacks]
-    needs += [f"models.{m}.tokenizer: gpt2" for m, entry in synthetic.items() if entry["tokenizer"] == "gpt2"]
+    needs += [f"models.{m}.tokenizer: gpt2" for m, entry in synthetic.items() if entry.tokenizer == "gpt2"]
     if needs:
         try:
             gguf.share()

@@ -9,36 +9,17 @@ resolved before the schema fills defaults; they are here so that the schema acce
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-
-def _no_default(schema: dict) -> None:
-    """A key that is absent unless given: no default for the schema to fill, and no null."""
-    schema.pop("default", None)
-    alternatives = [a for a in schema.pop("anyOf", []) if a != {"type": "null"}]
-    if alternatives:
-        schema.update(alternatives[0])
+from speedsplit.planning.typed_config import AtLeastOne, Positive, absent, Entry, plain_schema
 
 
-def _absent(description: str) -> Any:
-    return Field(None, description=description, json_schema_extra=_no_default)
-
-
-# a number as YAML gives it (24 stays 24, as the job files and results have always said it)
-Positive = Union[Annotated[int, Field(gt=0)], Annotated[float, Field(gt=0)]]  # noqa: UP007
-AtLeastOne = Union[Annotated[int, Field(ge=1)], Annotated[float, Field(ge=1)]]  # noqa: UP007
-
-
-class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class _Overlay(_Config):
+class _Overlay(Entry):
     args: list[str] = Field([], description="Arguments appended.")
-    add_args: list[str] | None = _absent("With extends, appended to the base's args.")
-    set_args: dict[str, str | float] | None = _absent("With extends, flags' values.")
+    add_args: list[str] | None = absent("With extends, appended to the base's args.")
+    set_args: dict[str, str | float] | None = absent("With extends, flags' values.")
     env: dict[str, str] = Field({}, description="Environment added.")
     expect_kernel: str = Field("", description="Overrides expect_kernel.")
 
@@ -62,7 +43,7 @@ class GpuOverlay(_Overlay):
     dtype: str = Field("float16", description="Value of {dtype}.")
 
 
-class StackConfig(_Config):
+class StackConfig(Entry):
     """One stack."""
 
     variant: Literal["fp16", "gptq", "awq", "fp8", "gguf"] = Field(
@@ -78,19 +59,19 @@ class StackConfig(_Config):
         description="variant gguf: the GGUF tensor type llama.cpp's converter writes (q8_0: 8-bit blocks of "
         "32 weights with one scale each, llama.cpp's own quantized format).",
     )
-    extends: str | None = _absent(
+    extends: str | None = absent(
         "A stack this one starts from (speedsplit/planning/extends.py): it gives only what differs. Scalars "
         "replace the base's, env merges over it (null removes a key), args replaces the command line, add_args "
         "appends to it, set_args sets flags' values; on_cpu and on_gpu merge by the same rules. An override of "
         "the base in a later config file reaches the stacks that extend it."
     )
-    abstract: bool | None = _absent(
+    abstract: bool | None = absent(
         "A base for other stacks only (e.g. the vLLM command line): dropped once the stacks extending it are "
         "resolved, so nothing benchmarks it."
     )
     args: list[str] = Field(description="The server's command line (placeholders allowed).")
-    add_args: list[str] | None = _absent("With extends, arguments appended to the base's.")
-    set_args: dict[str, str | float] | None = _absent(
+    add_args: list[str] | None = absent("With extends, arguments appended to the base's.")
+    set_args: dict[str, str | float] | None = absent(
         'With extends, flags\' values, e.g. {"--max-batch": "64"}: the value after the flag in the base\'s args '
         "is replaced, or the flag and value appended."
     )
@@ -156,30 +137,9 @@ class StackConfig(_Config):
     )
 
 
-def _plain(node, defs: dict):
-    """The schema without titles, its $refs inlined and each 'one of these types or null' as
-    one type list (as a hand-written schema says it, and as jsonschema's messages read best)."""
-    if isinstance(node, list):
-        return [_plain(n, defs) for n in node]
-    if not isinstance(node, dict):
-        return node
-    if "$ref" in node:
-        node = {**defs[node["$ref"].rsplit("/", 1)[1]], **{k: v for k, v in node.items() if k != "$ref"}}
-    out = {k: _plain(v, defs) for k, v in node.items() if k not in ("title", "$defs")}
-    alternatives = out.get("anyOf")
-    if alternatives and all(isinstance(a.get("type"), str) for a in alternatives):
-        bounds = [{k: v for k, v in a.items() if k != "type"} for a in alternatives]
-        given = [b for b in bounds if b]
-        if all(b == given[0] for b in given) and not any(a["type"] in ("array", "object") for a in alternatives):
-            del out["anyOf"]
-            out = {"type": [a["type"] for a in alternatives], **(given[0] if given else {}), **out}
-    return out
-
-
 def json_schema() -> dict:
     """The config schema's entry for one stack (`stacks.<name>`)."""
-    schema = StackConfig.model_json_schema()
-    return _plain(schema, schema.get("$defs", {}))
+    return plain_schema(StackConfig)
 
 
 def stack_config(config: dict, name: str) -> StackConfig:

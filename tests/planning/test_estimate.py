@@ -147,3 +147,29 @@ def test_a_vllm_session_after_one_that_filled_its_compile_cache_starts_warm(tmp_
     write_result(tmp_path / "warm.json", res)
     est = E.job_estimates(cfg, results=str(tmp_path / "*.json"))
     assert [e.start_s for e in est if e.start_s and e.job.stack == "vllm-fp16"] == [200, 64.0]
+
+
+def test_a_model_is_estimated_at_its_own_shape(tmp_path, monkeypatch):
+    """A local model at its folder's config.json (its `shape` is the tiny default, which said
+    nothing of it); a hub model at its stated shape until downloaded, then at its own."""
+    import json
+
+    from speedsplit.planning.estimate import model_shape
+
+    own = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32}
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine/config.json").write_text(json.dumps(own))
+    monkeypatch.chdir(tmp_path)
+    config = {
+        "models": {
+            "mine": {"source": "local", "path": str(tmp_path / "mine")},
+            "hubbed": {"source": "hub", "repo": "org/m", "shape": "mistral-7b"},
+            "synth": {"source": "synthetic", "shape": "llama-3.1-8b"},
+        }
+    }
+    assert model_shape(config, "mine") == own
+    assert model_shape(config, "hubbed") == shape_config("mistral-7b")
+    assert model_shape(config, "synth") == shape_config("llama-3.1-8b")
+    (tmp_path / "resources/models/hubbed/fp16").mkdir(parents=True)
+    (tmp_path / "resources/models/hubbed/fp16/config.json").write_text(json.dumps(own))
+    assert model_shape(config, "hubbed") == own

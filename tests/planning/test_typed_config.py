@@ -1,5 +1,6 @@
-"""A stack as a config gives it, typed (speedsplit/planning/stack_config.py): the config schema's
-stack entry is generated from it, and every stack of every shipped config reads as it holds."""
+"""Models, stacks and workloads as a config gives them, typed (speedsplit/planning/model_config.py,
+stack_config.py, workload_config.py): the config schema's entries are generated from them, and
+every one of every shipped config reads as its filled dict holds it."""
 
 import json
 
@@ -9,16 +10,20 @@ from conftest import REPO
 from jsonschema import Draft202012Validator
 
 from speedsplit.planning import config as C
-from speedsplit.planning.stack_config import StackConfig, json_schema, stacks_of
+from speedsplit.planning import model_config, stack_config, workload_config
+from speedsplit.planning.stack_config import StackConfig, stacks_of
 
 
 def test_the_config_schema_takes_its_stack_entry_from_the_model():
     schema = C.load_schema()
     Draft202012Validator.check_schema(schema)
-    assert schema["properties"]["stacks"]["additionalProperties"] == json_schema()
+    assert schema["properties"]["models"]["additionalProperties"] == model_config.json_schema()
+    assert schema["properties"]["stacks"]["additionalProperties"] == stack_config.json_schema()
+    assert schema["properties"]["workloads"]["additionalProperties"] == workload_config.json_schema()
     # plain JSON Schema, as jsonschema reads it: pydantic's own bounds and titles are gone
-    text = json.dumps(json_schema())
+    text = json.dumps([m.json_schema() for m in (model_config, stack_config, workload_config)])
     assert not any(f'"{key}":' in text for key in ("gt", "ge", "title", "$ref", "$defs"))
+    assert '"integer", "number"' not in text  # a number is a number, whether YAML gave 24 or 24.0
     assert json.loads((REPO / "docs/config-schema.json").read_text()) == schema, (
         "docs/config-schema.json is stale: speedsplit schema --config > docs/config-schema.json"
     )
@@ -37,15 +42,29 @@ CONFIGS = sorted(
 
 
 @pytest.mark.parametrize("configs", CONFIGS, ids=" + ".join)
-def test_every_stack_of_a_shipped_config_reads_as_its_filled_dict(configs):
-    """What a typed stack says is what the filled config says, to the type (24 stays 24: the job
-    files and results say what they always said)."""
+def test_every_model_stack_and_workload_of_a_shipped_config_reads_as_its_filled_dict(configs):
+    """What a typed model, stack or workload says is what the filled config says, to the type (24
+    stays 24: the job files and results say what they always said)."""
+
+    def same(dumped, filled, where):
+        assert dumped == filled, where
+        if isinstance(filled, dict):
+            for k in filled:
+                same(dumped[k], filled[k], f"{where}.{k}")
+        elif isinstance(filled, list):
+            for i, (a, b) in enumerate(zip(dumped, filled)):
+                same(a, b, f"{where}[{i}]")
+        else:
+            assert type(dumped) is type(filled), where
+
     cfg = C.load(*[REPO / c for c in configs])
+    for name in cfg["models"]:
+        same(model_config.model_config(cfg, name).model_dump(exclude_unset=True), cfg["models"][name], name)
     for stack, typed in stacks_of(cfg).items():
-        filled = cfg["stacks"][stack]
-        dumped = typed.model_dump(exclude_unset=True)
-        assert dumped == filled, stack
-        assert all(type(dumped[k]) is type(filled[k]) for k in filled), stack
+        same(typed.model_dump(exclude_unset=True), cfg["stacks"][stack], f"stacks.{stack}")
+    for name in cfg["workloads"]:
+        typed = workload_config.workload_config(cfg, name)
+        same(typed.model_dump(exclude_unset=True), cfg["workloads"][name], f"workloads.{name}")
 
 
 @pytest.mark.parametrize(
@@ -66,6 +85,48 @@ def test_a_wrong_stack_key_is_one_line_naming_it(tmp_path, change, expect):
     assert str(err.value).startswith(expect), err.value
 
 
+@pytest.mark.parametrize(
+    "change, expect",
+    [
+        ({"ramp_s": -1}, "config error at workloads.wide.ramp_s: -1 is less than the minimum of 0"),
+        ({"warmup_requests": 0.5}, "config error at workloads.wide.warmup_requests: 0.5 is not of type 'integer'"),
+        (
+            {"arrival": {"rates": [1], "requests": 5, "duration_s": 3}},
+            "config error at workloads.wide.arrival: {'duration_s': 3, 'rates': [1], 'requests': 5} is valid under each of",
+        ),
+        ({"arrival": {"rates": [0], "requests": 5}}, "config error at workloads.wide.arrival.rates[0]: 0 is less"),
+        ({"lengths": {"kind": "normal"}}, "config error at workloads.wide.lengths.kind: 'normal' is not one of"),
+        (
+            {"trace": {"path": "t.jsonl", "requests": 5}},
+            "config error at workloads.wide.trace: 'speedups' is a required",
+        ),
+    ],
+)
+def test_a_wrong_workload_key_is_one_line_naming_it(tmp_path, change, expect):
+    top = tmp_path / "top.yaml"
+    top.write_text(yaml.safe_dump({"workloads": {"wide": change}}))
+    with pytest.raises(C.ConfigError) as err:
+        C.load(top)
+    assert str(err.value).startswith(expect), err.value
+
+
 def test_a_stack_needs_its_command_line():
     with pytest.raises(ValueError, match="args"):
         StackConfig()
+
+
+@pytest.mark.parametrize(
+    "change, expect",
+    [
+        ({"shape": "gpt5"}, "config error at models.tiny.shape: 'gpt5' is not one of"),
+        ({"max_model_len": 8}, "config error at models.tiny.max_model_len: 8 is less than the minimum of 16"),
+        ({"training": {"lr": 0}}, "config error at models.tiny.training.lr: 0 is less than or equal to the minimum"),
+        ({"prequantized": {"exl2": "x"}}, "config error at models.tiny.prequantized: unknown key 'exl2'"),
+    ],
+)
+def test_a_wrong_model_key_is_one_line_naming_it(tmp_path, change, expect):
+    top = tmp_path / "top.yaml"
+    top.write_text(yaml.safe_dump({"models": {"tiny": change}}))
+    with pytest.raises(C.ConfigError) as err:
+        C.load(top)
+    assert str(err.value).startswith(expect), err.value

@@ -1,0 +1,116 @@
+"""A workload as a config gives it (`workloads.<name>`), typed: the request shape of a cell and
+the load it puts on a stack, told apart by which of `arrival` (open loop) and `trace` (trace
+replay) it holds, neither being closed loop (`kind`). The config schema's workload entry is
+generated from `WorkloadConfig` (planning/config.load_schema); `workload_config(config, name)`
+reads a validated config's workload.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from speedsplit.planning.typed_config import Entry, NonNegative, Positive, absent, plain_schema
+
+# exactly one of the two says how long an open loop or a trace window lasts
+_ONE_SPAN = {"oneOf": [{"required": ["requests"]}, {"required": ["duration_s"]}]}
+
+
+class Arrival(Entry):
+    model_config = ConfigDict(json_schema_extra=_ONE_SPAN)
+
+    pattern: Literal["poisson", "gamma", "constant"] = Field(
+        "poisson", description="Gaps between arrivals: exponential (poisson), gamma of shape burstiness, or equal."
+    )
+    rates: list[Positive] = Field(min_length=1, description="Requests per second, one cell each.")
+    burstiness: Positive = Field(1.0, description="gamma's shape: 1 Poisson, below 1 burstier.")
+    requests: int | None = absent("Requests in the measured phase (or duration_s).", ge=1)
+    duration_s: Positive | None = absent("Seconds of arrivals in the measured phase (or requests).")
+
+
+class Lengths(Entry):
+    kind: Literal["fixed", "lognormal", "file"] = "fixed"
+    prompt_spread: NonNegative = 0.5
+    output_spread: NonNegative = 0.5
+    path: str | None = absent("kind file: the pairs' file.")
+    shared_prefix_tokens: int = Field(
+        0,
+        ge=0,
+        description="The first this many tokens of every measured prompt of a run are the same (a system "
+        "prompt; a shorter prompt is a cut of it); the rest of each prompt is its own. 0: every prompt distinct. "
+        "What a server's prefix cache can reuse.",
+    )
+
+
+class Trace(Entry):
+    model_config = ConfigDict(json_schema_extra=_ONE_SPAN)
+
+    path: str = Field(description="The trace file.")
+    start_s: NonNegative = Field(0, description="The window starts this long after the trace's first request.")
+    duration_s: Positive | None = absent("The window's length in trace time (or requests).")
+    requests: int | None = absent("The window's first requests (or duration_s).", ge=1)
+    speedups: list[Positive] = Field(
+        min_length=1, description="Arrival times divided by each (2: twice the trace's rate)."
+    )
+    length_scale: Positive = Field(1.0, description="Every length and the block size times this.")
+    over_context: Literal["skip", "cap"] = "skip"
+    block_tokens: int = Field(512, ge=1, description="The trace's prompt block size.")
+
+
+class WorkloadConfig(Entry):
+    """One request shape (prompt_tokens and output_tokens are required unless it replays a trace)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"not": {"required": ["trace"]}},
+            "then": {"required": ["prompt_tokens", "output_tokens"]},
+        }
+    )
+
+    prompt_tokens: int = Field(512, ge=1, description="Exact prompt length in tokens.")
+    output_tokens: int = Field(256, ge=1, description="Exact output length in tokens.")
+    requests_per_user: int = Field(2, ge=1, description="Measured requests each user sends.")
+    warmup_requests: int = Field(1, ge=0, description="Requests per user before the measured phase.")
+    ramp_s: NonNegative = Field(
+        0,
+        description="Users join the measured phase evenly over this many seconds (user u at u x ramp_s / users), "
+        "then each sends its next request when the last one ends. 0 - all at once: a burst whose first requests "
+        "wait for the prefill of every prompt together, so a TTFT objective then judges prefill speed as much as "
+        "capacity.",
+    )
+    arrival: Arrival | None = absent(
+        "Open loop (absent: closed loop): requests arrive at a rate, each sent when due whatever is in flight, "
+        "the same schedule (from the sampling seed) on every stack. One cell per rate, named "
+        "r{rate}-{workload}-{sampling}; grid.users does not apply. warmup_requests are sent one after another "
+        "before it."
+    )
+    lengths: Lengths | None = absent(
+        "Open loop: each request's own prompt and output length (absent: prompt_tokens and output_tokens for "
+        "every request). lognormal: around prompt_tokens and output_tokens as means, the spreads the standard "
+        'deviation of the log; file: one "prompt output" pair per line, drawn with replacement. Every length is '
+        "enforced and verified per request."
+    )
+    trace: Trace | None = absent(
+        "Open loop from a recorded trace (Mooncake JSON lines: timestamp ms, input_length, output_length, "
+        "hash_ids of 512-token prompt blocks; plain or gzipped): a window of it replayed, one cell per speedup, "
+        "named x{speedup}-{workload}-{sampling}. Requests that share hash ids share exactly those prompt tokens, "
+        "so a prefix cache sees what the trace recorded. Lengths, block size and all, are scaled by "
+        "length_scale; a request beyond the model's context is skipped or its prompt capped (over_context), "
+        "counted in the result."
+    )
+
+    @property
+    def kind(self) -> Literal["closed", "open", "trace"]:
+        """Its load's kind (core/loads.py): trace replay, open loop, else closed loop."""
+        return "trace" if self.trace else "open" if self.arrival else "closed"
+
+
+def json_schema() -> dict:
+    """The config schema's entry for one workload (`workloads.<name>`)."""
+    return plain_schema(WorkloadConfig)
+
+
+def workload_config(config: dict, name: str) -> WorkloadConfig:
+    """A validated config's workload `name`, typed."""
+    return WorkloadConfig.model_validate(config["workloads"][name])
