@@ -38,7 +38,9 @@ def run_speeds(
     factor is a speedup either way); values of 0 or less left out (no ratio). without_client:
     with the run's calibrated client offset taken out (runs without a calibration left out): a
     latency less the offset; a closed-loop rate as if each request had not waited on the
-    client for the offset of its end-to-end latency (an open-loop rate follows its schedule)."""
+    client for its cycle offset (its end-to-end offset and the turn to the user's next request;
+    the end-to-end offset alone in calibrations older than the cycle's); an open-loop rate
+    follows its schedule."""
     out = {}
     for row in df.iter_rows(named=True):
         v = row[metric]
@@ -51,9 +53,10 @@ def run_speeds(
                     continue
                 v -= row[column]
             elif not OPEN_LOOP_CELL.match(row["cell"]):
-                if row["client_e2e_s"] is None or not row["e2e_s_median"]:
+                cycle = row["client_cycle_s"] if row["client_cycle_s"] is not None else row["client_e2e_s"]
+                if cycle is None or not row["e2e_s_median"]:
                     continue
-                v /= 1.0 - min(0.5, row["client_e2e_s"] / row["e2e_s_median"])
+                v /= 1.0 - min(0.5, cycle / row["e2e_s_median"])
             if v <= 0:
                 continue
         out[int(row["run"])] = v if higher_is_better else 1.0 / v

@@ -277,6 +277,11 @@ class CalibrationLevel(StrictRecord):
     e2e_s: float = Field(description="measured end-to-end latency less the true one")
     e2e_p90_s: float = Field(description="its 90th percentile over requests")
     throughput_error: float = Field(description="measured / true output tok/s, less 1")
+    cycle_s: float | None = Field(
+        None,
+        description="a closed-loop user's time per request less the true one: the end-to-end offset and "
+        "the gap from one answer's end to the user's next request (null: measured before it was)",
+    )
 
 
 class Calibration(StrictRecord):
@@ -293,5 +298,8 @@ class Calibration(StrictRecord):
     itl_s: float = Field(description="the largest level's ITL offset (0 if negative)")
     tpot_s: float = Field(description="the largest level's TPOT offset (0 if negative)")
     e2e_s: float = Field(description="the largest level's end-to-end offset (0 if negative)")
+    cycle_s: float | None = Field(
+        None, description="the largest level's closed-loop cycle offset (0 if negative; null: not measured)"
+    )
     ceiling_tok_s: float | None = Field(description="output tok/s against a server that answers at once")
     ceiling_users: int = Field(description="users of the ceiling's load")

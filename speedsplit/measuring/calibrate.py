@@ -90,6 +90,12 @@ def level(url: str, users: int, speed: reference_speed.Speed = SPEED) -> Calibra
         speed, users=users, requests_per_user=per_user, prompt_tokens=PROMPT_TOKENS, output_tokens=OUTPUT_TOKENS
     )
     true_tok_s = sum(t.output_tokens for t in truth) / max(t.end for t in truth)
+    # the gap from each measured answer's end to the same user's next request (the true one is
+    # none; warm-up requests are sent apart from the users' loops)
+    sent = {}
+    for r in ok:
+        sent.setdefault(r.user, []).append((r.sent, r.end))
+    turns = [b[0] - a[1] for u in sent.values() for a, b in zip(sorted(u), sorted(u)[1:])]
     return CalibrationLevel(
         users=users,
         requests=len(ok),
@@ -99,6 +105,7 @@ def level(url: str, users: int, speed: reference_speed.Speed = SPEED) -> Calibra
         e2e_s=statistics.median(e2e),
         e2e_p90_s=e2e[int(0.9 * (len(e2e) - 1))],
         throughput_error=summary.output_tok_s / true_tok_s - 1.0,
+        cycle_s=statistics.median(e2e) + (statistics.median(turns) if turns else 0.0),
     )
 
 
@@ -123,9 +130,14 @@ def calibrate(users: list[int], ceiling_users: int = 64, ceiling_tokens: int = 2
         itl_s=max(0.0, *(lv.itl_s for lv in levels)),
         tpot_s=max(0.0, *(lv.tpot_s for lv in levels)),
         e2e_s=max(0.0, *(lv.e2e_s for lv in levels)),
+        cycle_s=max(0.0, *(lv.cycle_s for lv in levels)),
         ceiling_tok_s=top,
         ceiling_users=ceiling_users,
     )
+
+
+def _ms(seconds: float | None, spec: str) -> str:
+    return "not measured" if seconds is None else f"{seconds * 1e3:{spec}} ms"
 
 
 def lines(c: Calibration) -> list[str]:
@@ -135,7 +147,7 @@ def lines(c: Calibration) -> list[str]:
         out.append(
             f"  {lv.users:>3} users, {lv.requests} requests: TTFT {lv.ttft_s * 1e3:+.2f} ms, ITL "
             f"{lv.itl_s * 1e3:+.3f} ms, TPOT {lv.tpot_s * 1e3:+.3f} ms, E2E {lv.e2e_s * 1e3:+.2f} ms "
-            f"(p90 {lv.e2e_p90_s * 1e3:+.2f}), "
+            f"(p90 {lv.e2e_p90_s * 1e3:+.2f}), cycle {_ms(lv.cycle_s, '+.2f')}, "
             f"throughput {lv.throughput_error * 100:+.2f}%"
         )
     out.append(
@@ -143,7 +155,7 @@ def lines(c: Calibration) -> list[str]:
     )
     out.append(
         f"  carried into every factor's interval: TTFT {c.ttft_s * 1e3:.2f} ms, ITL {c.itl_s * 1e3:.3f} ms, "
-        f"TPOT {c.tpot_s * 1e3:.3f} ms, E2E {c.e2e_s * 1e3:.2f} ms"
+        f"TPOT {c.tpot_s * 1e3:.3f} ms, E2E {c.e2e_s * 1e3:.2f} ms, closed-loop cycle {_ms(c.cycle_s, '.2f')}"
     )
     return out
 

@@ -71,3 +71,22 @@ def test_spread_across_models():
     s = A.spread([1.36, 1.35, 1.37])
     assert s["n"] == 3 and s["spread_pct"] == pytest.approx(100 * 0.02 / 1.36)
     assert A.spread([None])["spread_pct"] is None
+
+
+def test_each_stack_carries_its_own_client_offset():
+    # Servers of known speed (1.1 s and 0.44 s a request; the truth 2.5), one user: the client
+    # added 1.2 ms to each of the slow one's request cycles and 1.7 ms to the fast one's, where
+    # 1.77 ms was calibrated (seen so on a 2-core Xeon). Each stack's offset lies between none
+    # and the calibrated one, apart from the other's.
+    true_s, added, calibrated = {"slow": 1.1, "fast": 0.44}, {"slow": 0.0012, "fast": 0.0017}, 0.00177
+    jitter = (0.0, 0.00001)
+    speeds = {s: [1.0 / (true_s[s] + added[s] + j) for j in jitter] for s in true_s}
+    shifted = {s: [v / (1.0 - calibrated * v) for v in speeds[s]] for s in true_s}
+    a = A.attribute(["slow", "fast"], speeds, without_client=shifted)
+    lo, hi = a.factors[0].ci
+    assert lo <= 2.5 <= hi and hi - lo < 0.02
+    # both shifted alike, the interval would have missed it
+    alike = A.est.hull(
+        A.est.contrast(speeds, {"slow": -1, "fast": 1}), A.est.contrast(shifted, {"slow": -1, "fast": 1})
+    )
+    assert alike.hi < 2.5

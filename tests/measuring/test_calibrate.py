@@ -1,0 +1,35 @@
+"""The client's offsets measured against a real reference server of known speed."""
+
+from speedsplit.measuring import calibrate
+from speedsplit.serving import reference_speed
+
+
+def test_a_level_measures_the_closed_loop_cycle_beside_the_end_to_end_offset():
+    speed = reference_speed.Speed(ttft_s=0.02, itl_s=0.001)
+    with calibrate.reference_server(speed) as url:
+        lv = calibrate.level(url, 4, speed)
+        many = calibrate.level(url, 16, speed)  # two requests a user, their warm-ups all at once
+    assert lv.requests == 4 * 8 and many.requests == 16 * 2
+    assert 0.0 <= many.e2e_s <= many.cycle_s < 0.05
+    # a user's next request leaves after the last one's end: its cycle holds the end-to-end
+    # offset and the turn between them, a few milliseconds on any host
+    assert 0.0 <= lv.e2e_s <= lv.cycle_s < 0.05
+    assert "cycle" in "\n".join(calibrate.lines(_carried(lv)))
+
+
+def _carried(lv):
+    from speedsplit.core.facts import Calibration
+
+    return Calibration(
+        measured_at="now",
+        host_cpu="cpu",
+        reference="ref",
+        levels=[lv],
+        ttft_s=lv.ttft_s,
+        itl_s=0.0,
+        tpot_s=0.0,
+        e2e_s=lv.e2e_s,
+        cycle_s=lv.cycle_s,
+        ceiling_tok_s=1000.0,
+        ceiling_users=1,
+    )
