@@ -25,6 +25,7 @@ from speedsplit.probes import loadgen, telemetry
 from speedsplit.serving import lease as leases
 from speedsplit.serving import bytecode, serverlog, stacks
 from speedsplit.serving.compile_cache import compile_cache
+from speedsplit.serving.memory import host_cache_gib
 from speedsplit.serving.session import (
     DIED,
     READY,
@@ -52,7 +53,7 @@ def _daemon(launch_path: Path) -> int:
     if st.get("generation") != generation or daemon_of(st) != procs.me():
         print(f"[session {key}] superseded before it started", flush=True)
         return 0
-    servers: list[stacks.Server] = []
+    servers: list[stacks.Server] = []  # filled as they start, so that a failed start stops them
     held = cache = None
     shared = Path(launch.get("shared_cache_dir") or launch["cache_dir"])  # compile caches, bytecode
     pycache = bytecode.prefix_of(shared)
@@ -71,65 +72,23 @@ def _daemon(launch_path: Path) -> int:
                 on_wait=LeaseWait(sess, generation, platform_devices, meta.get("foreign_idle_s", FOREIGN_IDLE_S)),
             )
             t_start = time.monotonic()
-            log_path = Path(meta["log_path"])
             cache = compile_cache(
                 shared,
                 Path(launch["cache_dir"]),
                 stack,
                 launch.get("model") or {"path": launch["model_dir"]},  # its identity (bench gives it)
             )
-            pinned: list[int] = []
-            for i in range(stack.instances):
-                devs = held.devices[i * stack.tensor_parallel : (i + 1) * stack.tensor_parallel]
-                devs = devs if platform_devices is None else []
-                cpus = leases.cpu_share(devs) if stack.cpu_isolation else []
-                pinned += cpus
-                env_stack = stack.model_copy(update={"env": {**stack.env, "VLLM_PORT": str(held.port())}})
-                total = card_total_gib(devs) if stack.card_memory_gib and devs else None
-                servers.append(
-                    stacks.launch(
-                        env_stack,
-                        Path(launch["model_dir"]),
-                        stack.model,
-                        held.port(),
-                        devs,
-                        Path(str(log_path).removesuffix(".log") + f".server{i}.log"),
-                        cache.instance(i),
-                        keep_fds=held.fds(),
-                        cpus=cpus,
-                        card_total_gib=total,
-                        host_cache=stacks.host_cache_gib(stack, launch["model_dir"], launch.get("kv_tokens", 0)),
-                        pycache=pycache,
-                        api_key=meta.get("api_key"),
-                    )
-                )
-                if transition(sess, generation, STARTING, servers=[s.proc_id.as_record() for s in servers]) is None:
-                    raise Stop("the session was stopped while it started")
-            for srv in servers:
-                stacks.wait_ready(srv, stack.ready_path, stack.startup_timeout_s)
-            for srv in servers:  # a server that cannot serve fails its start, not every cell's timeout
-                preflight(srv, stack)
+            pinned = _start(sess, generation, meta, stack, held, platform_devices is None, cache, pycache, servers)
             required = key_required(servers[0], stack) if stack.api_key else None
             cache.release()
+            ready = _ready_facts(sess, servers, cache, pinned, held, api_key_required=required)
             st = transition(
                 sess,
                 generation,
                 READY,
-                urls=[s.url for s in servers],
-                model_id=servers[0].model_id,
                 startup_s=time.monotonic() - t_start,
                 lease_wait_s=t_start - t_lease,
-                devices=held.devices,
-                cpus=leases.cpu_ranges(pinned) or None,
-                facts=serverlog.engine_facts("\n".join(s.launch_output() for s in servers)),
-                argv=redact(" ".join(servers[0].argv), sess.workdir),
-                server_logs=[str(s.log_path) for s in servers],
-                log_offsets=[s.log_offset for s in servers],
-                memory_cap=servers[0].memory_cap,
-                host_memory=servers[0].host_memory,
-                compile_cache_dir=cache.how,
-                wide_listeners=sorted({w for s in servers for w in s.wide_listeners}),
-                api_key_required=required,
+                **ready,
                 cells_measured=0,
                 last_used=time.time(),
             )
@@ -150,28 +109,100 @@ def _daemon(launch_path: Path) -> int:
         except Stop as why:
             print(f"[session {key}] stopping ({why})", flush=True)
         except Exception as exc:  # whatever kept the servers from starting is the cells' answer
-            expected = isinstance(exc, (stacks.StartupFailed, leases.LeaseError, ModelError, ValueError, OSError))
-            error = str(exc) if expected else f"{type(exc).__name__}: {exc}"
-            healed = bytecode.heal(pycache, getattr(exc, "log_tail", "") or "")
-            transition(
-                sess,
-                generation,
-                STARTUP_FAILED,
-                error=redact(error + (f"; {healed}" if healed else ""), sess.workdir),
-                log_tail=redact(getattr(exc, "log_tail", ""), sess.workdir),
-            )
-            print(f"[session {key}] startup failed: {exc}", flush=True)
+            _startup_failed(sess, generation, exc, pycache)
         finally:
             if cache is not None:  # a start that failed lets the next session have the cache
                 cache.release()
             with signals_held():
                 transition(sess, generation, STOPPING)
                 for srv in servers:
-                    stacks.stop(srv)
+                    srv.stop()
                 if held is not None:  # the cards are free only once their servers are gone
                     held.release()
                 transition(sess, generation, STOPPED)
     return 0
+
+
+def _start(
+    sess: Session,
+    generation: str,
+    meta: dict,
+    stack: StackSpec,
+    held: leases.Lease,
+    on_cards: bool,
+    cache,
+    pycache: Path,
+    servers: list[stacks.Server],
+) -> list[int]:
+    """Launch the stack's instances on the lease (each appended to servers as it starts), wait
+    until every one is ready, and check each with one request; the host cores pinned."""
+    launch = meta["launch"]
+    log_path = Path(meta["log_path"])
+    pinned: list[int] = []
+    for i in range(stack.instances):
+        devs = held.devices[i * stack.tensor_parallel : (i + 1) * stack.tensor_parallel] if on_cards else []
+        cpus = leases.cpu_share(devs) if stack.cpu_isolation else []
+        pinned += cpus
+        env_stack = stack.model_copy(update={"env": {**stack.env, "VLLM_PORT": str(held.port())}})
+        total = card_total_gib(devs) if stack.card_memory_gib and devs else None
+        servers.append(
+            stacks.launch(
+                env_stack,
+                Path(launch["model_dir"]),
+                stack.model,
+                held.port(),
+                devs,
+                Path(str(log_path).removesuffix(".log") + f".server{i}.log"),
+                cache.instance(i),
+                keep_fds=held.fds(),
+                cpus=cpus,
+                card_total_gib=total,
+                host_cache=host_cache_gib(stack, launch["model_dir"], launch.get("kv_tokens", 0)),
+                pycache=pycache,
+                api_key=meta.get("api_key"),
+            )
+        )
+        if transition(sess, generation, STARTING, servers=[s.proc_id.as_record() for s in servers]) is None:
+            raise Stop("the session was stopped while it started")
+    for srv in servers:
+        srv.ready(stack.ready_path, stack.startup_timeout_s)
+    for srv in servers:  # a server that cannot serve fails its start, not every cell's timeout
+        preflight(srv, stack)
+    return pinned
+
+
+def _ready_facts(sess: Session, servers: list[stacks.Server], cache, pinned: list[int], held, **more) -> dict:
+    """What a ready session's state says of its servers (the cells' results copy it)."""
+    return dict(
+        urls=[s.url for s in servers],
+        model_id=servers[0].model_id,
+        devices=held.devices,
+        cpus=leases.cpu_ranges(pinned) or None,
+        facts=serverlog.engine_facts("\n".join(s.launch_output() for s in servers)),
+        argv=redact(" ".join(servers[0].argv), sess.workdir),
+        server_logs=[str(s.log_path) for s in servers],
+        log_offsets=[s.log_offset for s in servers],
+        memory_cap=servers[0].memory_cap,
+        host_memory=servers[0].host_memory,
+        compile_cache_dir=cache.how,
+        wide_listeners=sorted({w for s in servers for w in s.wide_listeners}),
+        **more,
+    )
+
+
+def _startup_failed(sess: Session, generation: str, exc: Exception, pycache: Path) -> None:
+    """Whatever kept the servers from starting, in the session's state for its cells."""
+    expected = isinstance(exc, (stacks.StartupFailed, leases.LeaseError, ModelError, ValueError, OSError))
+    error = str(exc) if expected else f"{type(exc).__name__}: {exc}"
+    healed = bytecode.heal(pycache, getattr(exc, "log_tail", "") or "")
+    transition(
+        sess,
+        generation,
+        STARTUP_FAILED,
+        error=redact(error + (f"; {healed}" if healed else ""), sess.workdir),
+        log_tail=redact(getattr(exc, "log_tail", ""), sess.workdir),
+    )
+    print(f"[session {sess.key}] startup failed: {exc}", flush=True)
 
 
 PREFLIGHT_TOKENS = 2

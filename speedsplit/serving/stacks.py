@@ -23,8 +23,9 @@ from speedsplit.core import apikey, procs
 from speedsplit.core.results import redact
 from speedsplit.core.specs import StackSpec
 from speedsplit.models import gguf
-from speedsplit.models.checkpoint import ModelError, is_dummy, read_model_config
+from speedsplit.models.checkpoint import is_dummy
 from speedsplit.serving import bytecode
+from speedsplit.serving.memory import host_cache_gib, memory_cap, render_args
 from speedsplit.serving.serverlog import exit_cause, launch_output, log_cause
 
 # No vLLM server this project launches reports usage to vLLM's authors (sent from any host with
@@ -53,7 +54,9 @@ class StartupFailed(RuntimeError):
 
 @dataclass
 class Server:
-    """One running server instance."""
+    """One running server instance, from launch(): ready() waits until it answers as ours,
+    stop() stops its whole process tree, and `with launch(...) as server:` stops it on leaving.
+    Its log is this launch's part of log_path (launch_output)."""
 
     proc: subprocess.Popen
     url: str
@@ -84,80 +87,48 @@ class Server:
     def launch_output_tail(self, lines: int = 40) -> str:
         return "\n".join(self.launch_output().splitlines()[-lines:])
 
+    def ready(self, ready_path: str, timeout_s: float) -> float:
+        """Poll the readiness path until 200 from our own server; returns seconds from launch to
+        ready. Whoever answers must prove it is ours (check_ours) before it counts as ready."""
+        deadline = self.launched_at + timeout_s
+        while True:
+            if not self.alive():
+                cause = log_cause(self.launch_output())
+                raise StartupFailed(
+                    f"server {exit_cause(self.proc.returncode)} before it was ready" + (f": {cause}" if cause else ""),
+                    self.launch_output_tail(),
+                )
+            try:
+                req = urllib.request.Request(self.url + ready_path, headers=apikey.headers(self.api_key))
+                with urllib.request.urlopen(req, timeout=5) as resp:
+                    if resp.status == 200:
+                        self.wide_listeners = check_ours(self)
+                        self.ready_s = time.monotonic() - self.launched_at
+                        return self.ready_s
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise StartupFailed(f"server not ready within {timeout_s:.0f} s", self.launch_output_tail())
+            time.sleep(0.5)
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """Stop the server (its whole process tree) and reap it."""
+        stop_group(self.proc_id, grace_s)
+        self.proc.poll()
+        if self.proc.returncode is None:
+            self.proc.wait(timeout=5)
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
 
 def _child_setup(cpus: tuple[int, ...]) -> None:
     procs.die_with_parent()
     if cpus:
         os.sched_setaffinity(0, cpus)
-
-
-def render_args(args: list[str], values: dict) -> list[str]:
-    out = []
-    for a in args:
-        try:
-            out.append(a.format(**values))
-        except KeyError as exc:
-            raise ValueError(f"stack argument {a!r} uses unknown placeholder {exc}") from None
-    return out
-
-
-def memory_cap(stack: StackSpec, argv: list[str], card_total_gib: float | None) -> tuple[list[str], dict | None]:
-    """The server command under the stack's memory cap (card_memory_gib), and what was done.
-
-    A stack caps itself through its own flag where it has one (memory_cap_args, with
-    {memory_fraction} = cap / the card's memory, e.g. vLLM's --gpu-memory-utilization);
-    otherwise its Python server runs under speedsplit.serving.memcap. Only a CUDA card is capped.
-    A vLLM stack's kv_cache_gib sizes its cache explicitly (--kv-cache-memory-bytes), cap or not."""
-    if stack.kv_cache_gib and stack.platform == "cuda":  # the cache sized by hand (vLLM)
-        argv = argv + ["--kv-cache-memory-bytes", str(int(stack.kv_cache_gib * GIB))]
-    gib = stack.card_memory_gib
-    if not gib:
-        return argv, None
-    record = {"card_memory_gib": gib, "card_total_gib": card_total_gib, "fraction": None, "how": None}
-    if stack.platform != "cuda" or card_total_gib is None:
-        return argv, {**record, "applied": False, "reason": "not on a CUDA card: nothing to cap"}
-    if gib >= card_total_gib:
-        raise ValueError(f"stack {stack.stack}: card_memory_gib {gib} is not below the card's {card_total_gib:.1f} GiB")
-    fraction = int(gib / card_total_gib * 10_000) / 10_000  # rounded down: never above the cap
-    if stack.memory_cap_args:
-        extra = render_args(stack.memory_cap_args, {"memory_fraction": f"{fraction:.4f}", "memory_gib": gib})
-        argv, how = argv + extra, " ".join(extra)
-    elif argv[0] == sys.executable:
-        argv = [argv[0], "-m", "speedsplit.serving.memcap", "--gib", f"{gib:g}", "--", *argv[1:]]
-        how = "speedsplit.serving.memcap: allocator capped, mem_get_info reports the small card"
-    else:
-        raise ValueError(
-            f"stack {stack.stack}: card_memory_gib needs memory_cap_args (the server's own memory flag) "
-            "or a command that starts with {python} (run under speedsplit.serving.memcap)"
-        )
-    return argv, {**record, "fraction": fraction, "how": how, "applied": True, "reason": None}
-
-
-GIB = 2**30
-HOST_CACHE_FLOOR_GIB = 0.25
-# transformers' continuous batching sets aside the LM head's rows (16-bit hidden state, fp32
-# logits) for up to 1024 requests of a batch before it sizes its cache
-# (PagedAttentionMemoryHandler.fixed_overhead_bytes): 206 MB for a 50k vocabulary.
-CB_LOGIT_ROWS = 1024
-
-
-def host_cache_gib(stack: StackSpec, model_dir: str | Path, kv_tokens: int) -> float | None:
-    """Host memory a CPU server with host_cache_cap may size its caches from: twice the KV
-    cache of what its session keeps in flight (at least one full-length sequence), the logit
-    rows transformers reserves, and 0.25 GiB for its other buffers; None where no such cap
-    applies."""
-    if not stack.host_cache_cap:
-        return None
-    try:
-        cfg = read_model_config(model_dir)
-    except ModelError:
-        return None  # the session's own model check says what is wrong
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    kv_heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
-    per_token = 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * 2  # K and V, 16-bit
-    tokens = max(kv_tokens, stack.max_model_len)
-    logit_rows = CB_LOGIT_ROWS * (cfg["hidden_size"] * 2 + cfg["vocab_size"] * 4)
-    return round((2 * per_token * tokens + logit_rows) / GIB + HOST_CACHE_FLOOR_GIB, 3)
 
 
 def launch(
@@ -175,7 +146,8 @@ def launch(
     pycache: Path | None = None,
     api_key: str | None = None,
 ) -> Server:
-    """Start one server instance in its own process group; returns at once. keep_fds (the
+    """Start one server instance in its own process group; returns at once (use it `with`, or
+    call its ready() and stop()). keep_fds (the
     lease's lock files) stay open in the server so its cards stay locked while it lives;
     cpus, if given, are the only host cores it (and every process it starts) may run on;
     card_total_gib (the smallest of its cards' memory) is what a memory cap is taken from;
@@ -195,51 +167,9 @@ def launch(
         "dtype": stack.dtype,
         "llama_server": gguf.server_binary() or "llama-server",
     }
-    argv, cap = memory_cap(stack, render_args(stack.args, values), card_total_gib)
-    host_memory = None
-    if host_cache is None:  # a launch that names no size still gets the cap (one full-length sequence)
-        host_cache = host_cache_gib(stack, model_dir, 0)
-    if host_cache is not None:
-        if argv[0] != sys.executable:
-            raise ValueError(f"stack {stack.stack}: host_cache_cap needs a command that starts with {{python}}")
-        argv = [argv[0], "-m", "speedsplit.serving.memcap", "--host-cache-gib", f"{host_cache:g}", "--", *argv[1:]]
-        host_memory = (
-            f"caches sized from {host_cache:g} GiB of host memory (speedsplit.serving.memcap --host-cache-gib)"
-        )
-    if not any(a == HOST or a.endswith("=" + HOST) for a in argv):
-        raise ValueError(
-            f"stack {stack.stack}: its command never passes {{host}} ({HOST}); refusing to start a server "
-            "that would listen on its default address (add e.g. --host {host} to its args)"
-        )
-    if is_dummy(model_dir):
-        if stack.dialect != "vllm":
-            raise ValueError(
-                f"stack {stack.stack} cannot serve {model_dir}: it has dummy weights, "
-                "which only vLLM initialises itself"
-            )
-        if "--load-format" not in argv:
-            argv += ["--load-format", "dummy"]
-    env = dict(os.environ)
-    env.update(NO_USAGE_REPORTS)  # over the inherited environment; a stack's own env may change them
-    env.update({k: v.format(**values) for k, v in stack.env.items()})
-    if devices:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
-    env["CUDA_DEVICE_ORDER"] = CUDA_DEVICE_ORDER
-    if cache_dir is not None:
-        # Servers started at once must not share compile caches or vLLM's internal port.
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        env.setdefault("VLLM_CACHE_ROOT", str(cache_dir / "vllm"))
-        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
-        env.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
-    env["VLLM_HOST_IP"] = HOST
-    if stack.api_key_env:  # through the environment (`ps` shows a command line); a key
-        env.pop(stack.api_key_env, None)  # the caller's shell holds is not one its clients know
-        if api_key:
-            env[stack.api_key_env] = api_key
+    argv, cap, host_memory = _command(stack, model_dir, values, card_total_gib, host_cache)
+    env = _environment(stack, values, devices, cache_dir, api_key)
     api_key = api_key if stack.api_key_env else None
-    # NVLink multicast (NVLS) is never used: a program that uses it can take a shared host's
-    # GPUs out of service.
-    env.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
     why_bytecode = None
     if pycache is not None:
         env, why_bytecode = bytecode.server_env(argv, env, pycache)
@@ -276,29 +206,66 @@ def launch(
     )
 
 
-def wait_ready(server: Server, ready_path: str, timeout_s: float) -> float:
-    """Poll the readiness path until 200 from our own server; returns seconds from launch to
-    ready. Whoever answers must prove it is ours (check_ours) before it counts as ready."""
-    deadline = server.launched_at + timeout_s
-    while True:
-        if not server.alive():
-            cause = log_cause(server.launch_output())
-            raise StartupFailed(
-                f"server {exit_cause(server.proc.returncode)} before it was ready" + (f": {cause}" if cause else ""),
-                server.launch_output_tail(),
+def _command(
+    stack: StackSpec, model_dir: Path, values: dict, card_total_gib: float | None, host_cache: float | None
+) -> tuple[list[str], dict | None, str | None]:
+    """The server's command line (its memory caps applied), what the card memory cap did, and
+    the host memory cap in words; refused where it would listen beyond loopback, or where its
+    engine cannot serve dummy weights."""
+    argv, cap = memory_cap(stack, render_args(stack.args, values), card_total_gib)
+    host_memory = None
+    if host_cache is None:  # a launch that names no size still gets the cap (one full-length sequence)
+        host_cache = host_cache_gib(stack, model_dir, 0)
+    if host_cache is not None:
+        if argv[0] != sys.executable:
+            raise ValueError(f"stack {stack.stack}: host_cache_cap needs a command that starts with {{python}}")
+        argv = [argv[0], "-m", "speedsplit.serving.memcap", "--host-cache-gib", f"{host_cache:g}", "--", *argv[1:]]
+        host_memory = (
+            f"caches sized from {host_cache:g} GiB of host memory (speedsplit.serving.memcap --host-cache-gib)"
+        )
+    if not any(a == HOST or a.endswith("=" + HOST) for a in argv):
+        raise ValueError(
+            f"stack {stack.stack}: its command never passes {{host}} ({HOST}); refusing to start a server "
+            "that would listen on its default address (add e.g. --host {host} to its args)"
+        )
+    if is_dummy(model_dir):
+        if stack.dialect != "vllm":
+            raise ValueError(
+                f"stack {stack.stack} cannot serve {model_dir}: it has dummy weights, "
+                "which only vLLM initialises itself"
             )
-        try:
-            req = urllib.request.Request(server.url + ready_path, headers=apikey.headers(server.api_key))
-            with urllib.request.urlopen(req, timeout=5) as resp:
-                if resp.status == 200:
-                    server.wide_listeners = check_ours(server)
-                    server.ready_s = time.monotonic() - server.launched_at
-                    return server.ready_s
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise StartupFailed(f"server not ready within {timeout_s:.0f} s", server.launch_output_tail())
-        time.sleep(0.5)
+        if "--load-format" not in argv:
+            argv += ["--load-format", "dummy"]
+    return argv, cap, host_memory
+
+
+def _environment(
+    stack: StackSpec, values: dict, devices: list[str], cache_dir: Path | None, api_key: str | None
+) -> dict[str, str]:
+    """The server's environment: the inherited one, no usage reports, the stack's own, its
+    cards in NVML's order, compile caches of its own, loopback only, its API key, no NVLink
+    multicast."""
+    env = dict(os.environ)
+    env.update(NO_USAGE_REPORTS)  # over the inherited environment; a stack's own env may change them
+    env.update({k: v.format(**values) for k, v in stack.env.items()})
+    if devices:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    env["CUDA_DEVICE_ORDER"] = CUDA_DEVICE_ORDER
+    if cache_dir is not None:
+        # Servers started at once must not share compile caches or vLLM's internal port.
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        env.setdefault("VLLM_CACHE_ROOT", str(cache_dir / "vllm"))
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
+        env.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
+    env["VLLM_HOST_IP"] = HOST
+    if stack.api_key_env:  # through the environment (`ps` shows a command line); a key
+        env.pop(stack.api_key_env, None)  # the caller's shell holds is not one its clients know
+        if api_key:
+            env[stack.api_key_env] = api_key
+    # NVLink multicast (NVLS) is never used: a program that uses it can take a shared host's
+    # GPUs out of service.
+    env.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+    return env
 
 
 def check_ours(server: Server) -> list[str]:
@@ -343,14 +310,6 @@ def _listed_models(server: Server) -> list[str] | None:
             return [m["id"] for m in json.loads(resp.read()).get("data", [])]
     except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-
-
-def stop(server: Server, grace_s: float = 20.0) -> None:
-    """Stop one server we launched (its whole process tree) and reap it."""
-    stop_group(server.proc_id, grace_s)
-    server.proc.poll()
-    if server.proc.returncode is None:
-        server.proc.wait(timeout=5)
 
 
 def stop_group(leader: procs.Proc, grace_s: float = 20.0) -> None:

@@ -353,13 +353,13 @@ def test_a_foreign_server_on_our_port_is_not_adopted(cfg, tmp_path, tiny_model):
         port = held.port()
         foreign = stacks.launch(stack, tiny_model, "tiny", port, [], tmp_path / "foreign.log")
         try:
-            stacks.wait_ready(foreign, "/health", 120)
+            foreign.ready("/health", 120)
             ours = stacks.launch(stack, tiny_model, "tiny", port, [], tmp_path / "ours.log")
             with pytest.raises(stacks.StartupFailed) as err:
-                stacks.wait_ready(ours, "/health", 120)
-            stacks.stop(ours)
+                ours.ready("/health", 120)
+            ours.stop()
         finally:
-            stacks.stop(foreign)
+            foreign.stop()
     assert "port taken" in str(err.value)
 
 
