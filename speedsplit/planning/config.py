@@ -43,7 +43,7 @@ from speedsplit.planning.grid import (  # noqa: F401 (re-exported: callers read 
     topology_gpus,
     trace_window,
 )
-from speedsplit.planning import model_config, stack_config, workload_config
+from speedsplit.planning import benchmark_config, model_config, stack_config, workload_config
 from speedsplit.planning.model_checks import check_formats, check_own_weights
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema.yaml"
@@ -87,11 +87,13 @@ _Validator = _with_defaults(Draft202012Validator)
 
 def load_schema() -> dict:
     """The config's JSON Schema: schema.yaml, with a model's, a stack's and a workload's entries
-    generated from ModelConfig, StackConfig and WorkloadConfig."""
+    and the benchmark section generated from ModelConfig, StackConfig, WorkloadConfig and
+    BenchmarkConfig."""
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
     schema["properties"]["models"]["additionalProperties"] = model_config.json_schema()
     schema["properties"]["stacks"]["additionalProperties"] = stack_config.json_schema()
     schema["properties"]["workloads"]["additionalProperties"] = workload_config.json_schema()
+    schema["properties"]["benchmark"] = benchmark_config.json_schema()
     return schema
 
 
@@ -198,10 +200,11 @@ def _check_references(config: dict) -> None:
         config["grid"]["workloads"] = list(workloads)
     if not config["grid"]["sampling"]:
         config["grid"]["sampling"] = list(config["sampling"])
-    for i, stack in enumerate(config["benchmark"]["stacks"]):
+    bench = benchmark_config.benchmark_config(config)
+    for i, stack in enumerate(bench.stacks):
         if stack not in stacks:
             raise ConfigError(f"config error at benchmark.stacks[{i}]: unknown stack {stack!r}")
-    for i, model in enumerate(config["benchmark"]["models"]):
+    for i, model in enumerate(bench.models):
         if model not in config["models"]:
             raise ConfigError(f"config error at benchmark.models[{i}]: unknown model {model!r}")
     for topo, entry in config["topologies"].items():
@@ -210,7 +213,7 @@ def _check_references(config: dict) -> None:
                 raise ConfigError(f"config error at topologies.{topo}.stacks[{i}]: unknown stack {stack!r}")
     if not config["topologies"]:
         config["topologies"] = {"tp1": {"tensor_parallel": 1, "instances": 1}}
-    for i, topo in enumerate(config["benchmark"]["topologies"]):
+    for i, topo in enumerate(bench.topologies):
         if topo not in config["topologies"]:
             raise ConfigError(f"config error at benchmark.topologies[{i}]: unknown topology {topo!r}")
         need = topology_gpus(config, topo)

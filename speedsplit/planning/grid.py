@@ -12,6 +12,7 @@ from typing import Any
 from speedsplit.core.errors import UserError
 from speedsplit.core.record import OUTLIER_FACTOR, OUTLIER_MIN_S
 from speedsplit.models.checkpoint import INT4_FORMATS
+from speedsplit.planning.benchmark_config import benchmark_config
 from speedsplit.planning.model_config import model_config
 from speedsplit.planning.stack_config import StackConfig, stack_config, stacks_of
 from speedsplit.planning.workload_config import Trace, workload_config
@@ -162,7 +163,7 @@ def topology_gpus(config: dict, topology: str) -> int:
 
 
 def bench_models(config: dict) -> list[str]:
-    return list(config["benchmark"]["models"]) or list(config["models"])
+    return list(benchmark_config(config).models) or list(config["models"])
 
 
 def has_int4_stack(config: dict) -> bool:
@@ -173,8 +174,8 @@ def has_int4_stack(config: dict) -> bool:
 def bench_stacks(config: dict, topology: str | None = None) -> list[str]:
     """Stacks to benchmark (in a topology): the explicit list, else every stack named by a
     chain, in order."""
-    if config["benchmark"]["stacks"]:
-        chosen = list(config["benchmark"]["stacks"])
+    if benchmark_config(config).stacks:
+        chosen = list(benchmark_config(config).stacks)
     else:
         chosen = []
         for members in config["chains"].values():
@@ -287,7 +288,7 @@ def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
     its job file. Timeouts change no measurement: they come from the plan (SessionPlan)."""
     w = workload_config(config, cell.workload)
     s = config["sampling"][cell.sampling]
-    b = config["benchmark"]
+    b = benchmark_config(config)
     return {
         "cell": cell.name,
         "users": cell.users,
@@ -298,15 +299,17 @@ def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
         "warmup_requests": w.warmup_requests,
         # only when set: a cell without a ramp keeps the params (and the results) it had
         **({"ramp_s": float(w.ramp_s)} if w.ramp_s else {}),
-        "warmup": b["warmup"],
+        "warmup": b.warmup,
         "sampling": cell.sampling,
         "temperature": float(s["temperature"]),
         "top_p": float(s["top_p"]),
         "seed": s["seed"],
-        "min_measured_s": float(b["min_measured_s"]),
+        "min_measured_s": float(b.min_measured_s),
         # only where not the default: cells measured before the rule keep their params
-        **{k: float(b[k]) for k in ("outlier_factor", "outlier_min_s") if b[k] != OUTLIER_DEFAULTS[k]},
-        "telemetry_s": float(b["telemetry_s"]),
+        **{
+            k: float(getattr(b, k)) for k in ("outlier_factor", "outlier_min_s") if getattr(b, k) != OUTLIER_DEFAULTS[k]
+        },
+        "telemetry_s": float(b.telemetry_s),
         # open loop: the arrivals and the length mix (closed-loop cells hold none of these)
         **(_open_loop(config, cell) if cell.rate is not None else {}),
         # a capacity level: the levels under it, and after how many failing ones it is skipped
@@ -341,7 +344,7 @@ def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[st
         "tensor_parallel": topo["tensor_parallel"],
         "instances": topo["instances"],
         "max_model_len": model_config(config, model).max_model_len,
-        "cpu_isolation": plat == "cuda" and config["benchmark"]["cpu_isolation"],
+        "cpu_isolation": plat == "cuda" and benchmark_config(config).cpu_isolation,
         "card_memory_gib": entry.card_memory_gib or config["card_memory_gib"],
         "memory_cap_args": entry.memory_cap_args,
         "kv_cache_gib": entry.kv_cache_gib,
@@ -355,7 +358,7 @@ def _open_loop(config: dict, cell: Cell) -> dict[str, Any]:
     """An open-loop cell's arrivals (its rate) and length mix, or its trace window (its
     speedup), and the client lag it tolerates."""
     w = workload_config(config, cell.workload)
-    lag = float(config["benchmark"]["max_client_lag_s"])
+    lag = float(benchmark_config(config).max_client_lag_s)
     if cell.trace:
         return {"trace": trace_window(w.trace, cell.rate), "max_client_lag_s": lag}
     a = w.arrival

@@ -17,6 +17,7 @@ from speedsplit.core.record import CellParams
 from speedsplit.core.specs import StackSpec
 from speedsplit.models.checkpoint import INT4_FORMATS
 from speedsplit.planning import config as cfgmod
+from speedsplit.planning.benchmark_config import benchmark_config
 from speedsplit.planning.stack_config import stack_config
 from speedsplit.planning.workload_config import workload_config
 
@@ -55,9 +56,10 @@ def bench_jobs(config: dict) -> list[BenchJob]:
             if c.measured_by(stack) and (c.runs is None or run < c.runs)
         ]
 
-    for topology in config["benchmark"]["topologies"]:
+    bench = benchmark_config(config)
+    for topology in bench.topologies:
         for model in cfgmod.bench_models(config):
-            if config["benchmark"]["server_reuse"] == "per_stack":  # a session's jobs must be adjacent
+            if bench.server_reuse == "per_stack":  # a session's jobs must be adjacent
                 for stack in cfgmod.bench_stacks(config, topology):
                     for run in range(config["grid"]["runs"]):
                         jobs += of(model, stack, topology, run)
@@ -97,7 +99,7 @@ def quality_probe(config: dict, job: BenchJob, carriers: Collection[BenchJob] | 
 
 def lane_count(config: dict, topology: str) -> int:
     if cfgmod.platform_of(config) != "cuda":
-        return config["benchmark"]["cpu_lanes"]  # one server at a time on a CPU, unless told
+        return benchmark_config(config).cpu_lanes  # one server at a time on a CPU, unless told
     return max(1, config["gpus_available"] // cfgmod.topology_gpus(config, topology))
 
 
@@ -226,21 +228,21 @@ def _in_flight(config: dict, cell: cfgmod.Cell) -> int:
 
 
 def _session_plan(config: dict, key: str, last_job: str, kv_tokens: int = 0) -> SessionPlan:
-    b, stack = config["benchmark"], stack_config(config, key.split("/")[1])
+    b, stack = benchmark_config(config), stack_config(config, key.split("/")[1])
     return SessionPlan(
         key=key,
         log=f"results/logs/sessions/{key.replace('/', '__')}.log",
         cache_dir=f"results/cache/{key.replace('/', '__')}",
         last_job=last_job,
-        idle_timeout_s=float(b["idle_timeout_s"]),
-        lease_timeout_s=float(b["lease_timeout_s"]),
+        idle_timeout_s=float(b.idle_timeout_s),
+        lease_timeout_s=float(b.lease_timeout_s),
         startup_timeout_s=float(stack.startup_timeout_s),
-        request_timeout_s=float(b["request_timeout_s"]),
-        stall_timeout_s=float(b["stall_timeout_s"]),
+        request_timeout_s=float(b.request_timeout_s),
+        stall_timeout_s=float(b.stall_timeout_s),
         kv_tokens=kv_tokens,
-        cpu_slots=int(b["cpu_lanes"]),
-        foreign_idle_s=float(b["foreign_idle_s"]),
-        api_key=bool(b["api_key"]),
+        cpu_slots=int(b.cpu_lanes),
+        foreign_idle_s=float(b.foreign_idle_s),
+        api_key=bool(b.api_key),
         api_key_env=stack.api_key_env,
     )
 

@@ -10,7 +10,7 @@ from conftest import REPO
 from jsonschema import Draft202012Validator
 
 from speedsplit.planning import config as C
-from speedsplit.planning import model_config, stack_config, workload_config
+from speedsplit.planning import benchmark_config, model_config, stack_config, workload_config
 from speedsplit.planning.stack_config import StackConfig, stacks_of
 
 
@@ -20,8 +20,9 @@ def test_the_config_schema_takes_its_stack_entry_from_the_model():
     assert schema["properties"]["models"]["additionalProperties"] == model_config.json_schema()
     assert schema["properties"]["stacks"]["additionalProperties"] == stack_config.json_schema()
     assert schema["properties"]["workloads"]["additionalProperties"] == workload_config.json_schema()
+    assert schema["properties"]["benchmark"] == benchmark_config.json_schema()
     # plain JSON Schema, as jsonschema reads it: pydantic's own bounds and titles are gone
-    text = json.dumps([m.json_schema() for m in (model_config, stack_config, workload_config)])
+    text = json.dumps([m.json_schema() for m in (model_config, stack_config, workload_config, benchmark_config)])
     assert not any(f'"{key}":' in text for key in ("gt", "ge", "title", "$ref", "$defs"))
     assert '"integer", "number"' not in text  # a number is a number, whether YAML gave 24 or 24.0
     assert json.loads((REPO / "docs/config-schema.json").read_text()) == schema, (
@@ -65,6 +66,7 @@ def test_every_model_stack_and_workload_of_a_shipped_config_reads_as_its_filled_
     for name in cfg["workloads"]:
         typed = workload_config.workload_config(cfg, name)
         same(typed.model_dump(exclude_unset=True), cfg["workloads"][name], f"workloads.{name}")
+    same(benchmark_config.benchmark_config(cfg).model_dump(), cfg["benchmark"], "benchmark")
 
 
 @pytest.mark.parametrize(
@@ -127,6 +129,29 @@ def test_a_stack_needs_its_command_line():
 def test_a_wrong_model_key_is_one_line_naming_it(tmp_path, change, expect):
     top = tmp_path / "top.yaml"
     top.write_text(yaml.safe_dump({"models": {"tiny": change}}))
+    with pytest.raises(C.ConfigError) as err:
+        C.load(top)
+    assert str(err.value).startswith(expect), err.value
+
+
+@pytest.mark.parametrize(
+    "change, expect",
+    [
+        ({"telemetry_s": 0}, "config error at benchmark.telemetry_s: 0 is less than or equal to the minimum of 0"),
+        (
+            {"outlier_factor": 1},
+            "config error at benchmark.outlier_factor: 1 is less than or equal to the minimum of 1",
+        ),
+        ({"cpu_lanes": 1.5}, "config error at benchmark.cpu_lanes: 1.5 is not of type 'integer'"),
+        ({"calibration_users": []}, "config error at benchmark.calibration_users: [] should be non-empty"),
+        ({"server_reuse": "never"}, "config error at benchmark.server_reuse: 'never' is not one of"),
+        ({"stacks": ["nope"]}, "config error at benchmark.stacks[0]: unknown stack 'nope'"),
+        ({"warm": "x"}, "config error at benchmark: unknown key 'warm'"),
+    ],
+)
+def test_a_wrong_benchmark_key_is_one_line_naming_it(tmp_path, change, expect):
+    top = tmp_path / "top.yaml"
+    top.write_text(yaml.safe_dump({"benchmark": change}))
     with pytest.raises(C.ConfigError) as err:
         C.load(top)
     assert str(err.value).startswith(expect), err.value
