@@ -43,7 +43,7 @@ from speedsplit.planning.grid import (  # noqa: F401 (re-exported: callers read 
     topology_gpus,
     trace_window,
 )
-from speedsplit.planning import benchmark_config, model_config, stack_config, workload_config
+from speedsplit.planning import benchmark_config, grid_config, model_config, stack_config, workload_config
 from speedsplit.planning.model_checks import check_formats, check_own_weights
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema.yaml"
@@ -86,14 +86,19 @@ _Validator = _with_defaults(Draft202012Validator)
 
 
 def load_schema() -> dict:
-    """The config's JSON Schema: schema.yaml, with a model's, a stack's and a workload's entries
-    and the benchmark section generated from ModelConfig, StackConfig, WorkloadConfig and
-    BenchmarkConfig."""
+    """The config's JSON Schema: schema.yaml, with the entries of a model, a stack, a workload, a
+    sampling mode and a topology, the grid and the benchmark section generated from their types
+    (ModelConfig, StackConfig, WorkloadConfig, SamplingConfig, TopologyConfig, GridConfig,
+    BenchmarkConfig)."""
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
     schema["properties"]["models"]["additionalProperties"] = model_config.json_schema()
     schema["properties"]["stacks"]["additionalProperties"] = stack_config.json_schema()
     schema["properties"]["workloads"]["additionalProperties"] = workload_config.json_schema()
     schema["properties"]["benchmark"] = benchmark_config.json_schema()
+    grid = grid_config.json_schemas()
+    schema["properties"]["sampling"]["additionalProperties"] = grid["sampling"]
+    schema["properties"]["grid"] = grid["grid"]
+    schema["properties"]["topologies"]["additionalProperties"] = grid["topology"]
     return schema
 
 

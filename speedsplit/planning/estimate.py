@@ -32,6 +32,7 @@ from speedsplit.planning import config as cfgmod
 from speedsplit.planning import grid as gridmod
 from speedsplit.planning import plan as planmod
 from speedsplit.planning import roofline
+from speedsplit.planning.grid_config import topology_config
 from speedsplit.planning.model_config import model_config
 from speedsplit.planning.stack_config import stack_config
 
@@ -136,12 +137,12 @@ def roofline_rate(
             **shape,
             "quantization_config": {"quant_method": variant, "bits": q["bits"], "group_size": q["group_size"]},
         }
-    topo = config["topologies"][topology]
+    topo = topology_config(config, topology)
     if not cell.users:  # open loop: no fixed batch to price
         return None
-    batch = cell.users / topo["instances"]
+    batch = cell.users / topo.instances
     context = cell.prompt_tokens + cell.output_tokens / 2
-    step_bytes = roofline.decode_step_bytes(shape, variant, batch, context) / topo["tensor_parallel"]
+    step_bytes = roofline.decode_step_bytes(shape, variant, batch, context) / topo.tensor_parallel
     step_s = step_bytes / (bandwidth * 1e9 * config["estimate"]["roofline_efficiency"])
     return cell.users / step_s
 

@@ -13,6 +13,7 @@ from speedsplit.core.errors import UserError
 from speedsplit.core.record import OUTLIER_FACTOR, OUTLIER_MIN_S
 from speedsplit.models.checkpoint import INT4_FORMATS
 from speedsplit.planning.benchmark_config import benchmark_config
+from speedsplit.planning.grid_config import grid_config, sampling_config, topology_config
 from speedsplit.planning.model_config import model_config
 from speedsplit.planning.stack_config import StackConfig, stack_config, stacks_of
 from speedsplit.planning.workload_config import Trace, workload_config
@@ -158,8 +159,8 @@ def platform_of(config: dict) -> str:
 
 
 def topology_gpus(config: dict, topology: str) -> int:
-    topo = config["topologies"][topology]
-    return topo.get("tensor_parallel", 1) * topo.get("instances", 1)
+    topo = topology_config(config, topology)
+    return topo.tensor_parallel * topo.instances
 
 
 def bench_models(config: dict) -> list[str]:
@@ -181,7 +182,7 @@ def bench_stacks(config: dict, topology: str | None = None) -> list[str]:
         for members in config["chains"].values():
             chosen += [s for s in members if s not in chosen]
         chosen = chosen or list(config["stacks"])
-    only = config["topologies"][topology].get("stacks") if topology else None
+    only = topology_config(config, topology).stacks if topology else None
     return [s for s in chosen if s in only] if only else chosen
 
 
@@ -220,7 +221,7 @@ _LEVELS = {
 
 def grid_cells(config: dict) -> list[Cell]:
     """The grid's cells (its list, else its product), without the capacity sweep's levels."""
-    g = config["grid"]
+    g = grid_config(config)
 
     def of(users: list[int], workload: str, sampling: str, stacks: tuple[str, ...] = ()) -> list[Cell]:
         w = workload_config(config, workload)
@@ -229,20 +230,16 @@ def grid_cells(config: dict) -> list[Cell]:
             for u, rate in _LEVELS[w.kind](w, users)
         ]
 
-    if g["cells"]:
-        out = [
-            cell
-            for c in g["cells"]
-            for cell in of([c["users"]], c["workload"], c["sampling"], tuple(c.get("stacks", ())))
-        ]
+    if g.cells:
+        out = [cell for c in g.cells for cell in of([c.users], c.workload, c.sampling, tuple(c.stacks))]
         return list(dict.fromkeys(out))
-    return [cell for w in g["workloads"] for s in g["sampling"] for cell in of(g["users"], w, s)]
+    return [cell for w in g.workloads for s in g.sampling for cell in of(g.users, w, s)]
 
 
 def cells(config: dict) -> list[Cell]:
     """The grid's cells, then the capacity sweep's levels (ascending users, or rates for an
     open-loop workload) not already in it."""
-    g = config["grid"]
+    runs_at_most = grid_config(config).runs
     out = grid_cells(config)
     cap = config.get("capacity") or {}
     if cap.get("enabled"):
@@ -255,7 +252,7 @@ def cells(config: dict) -> list[Cell]:
         taken = {c.name for c in out}
         for i, level in enumerate(levels):
             if names[i] not in taken:
-                runs = min(cap["runs"], g["runs"])
+                runs = min(cap["runs"], runs_at_most)
                 out.append(
                     Cell(
                         level.users, workload, cap["sampling"], tuple(cap["stacks"]), runs, tuple(names[:i]), level.rate
@@ -287,7 +284,7 @@ def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
     """Everything that defines one cell's measurement, as plain builtins (Snakemake params):
     its job file. Timeouts change no measurement: they come from the plan (SessionPlan)."""
     w = workload_config(config, cell.workload)
-    s = config["sampling"][cell.sampling]
+    s = sampling_config(config, cell.sampling)
     b = benchmark_config(config)
     return {
         "cell": cell.name,
@@ -301,9 +298,9 @@ def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
         **({"ramp_s": float(w.ramp_s)} if w.ramp_s else {}),
         "warmup": b.warmup,
         "sampling": cell.sampling,
-        "temperature": float(s["temperature"]),
-        "top_p": float(s["top_p"]),
-        "seed": s["seed"],
+        "temperature": float(s.temperature),
+        "top_p": float(s.top_p),
+        "seed": s.seed,
         "min_measured_s": float(b.min_measured_s),
         # only where not the default: cells measured before the rule keep their params
         **{
@@ -325,7 +322,7 @@ def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[st
     entry = stack_config(config, stack)
     plat = platform_of(config)
     overlay = entry.on_gpu if plat == "cuda" else entry.on_cpu
-    topo = config["topologies"][topology]
+    topo = topology_config(config, topology)
     env = {**entry.env, **overlay.env}
     args = entry.args + overlay.args
     return {
@@ -341,8 +338,8 @@ def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[st
         "ready_path": entry.ready_path,
         "request_model": entry.request_model,
         "expect_kernel": overlay.expect_kernel or entry.expect_kernel,
-        "tensor_parallel": topo["tensor_parallel"],
-        "instances": topo["instances"],
+        "tensor_parallel": topo.tensor_parallel,
+        "instances": topo.instances,
         "max_model_len": model_config(config, model).max_model_len,
         "cpu_isolation": plat == "cuda" and benchmark_config(config).cpu_isolation,
         "card_memory_gib": entry.card_memory_gib or config["card_memory_gib"],

@@ -18,6 +18,7 @@ from speedsplit.core.specs import StackSpec
 from speedsplit.models.checkpoint import INT4_FORMATS
 from speedsplit.planning import config as cfgmod
 from speedsplit.planning.benchmark_config import benchmark_config
+from speedsplit.planning.grid_config import grid_config
 from speedsplit.planning.stack_config import stack_config
 from speedsplit.planning.workload_config import workload_config
 
@@ -61,10 +62,10 @@ def bench_jobs(config: dict) -> list[BenchJob]:
         for model in cfgmod.bench_models(config):
             if bench.server_reuse == "per_stack":  # a session's jobs must be adjacent
                 for stack in cfgmod.bench_stacks(config, topology):
-                    for run in range(config["grid"]["runs"]):
+                    for run in range(grid_config(config).runs):
                         jobs += of(model, stack, topology, run)
                 continue
-            for run in range(config["grid"]["runs"]):
+            for run in range(grid_config(config).runs):
                 for stack in cfgmod.bench_stacks(config, topology):
                     jobs += of(model, stack, topology, run)
     return jobs

@@ -10,7 +10,7 @@ from conftest import REPO
 from jsonschema import Draft202012Validator
 
 from speedsplit.planning import config as C
-from speedsplit.planning import benchmark_config, model_config, stack_config, workload_config
+from speedsplit.planning import benchmark_config, grid_config, model_config, stack_config, workload_config
 from speedsplit.planning.stack_config import StackConfig, stacks_of
 
 
@@ -21,8 +21,13 @@ def test_the_config_schema_takes_its_stack_entry_from_the_model():
     assert schema["properties"]["stacks"]["additionalProperties"] == stack_config.json_schema()
     assert schema["properties"]["workloads"]["additionalProperties"] == workload_config.json_schema()
     assert schema["properties"]["benchmark"] == benchmark_config.json_schema()
+    grid = grid_config.json_schemas()
+    assert schema["properties"]["grid"] == grid["grid"]
+    assert schema["properties"]["sampling"]["additionalProperties"] == grid["sampling"]
+    assert schema["properties"]["topologies"]["additionalProperties"] == grid["topology"]
     # plain JSON Schema, as jsonschema reads it: pydantic's own bounds and titles are gone
     text = json.dumps([m.json_schema() for m in (model_config, stack_config, workload_config, benchmark_config)])
+    text += json.dumps(grid)
     assert not any(f'"{key}":' in text for key in ("gt", "ge", "title", "$ref", "$defs"))
     assert '"integer", "number"' not in text  # a number is a number, whether YAML gave 24 or 24.0
     assert json.loads((REPO / "docs/config-schema.json").read_text()) == schema, (
@@ -67,6 +72,11 @@ def test_every_model_stack_and_workload_of_a_shipped_config_reads_as_its_filled_
         typed = workload_config.workload_config(cfg, name)
         same(typed.model_dump(exclude_unset=True), cfg["workloads"][name], f"workloads.{name}")
     same(benchmark_config.benchmark_config(cfg).model_dump(), cfg["benchmark"], "benchmark")
+    same(grid_config.grid_config(cfg).model_dump(), cfg["grid"], "grid")
+    for name in cfg["sampling"]:
+        same(grid_config.sampling_config(cfg, name).model_dump(), cfg["sampling"][name], f"sampling.{name}")
+    for name in cfg["topologies"]:
+        same(grid_config.topology_config(cfg, name).model_dump(), cfg["topologies"][name], f"topologies.{name}")
 
 
 @pytest.mark.parametrize(
@@ -152,6 +162,28 @@ def test_a_wrong_model_key_is_one_line_naming_it(tmp_path, change, expect):
 def test_a_wrong_benchmark_key_is_one_line_naming_it(tmp_path, change, expect):
     top = tmp_path / "top.yaml"
     top.write_text(yaml.safe_dump({"benchmark": change}))
+    with pytest.raises(C.ConfigError) as err:
+        C.load(top)
+    assert str(err.value).startswith(expect), err.value
+
+
+@pytest.mark.parametrize(
+    "section, expect",
+    [
+        ({"grid": {"cells": [{"workload": "wide"}]}}, "config error at grid.cells[0]: 'users' is a required property"),
+        ({"grid": {"users": [0]}}, "config error at grid.users[0]: 0 is less than the minimum of 1"),
+        ({"grid": {"runs": 0}}, "config error at grid.runs: 0 is less than the minimum of 1"),
+        (
+            {"sampling": {"greedy": {"top_p": 1.5}}},
+            "config error at sampling.greedy.top_p: 1.5 is greater than the maximum",
+        ),
+        ({"sampling": {"greedy": {"temp": 1}}}, "config error at sampling.greedy: unknown key 'temp'"),
+        ({"topologies": {"tp2": {"tensor_parallel": 0}}}, "config error at topologies.tp2.tensor_parallel: 0 is less"),
+    ],
+)
+def test_a_wrong_grid_sampling_or_topology_key_is_one_line_naming_it(tmp_path, section, expect):
+    top = tmp_path / "top.yaml"
+    top.write_text(yaml.safe_dump(section))
     with pytest.raises(C.ConfigError) as err:
         C.load(top)
     assert str(err.value).startswith(expect), err.value
