@@ -107,10 +107,11 @@ def _compare_args(p):
 
 def _compare(args) -> int:
     from speedsplit.output import compare
+    from speedsplit.planning.output_config import analysis_config
 
     config = _load_config(args.configfile)
     for line in compare.compare(
-        args.a, args.b, config["chains"], args.out, tuple(config["analysis"]["tolerate_flags"])
+        args.a, args.b, config["chains"], args.out, tuple(analysis_config(config).tolerate_flags)
     ):
         print(line)
     print(f"report: {(Path(args.out) / 'compare.html').resolve()}")

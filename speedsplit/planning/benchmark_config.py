@@ -6,13 +6,11 @@ validated config's section (what planning reads instead of dict keys).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from speedsplit.planning.typed_config import AtLeastOne, Entry, NonNegative, Positive, plain_schema
-
-AboveOne = Union[Annotated[int, Field(gt=1)], Annotated[float, Field(gt=1)]]  # noqa: UP007
+from speedsplit.planning.typed_config import AboveOne, AtLeastOne, Entry, NonNegative, Positive, plain_schema
 
 
 class BenchmarkConfig(Entry):

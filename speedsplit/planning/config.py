@@ -43,7 +43,16 @@ from speedsplit.planning.grid import (  # noqa: F401 (re-exported: callers read 
     topology_gpus,
     trace_window,
 )
-from speedsplit.planning import benchmark_config, grid_config, model_config, stack_config, workload_config
+from speedsplit.planning import (
+    benchmark_config,
+    grid_config,
+    model_config,
+    output_config,
+    quality_config,
+    stack_config,
+    studies_config,
+    workload_config,
+)
 from speedsplit.planning.model_checks import check_formats, check_own_weights
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "schema.yaml"
@@ -86,10 +95,8 @@ _Validator = _with_defaults(Draft202012Validator)
 
 
 def load_schema() -> dict:
-    """The config's JSON Schema: schema.yaml, with the entries of a model, a stack, a workload, a
-    sampling mode and a topology, the grid and the benchmark section generated from their types
-    (ModelConfig, StackConfig, WorkloadConfig, SamplingConfig, TopologyConfig, GridConfig,
-    BenchmarkConfig)."""
+    """The config's JSON Schema: schema.yaml (the top level: names, platform, cards, chains), with
+    every section and every entry of a named map generated from its type (planning/*_config.py)."""
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
     schema["properties"]["models"]["additionalProperties"] = model_config.json_schema()
     schema["properties"]["stacks"]["additionalProperties"] = stack_config.json_schema()
@@ -99,6 +106,8 @@ def load_schema() -> dict:
     schema["properties"]["sampling"]["additionalProperties"] = grid["sampling"]
     schema["properties"]["grid"] = grid["grid"]
     schema["properties"]["topologies"]["additionalProperties"] = grid["topology"]
+    for sections in (quality_config.json_schemas(), studies_config.json_schemas(), output_config.json_schemas()):
+        schema["properties"].update(sections)
     return schema
 
 
@@ -273,13 +282,13 @@ def _check_quality(q: dict) -> None:
 
 
 def _check_coordination(config: dict) -> None:
-    co = config["coordination"]
-    if not co["enabled"]:
+    co = studies_config.coordination_config(config)
+    if not co.enabled:
         return
-    if co["stack"] not in config["stacks"] or stack_config.stack_config(config, co["stack"]).dialect != "vllm":
-        raise ConfigError(f"config error at coordination.stack: {co['stack']!r} is not a vLLM stack of this config")
-    for i, topo in enumerate(co["topologies"]):
-        if topo not in config["topologies"] or config["topologies"][topo]["instances"] != 1:
+    if co.stack not in config["stacks"] or stack_config.stack_config(config, co.stack).dialect != "vllm":
+        raise ConfigError(f"config error at coordination.stack: {co.stack!r} is not a vLLM stack of this config")
+    for i, topo in enumerate(co.topologies):
+        if topo not in config["topologies"] or grid_config.topology_config(config, topo).instances != 1:
             raise ConfigError(
                 f"config error at coordination.topologies[{i}]: {topo!r} is not a single-instance topology"
             )
@@ -287,53 +296,53 @@ def _check_coordination(config: dict) -> None:
             raise ConfigError(
                 f"config error at coordination.topologies[{i}]: {topo!r} needs more GPUs than gpus_available"
             )
-    if co["cell"] is not None and co["cell"] not in {c.name for c in cells(config)}:
-        raise ConfigError(f"config error at coordination.cell: unknown cell {co['cell']!r}")
+    if co.cell is not None and co.cell not in {c.name for c in cells(config)}:
+        raise ConfigError(f"config error at coordination.cell: unknown cell {co.cell!r}")
 
 
 def _check_factorial(config: dict) -> None:
-    fa = config["factorial"]
-    if not fa["enabled"]:
+    fa = studies_config.factorial_config(config)
+    if not fa.enabled:
         return
     for key in ("fast", "low", "high"):
-        if fa[key] not in config["stacks"]:
-            raise ConfigError(f"config error at factorial.{key}: unknown stack {fa[key]!r}")
-    for i, name in enumerate(fa["sampling"]):
+        if getattr(fa, key) not in config["stacks"]:
+            raise ConfigError(f"config error at factorial.{key}: unknown stack {getattr(fa, key)!r}")
+    for i, name in enumerate(fa.sampling):
         if name not in config["sampling"]:
             raise ConfigError(f"config error at factorial.sampling[{i}]: unknown sampling {name!r}")
-    if fa["workload"] is not None and fa["workload"] not in config["workloads"]:
-        raise ConfigError(f"config error at factorial.workload: unknown workload {fa['workload']!r}")
+    if fa.workload is not None and fa.workload not in config["workloads"]:
+        raise ConfigError(f"config error at factorial.workload: unknown workload {fa.workload!r}")
 
 
 def _check_report(config: dict) -> None:
-    rep = config["report"]
-    for i, h in enumerate(rep["headline"]):
-        if h["workload"] not in config["workloads"]:
-            raise ConfigError(f"config error at report.headline[{i}].workload: unknown workload {h['workload']!r}")
-        if "sampling" in h and h["sampling"] not in config["sampling"]:
-            raise ConfigError(f"config error at report.headline[{i}].sampling: unknown sampling {h['sampling']!r}")
-    if rep["kernel_reference"] is not None and rep["kernel_reference"] not in config["stacks"]:
-        raise ConfigError(f"config error at report.kernel_reference: unknown stack {rep['kernel_reference']!r}")
+    rep = output_config.report_config(config)
+    for i, h in enumerate(rep.headline):
+        if h.workload not in config["workloads"]:
+            raise ConfigError(f"config error at report.headline[{i}].workload: unknown workload {h.workload!r}")
+        if h.sampling is not None and h.sampling not in config["sampling"]:
+            raise ConfigError(f"config error at report.headline[{i}].sampling: unknown sampling {h.sampling!r}")
+    if rep.kernel_reference is not None and rep.kernel_reference not in config["stacks"]:
+        raise ConfigError(f"config error at report.kernel_reference: unknown stack {rep.kernel_reference!r}")
 
 
 def _check_capacity(config: dict) -> None:
-    cap = config["capacity"]
-    if not cap["enabled"]:
+    cap = studies_config.capacity_config(config)
+    if not cap.enabled:
         return
-    for i, stack in enumerate(cap["stacks"]):
+    for i, stack in enumerate(cap.stacks):
         if stack not in config["stacks"]:
             raise ConfigError(f"config error at capacity.stacks[{i}]: unknown stack {stack!r}")
-    if cap["workload"] is not None and cap["workload"] not in config["workloads"]:
-        raise ConfigError(f"config error at capacity.workload: unknown workload {cap['workload']!r}")
-    workload = workload_config.workload_config(config, cap["workload"] or grid_cells(config)[0].workload)
+    if cap.workload is not None and cap.workload not in config["workloads"]:
+        raise ConfigError(f"config error at capacity.workload: unknown workload {cap.workload!r}")
+    workload = workload_config.workload_config(config, cap.workload or grid_cells(config)[0].workload)
     if workload.trace:
         raise ConfigError("config error at capacity.workload: a trace replays its own rate; sweep an arrival workload")
-    if workload.arrival and not cap.get("rates"):
+    if workload.arrival and not cap.rates:
         raise ConfigError("config error at capacity.rates: an open-loop capacity workload needs its ladder of rates")
-    if cap["sampling"] not in config["sampling"]:
-        raise ConfigError(f"config error at capacity.sampling: unknown sampling {cap['sampling']!r}")
-    if cap["reference"] is not None and cap["reference"] not in config["stacks"]:
-        raise ConfigError(f"config error at capacity.reference: unknown stack {cap['reference']!r}")
+    if cap.sampling not in config["sampling"]:
+        raise ConfigError(f"config error at capacity.sampling: unknown sampling {cap.sampling!r}")
+    if cap.reference is not None and cap.reference not in config["stacks"]:
+        raise ConfigError(f"config error at capacity.reference: unknown stack {cap.reference!r}")
 
 
 def _check_traffic(config: dict) -> None:

@@ -34,6 +34,8 @@ from speedsplit.planning import plan as planmod
 from speedsplit.planning import roofline
 from speedsplit.planning.grid_config import topology_config
 from speedsplit.planning.model_config import model_config
+from speedsplit.planning.output_config import estimate_config
+from speedsplit.planning.quality_config import quantization_config
 from speedsplit.planning.stack_config import stack_config
 
 DEFAULT_RESULTS = "results/bench/**/run*.json"
@@ -112,8 +114,8 @@ def model_shape(config: dict, model: str) -> dict | None:
 
 
 def _bandwidth(config: dict, path: str) -> float | None:
-    if config["estimate"]["bandwidth_gb_s"]:
-        return float(config["estimate"]["bandwidth_gb_s"])
+    if estimate_config(config).bandwidth_gb_s:
+        return float(estimate_config(config).bandwidth_gb_s)
     try:
         measured = json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -132,10 +134,10 @@ def roofline_rate(
         return None
     variant = stack_config(config, stack).variant
     if variant in gridmod.INT4:
-        q = config["quantization"]
+        q = quantization_config(config)
         shape = {
             **shape,
-            "quantization_config": {"quant_method": variant, "bits": q["bits"], "group_size": q["group_size"]},
+            "quantization_config": {"quant_method": variant, "bits": q.bits, "group_size": q.group_size},
         }
     topo = topology_config(config, topology)
     if not cell.users:  # open loop: no fixed batch to price
@@ -143,7 +145,7 @@ def roofline_rate(
     batch = cell.users / topo.instances
     context = cell.prompt_tokens + cell.output_tokens / 2
     step_bytes = roofline.decode_step_bytes(shape, variant, batch, context) / topo.tensor_parallel
-    step_s = step_bytes / (bandwidth * 1e9 * config["estimate"]["roofline_efficiency"])
+    step_s = step_bytes / (bandwidth * 1e9 * estimate_config(config).roofline_efficiency)
     return cell.users / step_s
 
 
@@ -156,7 +158,7 @@ def schedule_s(cell: CellParams) -> float | None:
 def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: str = BANDWIDTH) -> list[JobEstimate]:
     """Every bench job of the grid, in lane order, with its estimate."""
     platform = cfgmod.platform_of(config)
-    est = config["estimate"]
+    est = estimate_config(config)
     measured = Measured.read(results, platform)
     bandwidth = _bandwidth(config, bandwidth_json)  # read once, not per job
     shapes = {model: model_shape(config, model) for model in cfgmod.bench_models(config)}
@@ -178,12 +180,12 @@ def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: 
             rate = roofline_rate(config, shapes[job.model], job.stack, job.topology, cell, bandwidth)
             source = "roofline"
         if rate is None:
-            rate, source = float(est["output_tok_s"][platform]), "configured"
+            rate, source = float(getattr(est.output_tok_s, platform)), "configured"
         rest = measured.job_s.get(key) if source == "measured" else None
         if rest is None and (due := schedule_s(cell)) is not None:  # open loop: as long as its arrivals
-            rest, source = due + float(est["job_overhead_s"]), "schedule"
+            rest, source = due + float(est.job_overhead_s), "schedule"
         if rest is None:
-            rest = tokens / rate + float(est["job_overhead_s"])
+            rest = tokens / rate + float(est.job_overhead_s)
         start = 0.0
         if first:
             start = _startup(config, measured, job, clock.get(lanes[job], 0.0), compiled)
@@ -195,20 +197,20 @@ def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: 
 def _startup(config: dict, measured: Measured, job: planmod.BenchJob, at: float, compiled: dict) -> float:
     """A session's start-up: warm where a vLLM session of the same model, stack and topology
     had filled the shared compile cache before this one starts (results/cache/shared), else cold."""
-    platform, est, key = cfgmod.platform_of(config), config["estimate"], (job.model, job.stack, job.topology)
-    cold = measured.startup.get(key, float(est["startup_s"][platform]))
+    platform, est, key = cfgmod.platform_of(config), estimate_config(config), (job.model, job.stack, job.topology)
+    cold = measured.startup.get(key, float(getattr(est.startup_s, platform)))
     if gridmod.family(stack_config(config, job.stack)) != "vllm":
         return cold  # no compile cache to reuse
     if key in compiled and compiled[key] <= at:
-        return measured.startup_warm.get(key, min(cold, float(est["startup_warm_s"][platform])))
+        return measured.startup_warm.get(key, min(cold, float(getattr(est.startup_warm_s, platform))))
     compiled[key] = min(compiled.get(key, math.inf), at + cold)
     return cold
 
 
 def runtime_minutes(config: dict, estimate: JobEstimate) -> int:
     """A job's cluster runtime request: its estimate times the margin, in whole minutes."""
-    est = config["estimate"]
-    return max(int(est["min_runtime_min"]), math.ceil(estimate.total_s * est["margin"] / 60))
+    est = estimate_config(config)
+    return max(int(est.min_runtime_min), math.ceil(estimate.total_s * est.margin / 60))
 
 
 def grid_seconds(estimates: list[JobEstimate]) -> float:

@@ -15,6 +15,8 @@ from speedsplit.models.checkpoint import INT4_FORMATS
 from speedsplit.planning.benchmark_config import benchmark_config
 from speedsplit.planning.grid_config import grid_config, sampling_config, topology_config
 from speedsplit.planning.model_config import model_config
+from speedsplit.planning.output_config import report_config
+from speedsplit.planning.studies_config import capacity_config, coordination_config, factorial_config, slo_config
 from speedsplit.planning.stack_config import StackConfig, stack_config, stacks_of
 from speedsplit.planning.workload_config import Trace, workload_config
 
@@ -30,8 +32,8 @@ OUTLIER_DEFAULTS = {"outlier_factor": OUTLIER_FACTOR, "outlier_min_s": OUTLIER_M
 def kernel_reference(config: dict) -> str | None:
     """The FP16 stack the kernel plot compares INT4 kernels against (report.kernel_reference,
     else the stack before the first gptq stack of the first chain that has one)."""
-    if config["report"]["kernel_reference"]:
-        return config["report"]["kernel_reference"]
+    if report_config(config).kernel_reference:
+        return report_config(config).kernel_reference
     for chain in config["chains"].values():
         for before, stack in zip(chain, chain[1:]):
             if stack_config(config, stack).variant in INT4:
@@ -113,10 +115,10 @@ def _only_prefix_caching(a: StackConfig, b: StackConfig) -> bool:
 
 def factorial_spec(config: dict) -> dict | None:
     """The factorial section with its workload resolved, or None when it is off."""
-    fa = config["factorial"]
-    if not fa["enabled"]:
+    fa = factorial_config(config)
+    if not fa.enabled:
         return None
-    return {**fa, "workload": fa["workload"] or cells(config)[0].workload}
+    return {**fa.model_dump(exclude_unset=True), "workload": fa.workload or cells(config)[0].workload}
 
 
 def headline(config: dict) -> list[dict]:
@@ -124,8 +126,9 @@ def headline(config: dict) -> list[dict]:
     sweep and none given, each workload and sampling's grid cell with the most users (the
     ladder's top levels are past the cliff, often skipped); else empty (the answer's own
     default: the most users measured)."""
-    if config["report"]["headline"] or not config["capacity"]["enabled"]:
-        return list(config["report"]["headline"])
+    given = report_config(config).headline
+    if given or not capacity_config(config).enabled:
+        return [h.model_dump(exclude_none=True) for h in given]
     top: dict[tuple[str, str], int] = {}
     for c in grid_cells(config):
         if c.users > top.get((c.workload, c.sampling), 0):
@@ -135,7 +138,7 @@ def headline(config: dict) -> list[dict]:
 
 def coordination_cell(config: dict) -> Cell:
     """The cell the coordination profile runs (coordination.cell, else the grid's first)."""
-    name = config["coordination"]["cell"]
+    name = coordination_config(config).cell
     return cell_by_name(config, name) if name else cells(config)[0]
 
 
@@ -241,35 +244,33 @@ def cells(config: dict) -> list[Cell]:
     open-loop workload) not already in it."""
     runs_at_most = grid_config(config).runs
     out = grid_cells(config)
-    cap = config.get("capacity") or {}
-    if cap.get("enabled"):
-        workload = cap["workload"] or out[0].workload
+    cap = capacity_config(config)
+    if cap.enabled:
+        workload = cap.workload or out[0].workload
         if workload_config(config, workload).arrival:
-            levels = [Cell(0, workload, cap["sampling"], rate=float(r)) for r in sorted(set(cap.get("rates") or []))]
+            levels = [Cell(0, workload, cap.sampling, rate=float(r)) for r in sorted(set(cap.rates or []))]
         else:
-            levels = [Cell(u, workload, cap["sampling"]) for u in sorted(set(cap["users"]))]
+            levels = [Cell(u, workload, cap.sampling) for u in sorted(set(cap.users))]
         names = [c.name for c in levels]
         taken = {c.name for c in out}
         for i, level in enumerate(levels):
             if names[i] not in taken:
-                runs = min(cap["runs"], runs_at_most)
+                runs = min(cap.runs, runs_at_most)
                 out.append(
-                    Cell(
-                        level.users, workload, cap["sampling"], tuple(cap["stacks"]), runs, tuple(names[:i]), level.rate
-                    )
+                    Cell(level.users, workload, cap.sampling, tuple(cap.stacks), runs, tuple(names[:i]), level.rate)
                 )
     return out
 
 
 def capacity_spec(config: dict) -> dict | None:
     """The capacity section resolved (workload, reference stack), or None when it is off."""
-    cap = config["capacity"]
-    if not cap["enabled"]:
+    cap = capacity_config(config)
+    if not cap.enabled:
         return None
     return {
-        **cap,
-        "workload": cap["workload"] or cells(config)[0].workload,
-        "reference": cap["reference"] or kernel_reference(config),
+        **cap.model_dump(exclude_unset=True),
+        "workload": cap.workload or cells(config)[0].workload,
+        "reference": cap.reference or kernel_reference(config),
     }
 
 
@@ -311,9 +312,9 @@ def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
         **(_open_loop(config, cell) if cell.rate is not None else {}),
         # a capacity level: the levels under it, and after how many failing ones it is skipped
         "capacity_below": list(cell.below),
-        "capacity_stop_after": int(config["capacity"]["stop_after"]),
-        "slo_ttft_p99_s": float(config["slo"]["ttft_p99_s"]),
-        "slo_tpot_p99_s": float(config["slo"]["tpot_p99_s"]),
+        "capacity_stop_after": int(capacity_config(config).stop_after),
+        "slo_ttft_p99_s": float(slo_config(config).ttft_p99_s),
+        "slo_tpot_p99_s": float(slo_config(config).tpot_p99_s),
     }
 
 

@@ -7,14 +7,11 @@ from these types (planning/config.load_schema); `sampling_config`, `grid_config`
 
 from __future__ import annotations
 
-from typing import Annotated, Union
+from typing import Annotated
 
 from pydantic import Field
 
-from speedsplit.planning.typed_config import Entry, NonNegative, plain_schema
-
-# a number as YAML gives it, in (0, 1]
-Share = Union[Annotated[int, Field(gt=0, le=1)], Annotated[float, Field(gt=0, le=1)]]  # noqa: UP007
+from speedsplit.planning.typed_config import Entry, NonNegative, Share, plain_schema
 
 
 class SamplingConfig(Entry):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from speedsplit.planning.grid import ConfigError, bench_models, bench_stacks, platform_of
 from speedsplit.planning.model_config import ModelConfig, model_config
+from speedsplit.planning.quality_config import quantization_config
 from speedsplit.planning.stack_config import stack_config, stacks_of
 
 
@@ -33,17 +34,17 @@ def check_own_weights(config: dict, model: str, entry: ModelConfig) -> None:
             inspect_local(entry.path)
     except ModelError as exc:
         raise ConfigError(f"config error at models.{model}.path: {exc}") from None
-    q = config["quantization"]
+    q = quantization_config(config)
     for method, path in entry.prequantized.model_dump().items():
         if not path:
             continue
-        if q["method"] == "dummy":
+        if q.method == "dummy":
             raise ConfigError(
                 f"config error at models.{model}.prequantized.{method}: quantization.method dummy writes its "
                 "own INT4 config; a checkpoint is used with method gptqmodel"
             )
         try:
-            inspect_quantized(path, method, q["bits"], q["group_size"])
+            inspect_quantized(path, method, q.bits, q.group_size)
         except ModelError as exc:
             raise ConfigError(f"config error at models.{model}.prequantized.{method}: {exc}") from None
 
@@ -64,7 +65,7 @@ def check_formats(config: dict) -> None:
         for model in bench_models(config):
             if model_config(config, model).prequantized.awq:
                 continue
-            if config["quantization"]["method"] == "dummy":
+            if quantization_config(config).method == "dummy":
                 raise ConfigError(
                     f"config error at quantization.method: dummy writes GPTQ configs only; stack {stack} serves "
                     f"AWQ (use gptqmodel, or give models.{model}.prequantized.awq)"

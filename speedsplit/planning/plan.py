@@ -19,6 +19,7 @@ from speedsplit.models.checkpoint import INT4_FORMATS
 from speedsplit.planning import config as cfgmod
 from speedsplit.planning.benchmark_config import benchmark_config
 from speedsplit.planning.grid_config import grid_config
+from speedsplit.planning.quality_config import quality_config, quantization_config
 from speedsplit.planning.stack_config import stack_config
 from speedsplit.planning.workload_config import workload_config
 
@@ -74,7 +75,7 @@ def bench_jobs(config: dict) -> list[BenchJob]:
 def quality_carriers(config: dict) -> set[BenchJob]:
     """The jobs that also run the quality probe (config quality): each (model, stack,
     topology)'s first job of run 0 in lane order, on a server the cell already warmed."""
-    if not config["quality"]["enabled"]:
+    if not quality_config(config).enabled:
         return set()
     first: dict[tuple[str, str, str], BenchJob] = {}
     for job in bench_jobs(config):
@@ -88,13 +89,13 @@ def quality_probe(config: dict, job: BenchJob, carriers: Collection[BenchJob] | 
     `quality`), or None. `carriers` (quality_carriers, computed once) saves re-planning."""
     if job not in (quality_carriers(config) if carriers is None else carriers):
         return None
-    q = config["quality"]
+    q = quality_config(config)
     from speedsplit.core.quality import LmEval, QualityProbe
 
     # keys in the models' order, whatever the config file's: Snakemake compares params as text
-    probe = {k: q[k] for k in QualityProbe.model_fields if k != "lm_eval"}
-    if q["lm_eval"]["tasks"]:  # only then in the job file: a config without tasks keeps its cells
-        probe["lm_eval"] = {k: q["lm_eval"][k] for k in LmEval.model_fields}
+    probe = {k: getattr(q, k) for k in QualityProbe.model_fields if k != "lm_eval"}
+    if q.lm_eval.tasks:  # only then in the job file: a config without tasks keeps its cells
+        probe["lm_eval"] = {k: getattr(q.lm_eval, k) for k in LmEval.model_fields}
     return probe
 
 
@@ -288,9 +289,9 @@ def variant_dir(config: dict, stack: str) -> str:
         return "fp16"
     if variant == "gguf":  # llama.cpp's file, converted from the FP16 weights
         return f"gguf-{entry.gguf_type}"
-    q = config["quantization"]
-    group = "pc" if q["group_size"] == -1 else q["group_size"]
-    return f"{variant}-w{q['bits']}g{group}"
+    q = quantization_config(config)
+    group = "pc" if q.group_size == -1 else q.group_size
+    return f"{variant}-w{q.bits}g{group}"
 
 
 # The quantize rule's report of one model's checkpoint folder (its output; the tables read it).

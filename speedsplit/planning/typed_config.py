@@ -31,6 +31,19 @@ def absent(description: str, **bounds) -> Any:
 Positive = Union[Annotated[int, Field(gt=0)], Annotated[float, Field(gt=0)]]  # noqa: UP007
 AtLeastOne = Union[Annotated[int, Field(ge=1)], Annotated[float, Field(ge=1)]]  # noqa: UP007
 NonNegative = Union[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=0)]]  # noqa: UP007
+AboveOne = Union[Annotated[int, Field(gt=1)], Annotated[float, Field(gt=1)]]  # noqa: UP007
+Share = Union[Annotated[int, Field(gt=0, le=1)], Annotated[float, Field(gt=0, le=1)]]  # noqa: UP007  (0, 1]
+Number = Union[int, float]  # noqa: UP007
+
+
+def _empty_default(schema: dict) -> None:
+    schema["default"] = {}
+
+
+def nested(model: type[BaseModel], description: str) -> Any:
+    """An object inside a section, its own defaults filled where it is absent (the schema's
+    default {}, as a hand-written one says it)."""
+    return Field(default_factory=model, description=description, json_schema_extra=_empty_default)
 
 
 class Entry(BaseModel):
@@ -49,6 +62,8 @@ def _plain(node, defs: dict):
     if "$ref" in node:
         node = {**defs[node["$ref"].rsplit("/", 1)[1]], **{k: v for k, v in node.items() if k != "$ref"}}
     out = {k: _plain(v, defs) for k, v in node.items() if k not in ("title", "$defs")}
+    if isinstance(out.get("description"), str):  # a docstring's lines, as one line
+        out["description"] = " ".join(out["description"].split())
     alternatives = out.get("anyOf")
     if alternatives and all(isinstance(a.get("type"), str) for a in alternatives):
         bounds = [{k: v for k, v in a.items() if k != "type"} for a in alternatives]
@@ -66,3 +81,8 @@ def plain_schema(model: type[BaseModel]) -> dict:
     """A model's JSON Schema as the config schema holds it."""
     schema = model.model_json_schema()
     return _plain(schema, schema.get("$defs", {}))
+
+
+def section_schema(model: type[BaseModel]) -> dict:
+    """A top-level section's JSON Schema: filled from its own defaults where the config has none."""
+    return {**plain_schema(model), "default": {}}

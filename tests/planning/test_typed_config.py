@@ -10,7 +10,30 @@ from conftest import REPO
 from jsonschema import Draft202012Validator
 
 from speedsplit.planning import config as C
-from speedsplit.planning import benchmark_config, grid_config, model_config, stack_config, workload_config
+from speedsplit.planning import (
+    benchmark_config,
+    grid_config,
+    model_config,
+    output_config,
+    quality_config,
+    stack_config,
+    studies_config,
+    workload_config,
+)
+
+# every section of the config, generated from its type, and the function reading it typed
+SECTIONS = {
+    "quantization": (quality_config, quality_config.quantization_config),
+    "quality": (quality_config, quality_config.quality_config),
+    "capacity": (studies_config, studies_config.capacity_config),
+    "slo": (studies_config, studies_config.slo_config),
+    "factorial": (studies_config, studies_config.factorial_config),
+    "coordination": (studies_config, studies_config.coordination_config),
+    "link_control": (studies_config, studies_config.link_control_config),
+    "analysis": (output_config, output_config.analysis_config),
+    "report": (output_config, output_config.report_config),
+    "estimate": (output_config, output_config.estimate_config),
+}
 from speedsplit.planning.stack_config import StackConfig, stacks_of
 
 
@@ -25,9 +48,11 @@ def test_the_config_schema_takes_its_stack_entry_from_the_model():
     assert schema["properties"]["grid"] == grid["grid"]
     assert schema["properties"]["sampling"]["additionalProperties"] == grid["sampling"]
     assert schema["properties"]["topologies"]["additionalProperties"] == grid["topology"]
+    for key, (module, _) in SECTIONS.items():
+        assert schema["properties"][key] == module.json_schemas()[key], key
     # plain JSON Schema, as jsonschema reads it: pydantic's own bounds and titles are gone
     text = json.dumps([m.json_schema() for m in (model_config, stack_config, workload_config, benchmark_config)])
-    text += json.dumps(grid)
+    text += json.dumps(grid) + json.dumps([module.json_schemas() for module, _ in SECTIONS.values()])
     assert not any(f'"{key}":' in text for key in ("gt", "ge", "title", "$ref", "$defs"))
     assert '"integer", "number"' not in text  # a number is a number, whether YAML gave 24 or 24.0
     assert json.loads((REPO / "docs/config-schema.json").read_text()) == schema, (
@@ -77,6 +102,8 @@ def test_every_model_stack_and_workload_of_a_shipped_config_reads_as_its_filled_
         same(grid_config.sampling_config(cfg, name).model_dump(), cfg["sampling"][name], f"sampling.{name}")
     for name in cfg["topologies"]:
         same(grid_config.topology_config(cfg, name).model_dump(), cfg["topologies"][name], f"topologies.{name}")
+    for key, (_, read) in SECTIONS.items():
+        same(read(cfg).model_dump(exclude_unset=True), cfg[key], key)
 
 
 @pytest.mark.parametrize(
@@ -182,6 +209,27 @@ def test_a_wrong_benchmark_key_is_one_line_naming_it(tmp_path, change, expect):
     ],
 )
 def test_a_wrong_grid_sampling_or_topology_key_is_one_line_naming_it(tmp_path, section, expect):
+    top = tmp_path / "top.yaml"
+    top.write_text(yaml.safe_dump(section))
+    with pytest.raises(C.ConfigError) as err:
+        C.load(top)
+    assert str(err.value).startswith(expect), err.value
+
+
+@pytest.mark.parametrize(
+    "section, expect",
+    [
+        ({"quality": {"gate": 1.5}}, "config error at quality.gate: 1.5 is greater than the maximum of 1"),
+        ({"quality": {"lm_eval": {"limit": 0}}}, "config error at quality.lm_eval.limit: 0 is less than the minimum"),
+        ({"quantization": {"group_size": 96}}, "config error at quantization.group_size: 96 is not one of"),
+        ({"capacity": {"users": []}}, "config error at capacity.users: [] should be non-empty"),
+        ({"factorial": {"sampling": ["greedy"]}}, "config error at factorial.sampling: ['greedy'] is too short"),
+        ({"estimate": {"startup_s": {"gpu": 1}}}, "config error at estimate.startup_s: unknown key 'gpu'"),
+        ({"report": {"headline": [{"users": 1}]}}, "config error at report.headline[0]: 'workload' is a required"),
+        ({"analysis": {"tolerate_flags": ["x"]}}, "config error at analysis.tolerate_flags[0]: 'x' is not one of"),
+    ],
+)
+def test_a_wrong_key_of_any_section_is_one_line_naming_it(tmp_path, section, expect):
     top = tmp_path / "top.yaml"
     top.write_text(yaml.safe_dump(section))
     with pytest.raises(C.ConfigError) as err:

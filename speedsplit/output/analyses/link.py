@@ -10,6 +10,7 @@ import polars as pl
 
 from speedsplit.core.formats import html_table
 from speedsplit.output.analyses import Analysis, Basis, html_section
+from speedsplit.planning.studies_config import link_control_config
 
 
 def build(b: Basis) -> dict[str, pl.DataFrame]:
@@ -71,7 +72,7 @@ ANALYSIS = Analysis(
     "link",
     order=60,
     tables=("link",),
-    enabled=lambda config: config["link_control"]["enabled"],
+    enabled=lambda config: link_control_config(config).enabled,
     build=build,
     charts=charts,
     section=section,

@@ -9,6 +9,7 @@ import polars as pl
 
 from speedsplit.core.formats import difference_text, html_table
 from speedsplit.output.analyses import Analysis, Basis, answer_block, html_section
+from speedsplit.planning.quality_config import quality_config
 
 
 def build(b: Basis) -> dict[str, pl.DataFrame]:
@@ -217,9 +218,9 @@ ANALYSIS = Analysis(
     "quality",
     order=15,
     tables=("quality", "quality_stacks", "quality_tasks"),
-    enabled=lambda config: config["quality"]["enabled"],
+    enabled=lambda config: quality_config(config).enabled,
     build=build,
-    spec=lambda config: {"gate": float(config["quality"]["gate"])},
+    spec=lambda config: {"gate": float(quality_config(config).gate)},
     charts=charts,
     section=section,
     answer=answer,
