@@ -9,6 +9,10 @@ class UserError(Exception):
     is the whole story."""
 
 
+class ConfigError(UserError, ValueError):
+    """A config value is wrong; the message is one line naming the key."""
+
+
 def one_line(exc: BaseException) -> str:
     """How a UserError is shown."""
     return f"speedsplit: {exc}"

@@ -39,8 +39,8 @@ from speedsplit.core.results import provenance, redact, write_json_atomic, write
 from speedsplit.measuring import checks
 from speedsplit.measuring.cell_load import cell_load
 from speedsplit.models.checkpoint import ModelError, model_identity, model_info, read_model_config
-from speedsplit.planning.config import ConfigError
-from speedsplit.planning.plan import SessionPlan
+from speedsplit.core.errors import ConfigError
+from speedsplit.core.session_plan import SessionPlan
 from speedsplit.probes import loadgen, quality, slo, telemetry
 from speedsplit.serving import lease as leases
 from speedsplit.serving import session as sessions

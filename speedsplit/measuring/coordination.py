@@ -26,7 +26,7 @@ from speedsplit.core.results import provenance, redact, write_json_atomic
 from speedsplit.core.specs import StackSpec
 from speedsplit.measuring.cell_load import cell_load
 from speedsplit.models.checkpoint import model_identity
-from speedsplit.planning.plan import SessionPlan
+from speedsplit.core.session_plan import SessionPlan
 from speedsplit.probes import loadgen
 from speedsplit.serving import session as sessions
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from speedsplit.core.errors import UserError
+from speedsplit.core.errors import ConfigError  # noqa: F401 (re-exported: planning raises it)
 from speedsplit.core.record import OUTLIER_FACTOR, OUTLIER_MIN_S
 from speedsplit.models.checkpoint import INT4_FORMATS
 from speedsplit.planning.benchmark_config import benchmark_config
@@ -19,10 +19,6 @@ from speedsplit.planning.output_config import report_config
 from speedsplit.planning.studies_config import capacity_config, coordination_config, factorial_config, slo_config
 from speedsplit.planning.stack_config import StackConfig, stack_config, stacks_of
 from speedsplit.planning.workload_config import Trace, workload_config
-
-
-class ConfigError(UserError, ValueError):
-    """A config value is wrong; the message is one line naming the key."""
 
 
 INT4 = INT4_FORMATS  # the variants that serve 4-bit weights of a checkpoint

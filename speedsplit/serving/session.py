@@ -31,7 +31,7 @@ from pathlib import Path
 from speedsplit.core import apikey, procs
 from speedsplit.core.results import write_json_atomic
 from speedsplit.core.specs import StackSpec
-from speedsplit.planning.plan import SessionPlan
+from speedsplit.core.session_plan import SessionPlan
 from speedsplit.serving import lease as leases
 from speedsplit.serving import stacks
 from speedsplit.serving.session_state import (
