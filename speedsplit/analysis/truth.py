@@ -21,6 +21,7 @@ from pathlib import Path
 
 import polars as pl
 
+from speedsplit.core.loads import ClosedLoopSettings
 from speedsplit.core.record import RunResult, read_result, to_json
 from speedsplit.core.requestlog import RequestRecord, read_requests, requests_path
 from speedsplit.core.results import write_json_atomic, write_lines_atomic
@@ -95,7 +96,7 @@ def true_records(result: RunResult, measured: list[RequestRecord], speed: refere
                 requests_per_user=p.requests_per_user,
                 prompt_tokens=p.prompt_tokens,
                 output_tokens=p.output_tokens,
-                ramp_s=p.ramp_s,
+                closed=ClosedLoopSettings.of(p),
             )
         }
         truth = [by[r.user, r.index] for r in mine]

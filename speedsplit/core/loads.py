@@ -19,6 +19,35 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from speedsplit.core.numbers import NonNegative
+
+
+class ClosedLoopSettings(BaseModel):
+    """How a closed loop's users behave beyond their number: one definition that a workload's
+    config (planning/workload_config.WorkloadConfig), a cell's job spec (core/specs.CellParams),
+    its load (ClosedLoop) and the load generator (probes/loadspec.LoadSpec.closed) all take. A
+    setting added here is a config key, a job-file key and a load setting at once; the load
+    generator (probes/loadgen.py) is where it acts, and a server of known speed's rules
+    (serving/reference_speed.expected) are where its truth is made."""
+
+    ramp_s: NonNegative = Field(
+        0,
+        description="Users join the measured phase evenly over this many seconds (user u at u x ramp_s / users), "
+        "then each sends its next request when the last one ends. 0 - all at once: a burst whose first requests "
+        "wait for the prefill of every prompt together, so a TTFT objective then judges prefill speed as much as "
+        "capacity.",
+    )
+
+    @classmethod
+    def of(cls, settings) -> ClosedLoopSettings:
+        """The closed-loop settings of anything that has them (a workload, a cell, a load)."""
+        return cls(**{k: getattr(settings, k) for k in cls.model_fields})
+
+    def job_form(self) -> dict[str, float]:
+        """The settings a job file holds: only those set (a cell measured before a setting existed
+        keeps its params, and its results), each a float (as job files have always said them)."""
+        return {k: float(v) for k, v in self if v != type(self).model_fields[k].default}
+
 
 class _Load(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
@@ -28,10 +57,9 @@ class _Load(BaseModel):
         return None
 
 
-class ClosedLoop(_Load):
+class ClosedLoop(_Load, ClosedLoopSettings):
     kind: Literal["closed"] = "closed"
     users: int = Field(ge=1)
-    ramp_s: float = 0.0  # the users join the measured phase over this many seconds
 
 
 class OpenLoop(_Load):
@@ -65,4 +93,4 @@ def load_of(cell) -> ClosedLoop | OpenLoop | TraceReplay:
         return TraceReplay(trace=cell.trace, max_client_lag_s=cell.max_client_lag_s)
     if cell.arrival:
         return OpenLoop(arrival=cell.arrival, lengths=cell.lengths, max_client_lag_s=cell.max_client_lag_s)
-    return ClosedLoop(users=cell.users, ramp_s=cell.ramp_s)
+    return ClosedLoop(users=cell.users, **ClosedLoopSettings.of(cell).model_dump())

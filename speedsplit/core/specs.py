@@ -17,6 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from speedsplit.core.loads import ClosedLoopSettings
 from speedsplit.core.quality import QualityProbe
 
 # A request is a latency outlier when it took this many times what its length predicts, and at
@@ -58,7 +59,7 @@ class StackSpec(BaseModel):
     api_key_env: str | None = Field(None, description="the variable its engine reads the key from")
 
 
-class CellParams(BaseModel):
+class CellParams(ClosedLoopSettings):
     """The cell as measured: load shape, sampling and the run's time limits."""
 
     # unknown keys are refused: a reader never meets a shape the writer does not produce
@@ -72,7 +73,6 @@ class CellParams(BaseModel):
     output_tokens: int
     requests_per_user: int
     warmup_requests: int = Field(description="warm-up requests per user, before the measured phase")
-    ramp_s: float = Field(0.0, description="users joined the measured phase evenly over this many seconds (0: at once)")
     telemetry_s: float = Field(0.5, description="seconds between telemetry readings")
     slo_ttft_p99_s: float = Field(2.0, description="latency objective: p99 TTFT at most this")
     slo_tpot_p99_s: float = Field(0.1, description="latency objective: p99 TPOT at most this")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import zlib
 from pathlib import Path
 
-from speedsplit.core.loads import ClosedLoop, OpenLoop, TraceReplay, load_of
+from speedsplit.core.loads import ClosedLoop, ClosedLoopSettings, OpenLoop, TraceReplay, load_of
 from speedsplit.core.record import CellParams
 from speedsplit.core.specs import StackSpec
 from speedsplit.models.tokenizer import load_tokenizer
@@ -60,7 +60,7 @@ def cell_load(
         stall_timeout_s=cell.stall_timeout_s,
         outlier_factor=cell.outlier_factor,
         outlier_min_s=cell.outlier_min_s,
-        ramp_s=load.ramp_s if isinstance(load, ClosedLoop) else 0.0,
+        closed=ClosedLoopSettings.of(load) if isinstance(load, ClosedLoop) else ClosedLoopSettings(),
         schedule=schedule,
         fitted=fitted,
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
+from speedsplit.core.loads import ClosedLoopSettings
 from speedsplit.analysis import compare as cmp
 from speedsplit.analysis import frames as f
 from speedsplit.core.formats import difference_text, html_table, value_text, write_frames
@@ -36,7 +37,7 @@ LOAD = (
     "output_tokens",
     "requests_per_user",
     "warmup_requests",
-    "ramp_s",
+    *ClosedLoopSettings.model_fields,
     "warmup",
     "temperature",
     "top_p",

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from speedsplit.core.errors import ConfigError  # noqa: F401 (re-exported: planning raises it)
+from speedsplit.core.loads import ClosedLoopSettings
 from speedsplit.core.record import OUTLIER_FACTOR, OUTLIER_MIN_S
 from speedsplit.models.checkpoint import INT4_FORMATS
 from speedsplit.planning.benchmark_config import benchmark_config
@@ -291,8 +292,8 @@ def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
         "output_tokens": w.output_tokens,
         "requests_per_user": w.requests_per_user,
         "warmup_requests": w.warmup_requests,
-        # only when set: a cell without a ramp keeps the params (and the results) it had
-        **({"ramp_s": float(w.ramp_s)} if w.ramp_s else {}),
+        # only those set: a cell without them keeps the params (and the results) it had
+        **ClosedLoopSettings.of(w).job_form(),
         "warmup": b.warmup,
         "sampling": cell.sampling,
         "temperature": float(s.temperature),

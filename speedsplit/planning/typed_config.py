@@ -7,9 +7,11 @@ into schema.yaml.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from speedsplit.core.numbers import AboveOne, AtLeastOne, NonNegative, Number, Positive, Share  # noqa: F401 (re-exported)
 
 
 def _no_default(schema: dict) -> None:
@@ -25,15 +27,6 @@ def _no_default(schema: dict) -> None:
 def absent(description: str, **bounds) -> Any:
     """A key absent unless given (None here), with its bounds where given (ge=1, ...)."""
     return Field(None, description=description, json_schema_extra=_no_default, **bounds)
-
-
-# a number as YAML gives it (24 stays 24, as the job files and results have always said it)
-Positive = Union[Annotated[int, Field(gt=0)], Annotated[float, Field(gt=0)]]  # noqa: UP007
-AtLeastOne = Union[Annotated[int, Field(ge=1)], Annotated[float, Field(ge=1)]]  # noqa: UP007
-NonNegative = Union[Annotated[int, Field(ge=0)], Annotated[float, Field(ge=0)]]  # noqa: UP007
-AboveOne = Union[Annotated[int, Field(gt=1)], Annotated[float, Field(gt=1)]]  # noqa: UP007
-Share = Union[Annotated[int, Field(gt=0, le=1)], Annotated[float, Field(gt=0, le=1)]]  # noqa: UP007  (0, 1]
-Number = Union[int, float]  # noqa: UP007
 
 
 def _empty_default(schema: dict) -> None:

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
+from speedsplit.core.loads import ClosedLoopSettings
 from speedsplit.planning.typed_config import Entry, NonNegative, Positive, absent, plain_schema
 
 # exactly one of the two says how long an open loop or a trace window lasts
@@ -58,7 +59,7 @@ class Trace(Entry):
     block_tokens: int = Field(512, ge=1, description="The trace's prompt block size.")
 
 
-class WorkloadConfig(Entry):
+class WorkloadConfig(Entry, ClosedLoopSettings):
     """One request shape (prompt_tokens and output_tokens are required unless it replays a trace)."""
 
     model_config = ConfigDict(
@@ -72,13 +73,6 @@ class WorkloadConfig(Entry):
     output_tokens: int = Field(256, ge=1, description="Exact output length in tokens.")
     requests_per_user: int = Field(2, ge=1, description="Measured requests each user sends.")
     warmup_requests: int = Field(1, ge=0, description="Requests per user before the measured phase.")
-    ramp_s: NonNegative = Field(
-        0,
-        description="Users join the measured phase evenly over this many seconds (user u at u x ramp_s / users), "
-        "then each sends its next request when the last one ends. 0 - all at once: a burst whose first requests "
-        "wait for the prefill of every prompt together, so a TTFT objective then judges prefill speed as much as "
-        "capacity.",
-    )
     arrival: Arrival | None = absent(
         "Open loop (absent: closed loop): requests arrive at a rate, each sent when due whatever is in flight, "
         "the same schedule (from the sampling seed) on every stack. One cell per rate, named "

@@ -23,6 +23,7 @@ from typing import Callable
 import aiohttp
 
 from speedsplit.core import apikey, awake
+from speedsplit.core.loads import ClosedLoopSettings
 from speedsplit.core.record import Distribution, InstanceLoad, Summary
 from speedsplit.core.requestlog import RequestRecord
 from speedsplit.probes import slo
@@ -153,8 +154,8 @@ async def _phase(
     async def user(u: int) -> None:
         nonlocal done
         url = spec.urls[u % len(spec.urls)]
-        if phase == "measured" and spec.ramp_s:
-            await asyncio.sleep(u * spec.ramp_s / spec.users)
+        if phase == "measured" and spec.closed.ramp_s:
+            await asyncio.sleep(u * spec.closed.ramp_s / spec.users)
         for i in range(per_user):
             rec = RequestRecord(user=u, index=i, phase=phase, url=url, sent=time.perf_counter() - t0)
             records.append(rec)
@@ -360,7 +361,7 @@ def main(argv: list[str] | None = None) -> None:
         output_tokens=args.output_tokens,
         requests_per_user=args.requests_per_user,
         dialect=args.dialect,
-        ramp_s=args.ramp_s,
+        closed=ClosedLoopSettings(ramp_s=args.ramp_s),
     )
     summary, _ = run(spec, progress=lambda m: print(m, file=sys.stderr))
     print(summary.model_dump_json(indent=2))

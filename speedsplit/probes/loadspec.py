@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable
 
+from speedsplit.core.loads import ClosedLoopSettings
 from speedsplit.core.record import OUTLIER_FACTOR, OUTLIER_MIN_S
 from speedsplit.probes.traffic import Arrival
 
@@ -40,7 +41,7 @@ class LoadSpec:
     stall_timeout_s: float = 120.0
     outlier_factor: float = OUTLIER_FACTOR  # a latency outlier: see latency_outliers
     outlier_min_s: float = OUTLIER_MIN_S
-    ramp_s: float = 0.0  # measured phase: user u starts at u * ramp_s / users
+    closed: ClosedLoopSettings = field(default_factory=ClosedLoopSettings)  # how the users behave (closed loop)
     schedule: list[Arrival] | None = None  # measured phase open loop: these requests, when due
     fitted: dict | None = None  # trace replay: {"skipped": n, "capped": n} (read_trace)
     api_key: str | None = field(default=None, repr=False)  # sent with every request (core/apikey.py)

@@ -9,6 +9,7 @@ import dataclasses
 import heapq
 from dataclasses import dataclass
 
+from speedsplit.core.loads import ClosedLoopSettings
 from speedsplit.serving.reference_answers import Answers
 
 
@@ -91,12 +92,12 @@ def expected(
     requests_per_user: int = 1,
     prompt_tokens: int = 0,
     output_tokens: int = 1,
-    ramp_s: float = 0.0,
+    closed: ClosedLoopSettings = ClosedLoopSettings(),
     arrivals: list[tuple[float, int, int]] | None = None,
 ) -> list[Expected]:
     """Every request of a measured phase on a fresh, idle server, as the server's rules make
-    it: closed loop (`users` each sending `requests_per_user` back to back, user u joining at
-    u * ramp_s / users) or, given `arrivals` (due time, prompt tokens, output tokens), open
+    it: closed loop (`users` each sending `requests_per_user` back to back, as `closed` says:
+    user u joining at u * ramp_s / users) or, given `arrivals` (due time, prompt tokens, output tokens), open
     loop (in the order given). Slots go first come, first served, as the server gives them;
     the closed loop's requests come in the order they were sent."""
     cap = speed.max_concurrency or 10**9
@@ -110,7 +111,7 @@ def expected(
         return [served[k] for k in range(len(arrivals))]
     # closed loop: the next request of whichever user is ready first goes next
     out: list[Expected] = []
-    ready = [(u * ramp_s / users if users else 0.0, u, 0) for u in range(users)]
+    ready = [(u * closed.ramp_s / users if users else 0.0, u, 0) for u in range(users)]
     heapq.heapify(ready)
     while ready:
         t, u, i = heapq.heappop(ready)

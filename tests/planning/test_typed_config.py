@@ -20,6 +20,7 @@ from speedsplit.planning import (
     studies_config,
     workload_config,
 )
+from speedsplit.planning.stack_config import StackConfig, stacks_of
 
 # every section of the config, generated from its type, and the function reading it typed
 SECTIONS = {
@@ -34,7 +35,6 @@ SECTIONS = {
     "report": (output_config, output_config.report_config),
     "estimate": (output_config, output_config.estimate_config),
 }
-from speedsplit.planning.stack_config import StackConfig, stacks_of
 
 
 def test_the_config_schema_takes_its_stack_entry_from_the_model():

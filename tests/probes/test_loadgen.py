@@ -4,6 +4,7 @@ import time
 import pytest
 from aiohttp import web
 
+from speedsplit.core.loads import ClosedLoopSettings
 from speedsplit.core.requestlog import RequestRecord
 from speedsplit.planning import config as C
 from speedsplit.probes import loadgen
@@ -162,7 +163,7 @@ def test_progress_counts_tokens_streamed_before_any_request_ends():
 
 
 def test_a_ramp_spreads_the_users_first_requests_and_leaves_the_warm_up_a_burst(server_url):
-    _, records = loadgen.run(spec(server_url, users=4, requests_per_user=1, ramp_s=0.8))
+    _, records = loadgen.run(spec(server_url, users=4, requests_per_user=1, closed=ClosedLoopSettings(ramp_s=0.8)))
     first = sorted(r.sent for r in records if r.phase == "measured")
     for t, due in zip(first, [0.0, 0.2, 0.4, 0.6]):  # user u at u x 0.8 / 4 s (a sleep may overrun)
         assert due <= t < due + 0.15
