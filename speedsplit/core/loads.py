@@ -37,6 +37,12 @@ class ClosedLoopSettings(BaseModel):
         "wait for the prefill of every prompt together, so a TTFT objective then judges prefill speed as much as "
         "capacity.",
     )
+    think_s: NonNegative = Field(
+        0,
+        description="Each user waits this many seconds after an answer ends before it sends its next measured "
+        "request (a person reading the answer). 0 - at once, as the study's users do. The time waited is in the "
+        "run's wall time, so its throughput is what such users offer, not the server's ceiling.",
+    )
 
     @classmethod
     def of(cls, settings) -> ClosedLoopSettings:

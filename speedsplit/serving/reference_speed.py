@@ -97,7 +97,7 @@ def expected(
 ) -> list[Expected]:
     """Every request of a measured phase on a fresh, idle server, as the server's rules make
     it: closed loop (`users` each sending `requests_per_user` back to back, as `closed` says:
-    user u joining at u * ramp_s / users) or, given `arrivals` (due time, prompt tokens, output tokens), open
+    user u joining at u * ramp_s / users, each next request think_s after the last one's end) or, given `arrivals` (due time, prompt tokens, output tokens), open
     loop (in the order given). Slots go first come, first served, as the server gives them;
     the closed loop's requests come in the order they were sent."""
     cap = speed.max_concurrency or 10**9
@@ -118,7 +118,7 @@ def expected(
         r = _serve(speed, free, t, prompt_tokens, output_tokens, u, i)
         out.append(r)
         if i + 1 < requests_per_user:
-            heapq.heappush(ready, (r.end, u, i + 1))
+            heapq.heappush(ready, (r.end + closed.think_s, u, i + 1))
     return out
 
 

@@ -43,3 +43,19 @@ def test_the_load_kinds_say_how_long_their_arrivals_span():
     assert load_of(cell(trace={"speedup": 2.0, "duration_s": 60})).schedule_s() == 30.0
     assert load_of(cell(trace={"speedup": 2.0, "requests": 60})).schedule_s() is None
     assert load_of(cell_spec(users=8, ramp_s=2.0)) == ClosedLoop(users=8, ramp_s=2.0)
+
+
+def test_a_closed_loop_setting_goes_from_the_workload_to_the_job_file_and_the_load(tmp_path):
+    """One definition (ClosedLoopSettings): a workload's think_s is its cells' job-file key and
+    their load's setting; a workload without it writes none (its cells keep their params)."""
+    import yaml
+
+    top = tmp_path / "top.yaml"
+    top.write_text(yaml.safe_dump({"workloads": {"wide": {"think_s": 2}}}))
+    cfg = C.load(top)
+    cell = next(c for c in C.cells(cfg) if c.workload == "wide")
+    params = C.cell_params(cfg, cell)
+    assert params["think_s"] == 2.0 and isinstance(params["think_s"], float) and "ramp_s" not in params
+    load = load_of(CellParams.model_validate(params))
+    assert load == ClosedLoop(users=cell.users, think_s=2.0)
+    assert "think_s" not in C.cell_params(C.load(), C.cells(C.load())[0])

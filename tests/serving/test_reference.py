@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 
 from speedsplit.core import apikey
+from speedsplit.core.loads import ClosedLoopSettings
 from speedsplit.probes import loadgen
 from speedsplit.serving import reference as R
 from speedsplit.serving import reference_speed as RS
@@ -189,6 +190,27 @@ def test_the_load_generator_measures_it_within_a_few_milliseconds():
     # the client's own offset: a few milliseconds at most (speedsplit calibrate measures it)
     assert 0 <= statistics.median(r.first_token - r.sent for r in measured) - 0.05 < 0.01
     assert s.tpot_s.median == pytest.approx(0.005, rel=0.1)
+
+
+def test_users_who_think_between_answers_land_on_the_truth_of_their_think_time():
+    """closed.think_s (core/loads.ClosedLoopSettings): each user's next measured request leaves
+    think_s after its last answer ended, and the run lands on what the server's rules make of it
+    (expected) within the client's few milliseconds."""
+    speed, think = Speed(ttft_s=0.05, itl_s=0.005), ClosedLoopSettings(think_s=0.3)
+    url = R.serve_in_thread(R.make_app(speed))
+    spec = loadgen.LoadSpec(
+        urls=[url], model="m", prompts=["a b c"] * 20, users=2, prompt_tokens=3, output_tokens=11,
+        requests_per_user=3, warmup_requests=1, closed=think,
+    )  # fmt: skip
+    s, records = loadgen.run(spec)
+    measured = sorted((r for r in records if r.phase == "measured"), key=lambda r: (r.user, r.index))
+    turns = [b.sent - a.end for a, b in zip(measured, measured[1:]) if a.user == b.user]
+    assert len(turns) == 4 and all(0.3 <= t < 0.3 + 0.05 for t in turns)
+    truth = expected(speed, users=2, requests_per_user=3, prompt_tokens=3, output_tokens=11, closed=think)
+    true_wall = max(e.end for e in truth) - min(e.sent for e in truth)
+    assert true_wall == pytest.approx(3 * speed.service_s(3, 11) + 2 * 0.3)
+    assert s.wall_s == pytest.approx(true_wall, abs=0.05)
+    assert s.output_tok_s == pytest.approx(2 * 3 * 11 / true_wall, rel=0.05)
 
 
 def test_with_an_api_key_it_refuses_a_request_without_it_and_the_load_generator_sends_it():
