@@ -257,7 +257,7 @@ def _extra_requires(wheel: Path, extras: set[str], env: dict, by: str) -> list[t
 
 
 # what of an evidence folder travels: its configs and notes, not its committed results
-EVIDENCE_KEEPS = (".yaml", ".yml", ".md", ".sh")
+EVIDENCE_KEEPS = (".yaml", ".yml", ".md", ".sh", ".py")  # .py, .sh: scripts its steps run
 
 
 def project_files(repo: Path = REPO) -> list[str]:

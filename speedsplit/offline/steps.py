@@ -3,14 +3,22 @@
     speedsplit host run --steps docs/evidence/NAME/evidence.yaml [--project DIR] [--site SITE]
     speedsplit host status [--project DIR] [--pack OUT]
 
-`steps:` in the file lists Snakemake runs, one after another, each with its config files, its
-target (default: the workflow's default) and its environment:
+`steps:` in the file lists what to run, one after another: a Snakemake run, with its config
+files, its target or targets (default: the workflow's default) and its environment, or a
+command, an argument list with its environment (a step is one or the other):
 
     steps:
       - name: fp8
         configfile: [config/h200-smoke.yaml, config/h200-fp8.yaml]
         target: measurements
         env: {VLLM_USE_FLASHINFER_SAMPLER: "0"}
+      - name: ceiling
+        command: [speedsplit, ceiling, --users, 64]
+
+A command runs as given, in the project folder, but for its first word: `python` and `python3`
+are the runner's own Python (the one its Snakemake runs on) and `speedsplit` is
+`python -m speedsplit.cli` on it (inside a `bash -c` line, `python3` is whichever the PATH
+finds). Either kind of step is recorded the same way (below).
 
 `run` returns at once: a runner in its own session (it outlives the shell that started it)
 runs the steps in the project folder and records each one's start, end and exit code in
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -45,11 +54,18 @@ class StepsError(UserError, ValueError):
     """A steps file that cannot be run, and why (one line)."""
 
 
+KEYS = {"name", "configfile", "command", "target", "env"}
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # its output is results/host/<name>.out
+
+
 @dataclass
 class Step:
+    """A Snakemake run (configfile, target: targets) or a command (its argv), never both."""
+
     name: str
-    configfile: list[str]
-    target: str | None = None
+    configfile: list[str] = field(default_factory=list)
+    target: list[str] = field(default_factory=list)
+    command: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     started: float | None = None
     ended: float | None = None
@@ -67,20 +83,55 @@ def read_steps(path: str | Path, project: Path) -> list[Step]:
         raise StepsError(f"{path}: no steps (a list under 'steps:')")
     steps, names = [], set()
     for i, s in enumerate(raw):
-        if not isinstance(s, dict) or not s.get("name") or not s.get("configfile"):
-            raise StepsError(f"{path}: steps[{i}] needs a name and a configfile")
-        unknown = set(s) - {"name", "configfile", "target", "env"}
-        if unknown:
-            raise StepsError(f"{path}: steps[{i}] has unknown keys {sorted(unknown)}")
-        files = [s["configfile"]] if isinstance(s["configfile"], str) else list(s["configfile"])
-        for f in files:
-            if not (project / f).is_file():
-                raise StepsError(f"{path}: steps[{i}].configfile: {project / f} does not exist")
-        if s["name"] in names:
-            raise StepsError(f"{path}: steps[{i}]: a second step named {s['name']!r}")
-        names.add(s["name"])
-        steps.append(Step(str(s["name"]), files, s.get("target"), {k: str(v) for k, v in (s.get("env") or {}).items()}))
+        step = _step(f"{path}: steps[{i}]", s, project)
+        if step.name in names:
+            raise StepsError(f"{path}: steps[{i}]: a second step named {step.name!r}")
+        names.add(step.name)
+        steps.append(step)
     return steps
+
+
+def _words(where: str, value, what: str) -> list[str]:
+    """A string or a list of strings (numbers read as YAML gives them: 64 is '64')."""
+    words = [value] if isinstance(value, str) else value
+    if not isinstance(words, list) or not words:
+        raise StepsError(f"{where}: {what}, got {value!r}")
+    for w in words:
+        if isinstance(w, bool) or not isinstance(w, str | int | float):
+            raise StepsError(f"{where}: {what}, got {w!r} in it")
+    return [str(w) for w in words]
+
+
+def _step(where: str, s, project: Path) -> Step:
+    """One entry of steps:, checked; where names it (file and index) in every error."""
+    if not isinstance(s, dict) or not s.get("name"):
+        raise StepsError(f"{where} needs a name, and a configfile or a command")
+    where = f"{where} ({s['name']})"
+    unknown = set(s) - KEYS
+    if unknown:
+        raise StepsError(f"{where} has unknown keys {sorted(unknown)}")
+    if not NAME.fullmatch(str(s["name"])):
+        raise StepsError(f"{where}.name: letters, digits, '.', '_' and '-' only (it names results/host/NAME.out)")
+    kinds = [k for k in ("configfile", "command") if s.get(k) is not None]
+    if len(kinds) != 1:
+        got = "both" if kinds else "neither"
+        raise StepsError(f"{where} needs exactly one of configfile (a Snakemake run) or command: it has {got}")
+    env = s.get("env") or {}
+    if not isinstance(env, dict):
+        raise StepsError(f"{where}.env: a mapping of variable to value, got {env!r}")
+    env = {str(k): str(v) for k, v in env.items()}
+    if s.get("command") is not None:
+        if isinstance(s["command"], str):
+            raise StepsError(f"{where}.command: a list of arguments ([bash, -c, LINE] for a shell line), not a string")
+        if s.get("target") is not None:
+            raise StepsError(f"{where}.target: only a configfile step has one (a command names its own)")
+        return Step(str(s["name"]), command=_words(f"{where}.command", s["command"], "a list of arguments"), env=env)
+    files = _words(f"{where}.configfile", s["configfile"], "a file or a list of files")
+    for f in files:
+        if not (project / f).is_file():
+            raise StepsError(f"{where}.configfile: {project / f} does not exist")
+    target = [] if s.get("target") is None else _words(f"{where}.target", s["target"], "a target or a list of them")
+    return Step(str(s["name"]), configfile=files, target=target, env=env)
 
 
 def _record(project: Path, steps: list[Step], **extra) -> None:
@@ -118,9 +169,16 @@ def _gpus() -> int:
 
 
 def command(step: Step, gpus: int) -> list[str]:
+    """What a step runs: Snakemake on its config files, or its command (speedsplit and python
+    on the runner's own Python)."""
+    if step.command:
+        first, rest = step.command[0], step.command[1:]
+        if first == "speedsplit":
+            return [sys.executable, "-m", "speedsplit.cli", *rest]
+        return [sys.executable, *rest] if first in ("python", "python3") else list(step.command)
     cmd = [sys.executable, "-m", "snakemake", "--cores", "all", "--resources", f"gpu={gpus}"]
     cmd += ["--configfile", *step.configfile]
-    return cmd + (["--", step.target] if step.target else [])
+    return cmd + (["--", *step.target] if step.target else [])
 
 
 def start(steps_file: str | Path, project: str | Path, site: str | None = None) -> Path:
@@ -156,8 +214,13 @@ def run_all(steps_file: str | Path, project: Path) -> int:
         _record(project, steps, steps_file=str(steps_file), runner=os.getpid())
         with open(project / RECORDS / f"{step.name}.out", "ab") as out:
             env = {**os.environ, **step.env}
-            done = subprocess.run(command(step, gpus), cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT)
-        step.ended, step.exit_code = time.time(), done.returncode
+            argv = command(step, gpus)
+            try:
+                code = subprocess.run(argv, cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+            except OSError as exc:  # a command that cannot start: recorded as a shell would
+                out.write(f"cannot run {argv[0]!r}: {exc}\n".encode())
+                code = 127
+        step.ended, step.exit_code = time.time(), code
         _record(project, steps, steps_file=str(steps_file), runner=os.getpid())
     return 0 if all(s.exit_code == 0 for s in steps) else 1
 

@@ -1,4 +1,4 @@
-# On the host, after host.sh unpack (run as `awq_probe.sh SECONDS`): the 8B shape synthesised, then GPTQModel's AWQ as the
+# On the host, after the bundle is installed (speedsplit host install) (run as `awq_probe.sh SECONDS`): the 8B shape synthesised, then GPTQModel's AWQ as the
 # quantize rule runs it now (16 sequences per forward pass, vectorised packer), its log read
 # after a fixed time.
 export PYTHONPATH=/tmp/site:. HF_HUB_OFFLINE=1
