@@ -123,7 +123,8 @@ def attribute(
         if shifted and all(shifted[s] for s in (a, b)):
             # each side as measured or shifted, apart: the four corners
             corners = [{a: va, b: vb} for va in (values[a], shifted[a]) for vb in (values[b], shifted[b])]
-            e = est.hull(e, *(est.contrast(c, weights, paired) for c in corners[1:]))
+            shifted_e = [est.contrast(c, weights, paired) for c in corners[1:]]
+            e = est.hull(e, *(c for c in shifted_e if c.lo is not None))  # a corner on one run has none
         return e
 
     steps = [step(a, b) for a, b in zip(chain, chain[1:])]

@@ -56,7 +56,8 @@ def run_speeds(
                 cycle = row["client_cycle_s"] if row["client_cycle_s"] is not None else row["client_e2e_s"]
                 if cycle is None or not row["e2e_s_median"]:
                     continue
-                v /= 1.0 - min(0.5, cycle / row["e2e_s_median"])
+                # a user's period: its request and its thinking after it
+                v /= 1.0 - min(0.5, cycle / (row["e2e_s_median"] + (row.get("think_s") or 0.0)))
             if v <= 0:
                 continue
         out[int(row["run"])] = v if higher_is_better else 1.0 / v

@@ -116,6 +116,7 @@ RUNS_SCHEMA = {
     "client_tpot_s": pl.Float64,
     "client_e2e_s": pl.Float64,
     "client_cycle_s": pl.Float64,  # a closed-loop request's (null: calibrated before it was measured)
+    "think_s": pl.Float64,  # a closed-loop user's wait between an answer and its next request
     "usage_mismatch": pl.Int64,  # completed requests whose usage disagreed with the stream
     "latency_outliers": pl.Int64,  # completed requests far slower than their length predicts
 }
@@ -200,6 +201,7 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
             client_tpot_s=cal.tpot_s if cal else None,
             client_e2e_s=cal.e2e_s if cal else None,
             client_cycle_s=cal.cycle_s if cal else None,
+            think_s=float(p.think_s),
             usage_mismatch=s.usage_mismatch if s else None,
             latency_outliers=s.latency_outliers if s else None,
         )

@@ -44,6 +44,11 @@ class ClosedLoopSettings(BaseModel):
         "run's wall time, so its throughput is what such users offer, not the server's ceiling.",
     )
 
+    def waiting_s(self, users: int, requests_per_user: int) -> float:
+        """How long the last user spends not being served by these settings: its place in the
+        ramp and its thinking between requests (what an estimate adds to the serving time)."""
+        return self.ramp_s * (users - 1) / max(users, 1) + self.think_s * max(requests_per_user - 1, 0)
+
     @classmethod
     def of(cls, settings) -> ClosedLoopSettings:
         """The closed-loop settings of anything that has them (a workload, a cell, a load)."""

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 from jsonschema import Draft202012Validator, validators
 
+from speedsplit.core.loads import ClosedLoopSettings
 from speedsplit.core.results import looks_secret, redact_secrets
 from speedsplit.planning.extends import resolve_stacks
 from speedsplit.planning.grid import (  # noqa: F401 (re-exported: callers read the config through this module)
@@ -197,6 +198,13 @@ def _check_references(config: dict) -> None:
                 raise ConfigError(
                     f"config error at chains.{chain}[{i}]: unknown stack {stack!r} (stacks: {', '.join(stacks)})"
                 )
+    for name in workloads:  # a closed loop's settings mean nothing to arrivals on a schedule
+        w = workload_config.workload_config(config, name)
+        for key in ClosedLoopSettings.of(w).job_form() if w.kind != "closed" else ():
+            raise ConfigError(
+                f"config error at workloads.{name}.{key}: a closed loop's setting, and this workload is "
+                f"{'a trace replay' if w.kind == 'trace' else 'open loop (arrival)'}"
+            )
     for key, known in (("workloads", workloads), ("sampling", config["sampling"])):
         for i, name in enumerate(config["grid"][key]):
             if name not in known:

@@ -25,7 +25,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from speedsplit.core.loads import load_of
+from speedsplit.core.loads import ClosedLoopSettings, load_of
 from speedsplit.core.record import CellParams, ResultError, read_result
 from speedsplit.models.checkpoint import ModelError, read_model_config, shape_config
 from speedsplit.planning import config as cfgmod
@@ -184,8 +184,9 @@ def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: 
         rest = measured.job_s.get(key) if source == "measured" else None
         if rest is None and (due := schedule_s(cell)) is not None:  # open loop: as long as its arrivals
             rest, source = due + float(est.job_overhead_s), "schedule"
-        if rest is None:
-            rest = tokens / rate + float(est.job_overhead_s)
+        if rest is None:  # a closed loop: its tokens at the rate, and its users' ramp and thinking
+            waits = ClosedLoopSettings.of(cell).waiting_s(cell.users, cell.requests_per_user)
+            rest = tokens / rate + waits + float(est.job_overhead_s)
         start = 0.0
         if first:
             start = _startup(config, measured, job, clock.get(lanes[job], 0.0), compiled)

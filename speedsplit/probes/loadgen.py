@@ -180,8 +180,6 @@ async def _phase(
             body = request_body(spec, spec.prompts[k % len(spec.prompts)], spec.seed + k, a.output_tokens)
             await _one_request(http, spec, rec, body, t0)
             done += 1
-            if phase == "measured" and spec.closed.think_s and i + 1 < per_user:
-                await asyncio.sleep(spec.closed.think_s)
 
         for i, a in enumerate(spec.schedule):
             delay = a.due_s - (time.perf_counter() - t0)

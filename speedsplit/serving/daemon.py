@@ -81,12 +81,13 @@ def _daemon(launch_path: Path) -> int:
             pinned = _start(sess, generation, meta, stack, held, platform_devices is None, cache, pycache, servers)
             required = key_required(servers[0], stack) if stack.api_key else None
             cache.release()
+            startup_s = time.monotonic() - t_start
             ready = _ready_facts(sess, servers, cache, pinned, held, api_key_required=required)
             st = transition(
                 sess,
                 generation,
                 READY,
-                startup_s=time.monotonic() - t_start,
+                startup_s=startup_s,
                 lease_wait_s=t_start - t_lease,
                 **ready,
                 cells_measured=0,

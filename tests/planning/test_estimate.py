@@ -34,6 +34,18 @@ def test_without_results_every_job_runs_at_the_configured_rate_and_each_session_
     assert E.grid_seconds(est) == pytest.approx(sum(e.total_s for e in est))  # one lane on a CPU
 
 
+def test_a_closed_loop_job_lasts_its_users_ramp_and_thinking_too(ci, tmp_path):
+    """Not served, yet in the job's time: the last user joins (users - 1) / users of the ramp late
+    and thinks think_s between its requests (core/loads.ClosedLoopSettings.waiting_s)."""
+    plain = E.job_estimates(ci, results=str(tmp_path / "none/*.json"))
+    cfg = C.merge(ci, {"workloads": {w: {"ramp_s": 2, "think_s": 3} for w in ci["workloads"]}})
+    est = E.job_estimates(cfg, results=str(tmp_path / "none/*.json"))
+    for a, b in zip(plain, est):
+        c = C.cell_params(cfg, C.cell_by_name(cfg, b.job.cell))
+        waits = 2 * (c["users"] - 1) / c["users"] + 3 * (c["requests_per_user"] - 1)
+        assert b.load_s == pytest.approx(a.load_s + waits), b.job
+
+
 def test_measured_rates_and_start_ups_come_first(ci, tmp_path):
     from speedsplit.core.record import Timing
 

@@ -142,6 +142,10 @@ def test_a_wrong_stack_key_is_one_line_naming_it(tmp_path, change, expect):
         ({"arrival": {"rates": [0], "requests": 5}}, "config error at workloads.wide.arrival.rates[0]: 0 is less"),
         ({"lengths": {"kind": "normal"}}, "config error at workloads.wide.lengths.kind: 'normal' is not one of"),
         (
+            {"arrival": {"rates": [1], "requests": 5}, "think_s": 1},
+            "config error at workloads.wide.think_s: a closed loop's setting, and this workload is open loop",
+        ),
+        (
             {"trace": {"path": "t.jsonl", "requests": 5}},
             "config error at workloads.wide.trace: 'speedups' is a required",
         ),
