@@ -47,6 +47,7 @@ def fake_result(
     tp=1,
     instances=1,
     sampling="greedy",
+    arrival=None,
 ) -> RunResult:
     dist = Distribution(mean=0.1, median=0.1, p90=0.2, p99=0.3)
     measured = status == "ok"
@@ -74,6 +75,7 @@ def fake_result(
                 workload=workload,
                 sampling=sampling,
                 users=users,
+                arrival=arrival,  # an open loop's (users 0)
                 prompt_tokens=8,
                 output_tokens=16,
                 requests_per_user=2,

@@ -150,7 +150,7 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
             + (["implausible"] if "implausible" not in res.flags and plausible.reasons(res) else []),
             "output_tok_s": s.output_tok_s if ok and s else None,
             "request_s": s.request_s if ok and s else None,
-            "rate_rps": p.arrival["rate_rps"] if p.arrival else None,
+            "rate_rps": p.load.rate_rps,
             "offered_rps": s.offered_rps if s else None,
             "lag_s_p99": s.lag_s.p99 if s and s.lag_s else None,
             "completed": s.completed if s else 0,
@@ -201,7 +201,7 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
             client_tpot_s=cal.tpot_s if cal else None,
             client_e2e_s=cal.e2e_s if cal else None,
             client_cycle_s=cal.cycle_s if cal else None,
-            think_s=float(p.think_s),
+            think_s=float(p.closed.think_s),
             usage_mismatch=s.usage_mismatch if s else None,
             latency_outliers=s.latency_outliers if s else None,
         )

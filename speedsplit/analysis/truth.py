@@ -21,7 +21,6 @@ from pathlib import Path
 
 import polars as pl
 
-from speedsplit.core.loads import ClosedLoopSettings
 from speedsplit.core.record import RunResult, read_result, to_json
 from speedsplit.core.requestlog import RequestRecord, read_requests, requests_path
 from speedsplit.core.results import write_json_atomic, write_lines_atomic
@@ -96,7 +95,7 @@ def true_records(result: RunResult, measured: list[RequestRecord], speed: refere
                 requests_per_user=p.requests_per_user,
                 prompt_tokens=p.prompt_tokens,
                 output_tokens=p.output_tokens,
-                closed=ClosedLoopSettings.of(p),
+                closed=p.closed,
             )
         }
         truth = [by[r.user, r.index] for r in mine]

@@ -6,11 +6,10 @@
   poisson, gamma or constant arrivals, a length mix);
 - `TraceReplay`: a window of a recorded trace's arrivals at a speedup.
 
-A cell's job file (planning/grid.cell_params) names its kind by the keys it holds: `trace`, else
-`arrival`, else neither (closed loop); `load_of` reads it from the typed cell (a config's workload
-says its own: planning/workload_config.WorkloadConfig.kind). Whoever does something per kind keys a
-registry by the load's type (measuring/bench.py's prompts and schedule, planning/estimate.py's
-arrivals span) rather than testing keys.
+A cell's job spec holds its load as one of these (core/specs.CellParams.load, told apart by
+`kind`; a config's workload says its own: planning/workload_config.WorkloadConfig.kind). Whoever
+does something per kind keys a registry by the load's type (measuring/cell_load.py's prompts and
+schedule) or asks the load (`schedule_s`, `client_lag_limit_s`) rather than testing keys.
 """
 
 from __future__ import annotations
@@ -61,10 +60,21 @@ class ClosedLoopSettings(BaseModel):
 
 
 class _Load(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     def schedule_s(self) -> float | None:
         """How long its arrivals span, where that is known before it runs."""
+        return None
+
+    @property
+    def client_lag_limit_s(self) -> float | None:
+        """A larger p99 lag of the client's sends behind their schedule is flagged (a closed loop
+        has no schedule: None)."""
+        return getattr(self, "max_client_lag_s", None)
+
+    @property
+    def rate_rps(self) -> float | None:
+        """The rate its requests are offered at, where it is set (an open loop's)."""
         return None
 
 
@@ -78,6 +88,10 @@ class OpenLoop(_Load):
     arrival: dict  # pattern, rate_rps, burstiness, and requests or duration_s
     lengths: dict | None = None  # the length mix (None: every request at the workload's lengths)
     max_client_lag_s: float | None = None  # a larger p99 send lag is flagged client_lag
+
+    @property
+    def rate_rps(self) -> float | None:
+        return self.arrival["rate_rps"]
 
     def schedule_s(self) -> float | None:
         a = self.arrival
@@ -93,15 +107,3 @@ class TraceReplay(_Load):
         span = self.trace.get("duration_s")
         return span / self.trace["speedup"] if span else None
 
-
-KINDS: dict[str, type[_Load]] = {"closed": ClosedLoop, "open": OpenLoop, "trace": TraceReplay}
-
-
-def load_of(cell) -> ClosedLoop | OpenLoop | TraceReplay:
-    """A cell's load from its params (core/specs.CellParams). An open-loop cell's `users` is 0:
-    its load has none (the warm-up runs one user)."""
-    if cell.trace:
-        return TraceReplay(trace=cell.trace, max_client_lag_s=cell.max_client_lag_s)
-    if cell.arrival:
-        return OpenLoop(arrival=cell.arrival, lengths=cell.lengths, max_client_lag_s=cell.max_client_lag_s)
-    return ClosedLoop(users=cell.users, **ClosedLoopSettings.of(cell).model_dump())

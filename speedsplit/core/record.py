@@ -17,6 +17,9 @@ Version history:
   stack's fields: a version 2 file's `job.stack` is that `StackDef`).
 - 4: `quality`, what the stack answered to the job's quality probe (null where the job had
   none; a version 3 file has none).
+- 5: the cell's load is one typed field, `job.cell.load` (a closed loop, an open loop or a
+  trace's replay, told apart by `kind`: core/specs.Load), in place of the keys `users`,
+  `ramp_s`, `think_s`, `arrival`, `lengths`, `trace` and `max_client_lag_s`.
 """
 
 from __future__ import annotations
@@ -48,9 +51,10 @@ from speedsplit.core.specs import (  # noqa: F401 (re-exported: the record's cel
     CellParams,
     JobSpec,
     StackSpec,
+    load_from_flat,
 )
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # A run whose client loop went this long without running in its measured phase is flagged
 # client_stalled: its timestamps may be that late (speedsplit/core/awake.py: longest_stall).
 CLIENT_STALL_S = 0.25
@@ -166,7 +170,7 @@ class RecordedJob(JobSpec):
 class RunResult(StrictRecord):
     """One benchmark run of one cell on one stack: always written, whatever happened."""
 
-    schema_version: Literal[4] = SCHEMA_VERSION
+    schema_version: Literal[5] = SCHEMA_VERSION
     model: str
     stack: str
     topology: str
@@ -230,12 +234,16 @@ def upgrade(data: dict) -> dict:
         data["schema_version"] = version = 3
     if version == 3:  # version 4 added `quality`, absent before
         data = {**data, "schema_version": 4}
+        version = 4
+    if version == 4:
+        job = data["job"]
+        data = {**data, "job": {**job, "cell": load_from_flat(job["cell"])}, "schema_version": 5}
     return data
 
 
 def parse_result(data: dict, where: str = "result") -> RunResult:
     """A result record from its JSON form (any known version); ResultError if it is not one."""
-    if not isinstance(data, dict) or data.get("schema_version") not in (1, 2, 3, SCHEMA_VERSION):
+    if not isinstance(data, dict) or data.get("schema_version") not in (1, 2, 3, 4, SCHEMA_VERSION):
         raise ResultError(f"{where} is not a speedsplit result of schema version 1 to {SCHEMA_VERSION}")
     try:
         res = RunResult.model_validate(upgrade(data))

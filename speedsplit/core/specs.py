@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from speedsplit.core.loads import ClosedLoopSettings
+from speedsplit.core.loads import ClosedLoop, ClosedLoopSettings, OpenLoop, TraceReplay
 from speedsplit.core.quality import QualityProbe
 
 # A request is a latency outlier when it took this many times what its length predicts, and at
@@ -59,8 +59,33 @@ class StackSpec(BaseModel):
     api_key_env: str | None = Field(None, description="the variable its engine reads the key from")
 
 
-class CellParams(ClosedLoopSettings):
-    """The cell as measured: load shape, sampling and the run's time limits."""
+# A cell's load, told apart by its `kind` (core/loads.py).
+Load = Annotated[ClosedLoop | OpenLoop | TraceReplay, Field(discriminator="kind")]
+
+# The keys a cell's load was written as before it was one field (job files and results of
+# schema version 4 and older; and the config's resolved cell, planning/grid.cell_params, whose
+# params Snakemake compares: they keep their shape so that no finished cell reruns).
+FLAT_LOAD_KEYS = ("users", "ramp_s", "think_s", "arrival", "lengths", "trace", "max_client_lag_s")
+
+
+def load_from_flat(data: dict) -> dict:
+    """A cell written with its load's keys at the top (FLAT_LOAD_KEYS) as one with `load`: a
+    trace window if it has one, else an arrival process if it has one, else a closed loop."""
+    if "load" in data or not any(k in data for k in FLAT_LOAD_KEYS):
+        return data
+    flat = {k: data[k] for k in FLAT_LOAD_KEYS if data.get(k) is not None}
+    lag = {"max_client_lag_s": flat["max_client_lag_s"]} if "max_client_lag_s" in flat else {}
+    if flat.get("trace"):
+        load = {"kind": "trace", "trace": flat["trace"], **lag}
+    elif flat.get("arrival"):
+        load = {"kind": "open", "arrival": flat["arrival"], "lengths": flat.get("lengths"), **lag}
+    else:
+        load = {"kind": "closed", **{k: flat[k] for k in ("users", "ramp_s", "think_s") if k in flat}}
+    return {**{k: v for k, v in data.items() if k not in FLAT_LOAD_KEYS}, "load": load}
+
+
+class CellParams(BaseModel):
+    """The cell as measured: its load, lengths, sampling and the run's time limits."""
 
     # unknown keys are refused: a reader never meets a shape the writer does not produce
     model_config = ConfigDict(extra="forbid")
@@ -68,7 +93,7 @@ class CellParams(ClosedLoopSettings):
     cell: str
     workload: str
     sampling: str
-    users: int = Field(description="concurrent closed-loop users")
+    load: Load = Field(description="closed loop (users), open loop (an arrival process) or a trace's replay")
     prompt_tokens: int
     output_tokens: int
     requests_per_user: int
@@ -93,14 +118,35 @@ class CellParams(ClosedLoopSettings):
     )
     outlier_min_s: float = Field(OUTLIER_MIN_S, description="... and at least this many seconds slower")
     min_measured_s: float = Field(description="a shorter measured phase is flagged short_measurement")
-    arrival: dict | None = Field(
-        None, description="open loop: pattern, rate_rps, burstiness, requests or duration_s (null: closed loop)"
-    )
-    lengths: dict | None = Field(None, description="open loop: the length mix (null: every request the cell's lengths)")
-    trace: dict | None = Field(
-        None, description="trace replay: the trace, its window, speedup and fitting (null: none)"
-    )
-    max_client_lag_s: float | None = Field(None, description="open loop: a larger p99 send lag is flagged client_lag")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _load_from_flat_keys(cls, data):
+        return load_from_flat(data) if isinstance(data, dict) else data
+
+    @property
+    def users(self) -> int:
+        """Its closed loop's users (an open-loop or trace cell has none: 0)."""
+        return self.load.users if isinstance(self.load, ClosedLoop) else 0
+
+    @property
+    def closed(self) -> ClosedLoopSettings:
+        """How its closed loop's users behave (defaults for an open-loop or trace cell)."""
+        return ClosedLoopSettings.of(self.load) if isinstance(self.load, ClosedLoop) else ClosedLoopSettings()
+
+    def flat_load(self) -> dict:
+        """Its load as the keys a cell held it in before it was one field (FLAT_LOAD_KEYS: those
+        its kind has not are None, a closed loop's settings their defaults)."""
+        load, closed = self.load, self.closed
+        return {
+            "users": self.users,
+            "ramp_s": closed.ramp_s,
+            "think_s": closed.think_s,
+            "arrival": getattr(load, "arrival", None),
+            "lengths": getattr(load, "lengths", None),
+            "trace": getattr(load, "trace", None),
+            "max_client_lag_s": load.client_lag_limit_s,
+        }
 
 
 class JobSpec(BaseModel):
@@ -135,6 +181,7 @@ def parse_job(data: dict, run: int) -> tuple[JobSpec, list[str]]:
         entry = data.get(name)
         if entry is None:
             continue
+        entry = load_from_flat(entry) if model is CellParams else entry
         extra = sorted(set(entry) - set(model.model_fields))
         unknown += [f"{name}: {k}" for k in extra]
         parts[name] = model(**{k: v for k, v in entry.items() if k not in extra})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import zlib
 from pathlib import Path
 
-from speedsplit.core.loads import ClosedLoop, ClosedLoopSettings, OpenLoop, TraceReplay, load_of
+from speedsplit.core.loads import ClosedLoop, OpenLoop, TraceReplay
 from speedsplit.core.record import CellParams
 from speedsplit.core.specs import StackSpec
 from speedsplit.models.tokenizer import load_tokenizer
@@ -39,7 +39,7 @@ def cell_load(
     cell's own request counts unless others are given; prompts are the run's own."""
     per_user = cell.requests_per_user if requests_per_user is None else requests_per_user
     warmup = cell.warmup_requests if warmup_requests is None else warmup_requests
-    load = load_of(cell)
+    load = cell.load
     run_load = _RUN_LOAD[type(load)]
     prompts, schedule, fitted = run_load(load, cell, stack, tokenizer_dir, per_user, warmup, prompt_seed(cell, run))
     return loadgen.LoadSpec(
@@ -60,7 +60,7 @@ def cell_load(
         stall_timeout_s=cell.stall_timeout_s,
         outlier_factor=cell.outlier_factor,
         outlier_min_s=cell.outlier_min_s,
-        closed=ClosedLoopSettings.of(load) if isinstance(load, ClosedLoop) else ClosedLoopSettings(),
+        closed=cell.closed,
         schedule=schedule,
         fitted=fitted,
     )

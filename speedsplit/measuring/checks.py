@@ -138,7 +138,7 @@ def honesty_flags(result: RunResult, stack: StackSpec, cell: CellParams) -> list
     if s.wall_s < cell.min_measured_s:
         flags.append("short_measurement")
     lag = s.lag_s.p99 if s.lag_s else None
-    if lag is not None and cell.max_client_lag_s is not None and lag > cell.max_client_lag_s:
+    if lag is not None and cell.load.client_lag_limit_s is not None and lag > cell.load.client_lag_limit_s:
         flags.append("client_lag")  # the server was not offered the schedule's rate
     if s.client_stall_s is not None and s.client_stall_s > CLIENT_STALL_S:
         flags.append("client_stalled")  # the client's loop did not run: its timestamps are late

@@ -60,7 +60,8 @@ def side(folder: str | Path) -> tuple[pl.DataFrame, Provenance, dict[tuple, dict
         raise SystemExit(f"speedsplit: {folder}: {exc}") from None
     loads, quality = {}, {}
     for r in results:
-        loads.setdefault((r.model, r.stack, r.topology, r.cell), {k: getattr(r.job.cell, k) for k in LOAD})
+        cell = {**r.job.cell.model_dump(exclude={"load"}), **r.job.cell.flat_load()}
+        loads.setdefault((r.model, r.stack, r.topology, r.cell), {k: cell[k] for k in LOAD})
         if r.quality is not None:
             quality.setdefault((r.model, r.topology, r.stack), r.quality)
     return runs, results[0].provenance, loads, quality

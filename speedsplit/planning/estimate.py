@@ -25,7 +25,6 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from speedsplit.core.loads import ClosedLoopSettings, load_of
 from speedsplit.core.record import CellParams, ResultError, read_result
 from speedsplit.models.checkpoint import ModelError, read_model_config, shape_config
 from speedsplit.planning import config as cfgmod
@@ -152,7 +151,7 @@ def roofline_rate(
 def schedule_s(cell: CellParams) -> float | None:
     """An open-loop cell's arrivals span (its requests at its rate, its duration, or its trace
     window at its speedup), or None: a closed-loop cell, or a trace window counted in requests."""
-    return load_of(cell).schedule_s()
+    return cell.load.schedule_s()
 
 
 def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: str = BANDWIDTH) -> list[JobEstimate]:
@@ -185,7 +184,7 @@ def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: 
         if rest is None and (due := schedule_s(cell)) is not None:  # open loop: as long as its arrivals
             rest, source = due + float(est.job_overhead_s), "schedule"
         if rest is None:  # a closed loop: its tokens at the rate, and its users' ramp and thinking
-            waits = ClosedLoopSettings.of(cell).waiting_s(cell.users, cell.requests_per_user)
+            waits = cell.closed.waiting_s(cell.users, cell.requests_per_user)
             rest = tokens / rate + waits + float(est.job_overhead_s)
         start = 0.0
         if first:

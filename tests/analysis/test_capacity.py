@@ -21,8 +21,8 @@ from speedsplit.planning import config as C
 from speedsplit.planning import plan as P
 
 
-def level(stack, users, met=True, status="ok", why=()):
-    res = fake_result(stack, users, 0, 100.0 if status == "ok" else None, status=status)
+def level(stack, users, met=True, status="ok", why=(), arrival=None):
+    res = fake_result(stack, users, 0, 100.0 if status == "ok" else None, status=status, arrival=arrival)
     if status == "ok":
         res.slo = Slo(ttft_p99_s=2.0, tpot_p99_s=0.1, met=met, violations=list(why), good_requests=4, goodput_rps=2.0)
     return res
@@ -181,9 +181,10 @@ def test_an_open_loop_workload_sweeps_a_ladder_of_rates(tmp_path):
     paths = []
     for stack, verdicts in {"vllm-fp16": (True, True, False), "vllm-marlin": (True, True, True)}.items():
         for rate, met in zip((1, 2, 4), verdicts):
-            res = level(stack, 0, met, why=() if met else ("p99 TTFT 3 s > 2 s",))
+            arrival = {"pattern": "poisson", "rate_rps": float(rate)}
+            res = level(stack, 0, met, why=() if met else ("p99 TTFT 3 s > 2 s",), arrival=arrival)
             res.cell = res.job.cell.cell = f"r{rate}-mix-greedy"
-            res.job.cell.workload, res.job.cell.arrival = "mix", {"pattern": "poisson", "rate_rps": float(rate)}
+            res.job.cell.workload = "mix"
             paths.append(write_result(tmp_path / f"{stack}-{rate}.json", res))
     spec = {"workload": "mix", "sampling": "greedy", "rates": [1, 2, 4], "reference": "vllm-fp16"}
     frames = aggregate.build_frames(paths, {}, specs={"capacity": spec})

@@ -15,9 +15,9 @@ STEPS = {"study": ["runtime", "INT4 weights + kernel"]}
 
 def open_loop(stack, rate, run, ttft, tpot, goodput, tok_s=100.0, flags=()):
     """A run of an open-loop cell r{rate}-mix-greedy with these medians (p99 twice them)."""
-    res = fake_result(stack, 0, run, tok_s, workload="mix", flags=flags)
+    arrival = {"pattern": "poisson", "rate_rps": float(rate), "requests": 10}
+    res = fake_result(stack, 0, run, tok_s, workload="mix", flags=flags, arrival=arrival)
     res.cell = res.job.cell.cell = f"r{rate:g}-mix-greedy"
-    res.job.cell.arrival = {"pattern": "poisson", "rate_rps": float(rate), "requests": 10}
     res.summary.offered_rps = float(rate)
     res.summary.ttft_s = Distribution(mean=ttft, median=ttft, p90=ttft, p99=2 * ttft)
     res.summary.tpot_s = Distribution(mean=tpot, median=tpot, p90=tpot, p99=2 * tpot)

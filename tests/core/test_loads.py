@@ -5,7 +5,7 @@ import pytest
 from conftest import REPO
 from records import cell_spec
 
-from speedsplit.core.loads import ClosedLoop, OpenLoop, TraceReplay, load_of
+from speedsplit.core.loads import ClosedLoop, OpenLoop, TraceReplay
 from speedsplit.core.record import CellParams
 from speedsplit.planning import config as C
 
@@ -21,7 +21,7 @@ def test_every_cell_of_a_shipped_config_has_its_kind_of_load(files):
     cfg = C.load(*(REPO / f for f in files))
     kinds = set()
     for cell in C.cells(cfg):
-        load = load_of(CellParams.model_validate(C.cell_params(cfg, cell)))
+        load = CellParams.model_validate(C.cell_params(cfg, cell)).load
         expect = TraceReplay if cell.trace else OpenLoop if cell.rate is not None else ClosedLoop
         assert type(load) is expect, cell.name
         if isinstance(load, ClosedLoop):
@@ -38,11 +38,11 @@ def test_the_load_kinds_say_how_long_their_arrivals_span():
     def cell(**kw):
         return cell_spec(users=0, max_client_lag_s=1.0, **kw)
 
-    assert load_of(cell(arrival={"rate_rps": 4.0, "requests": 100})).schedule_s() == 25.0
-    assert load_of(cell(arrival={"rate_rps": 4.0, "duration_s": 10})).schedule_s() == 10.0
-    assert load_of(cell(trace={"speedup": 2.0, "duration_s": 60})).schedule_s() == 30.0
-    assert load_of(cell(trace={"speedup": 2.0, "requests": 60})).schedule_s() is None
-    assert load_of(cell_spec(users=8, ramp_s=2.0)) == ClosedLoop(users=8, ramp_s=2.0)
+    assert cell(arrival={"rate_rps": 4.0, "requests": 100}).load.schedule_s() == 25.0
+    assert cell(arrival={"rate_rps": 4.0, "duration_s": 10}).load.schedule_s() == 10.0
+    assert cell(trace={"speedup": 2.0, "duration_s": 60}).load.schedule_s() == 30.0
+    assert cell(trace={"speedup": 2.0, "requests": 60}).load.schedule_s() is None
+    assert cell_spec(users=8, ramp_s=2.0).load == ClosedLoop(users=8, ramp_s=2.0)
 
 
 def test_a_closed_loop_setting_goes_from_the_workload_to_the_job_file_and_the_load(tmp_path):
@@ -56,6 +56,6 @@ def test_a_closed_loop_setting_goes_from_the_workload_to_the_job_file_and_the_lo
     cell = next(c for c in C.cells(cfg) if c.workload == "wide")
     params = C.cell_params(cfg, cell)
     assert params["think_s"] == 2.0 and isinstance(params["think_s"], float) and "ramp_s" not in params
-    load = load_of(CellParams.model_validate(params))
+    load = CellParams.model_validate(params).load
     assert load == ClosedLoop(users=cell.users, think_s=2.0)
     assert "think_s" not in C.cell_params(C.load(), C.cells(C.load())[0])

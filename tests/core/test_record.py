@@ -59,6 +59,13 @@ def test_an_unknown_key_or_a_wrong_type_is_refused_with_its_place():
         parse_result({**data, "status": None})
 
 
+def _as_version_4(v5: dict) -> dict:
+    """A version 5 record as version 4 wrote it: the cell's load's keys at the cell's top."""
+    cell = dict(v5["job"]["cell"])
+    load = {k: v for k, v in cell.pop("load").items() if k != "kind"}
+    return {**v5, "schema_version": 4, "job": {**v5["job"], "cell": {**cell, **load}}}
+
+
 def _as_version_2(v3: dict) -> dict:
     """A version 3 record as version 2 wrote it: the cell as `params`, a few stack fields as `stack_def`."""
     v2 = {k: v for k, v in v3.items() if k != "job"}
@@ -74,16 +81,43 @@ def test_a_result_embeds_its_job_file_whole():
 
 
 def test_a_version_2_result_is_upgraded():
-    v3 = to_json(fake_result("vllm-fp16", 8, 1, 100.0))
-    res = parse_result(_as_version_2(v3))
+    v5 = to_json(fake_result("vllm-fp16", 8, 1, 100.0))
+    res = parse_result(_as_version_2(_as_version_4(v5)))
     assert res.schema_version == SCHEMA_VERSION and isinstance(res.job.stack, StackDef) and res.job.run == 1
-    assert to_json(res)["job"]["cell"] == v3["job"]["cell"] and res.job.stack.platform == "cpu"
+    assert to_json(res)["job"]["cell"] == v5["job"]["cell"] and res.job.stack.platform == "cpu"
 
 
-def test_a_version_3_result_is_read_as_version_4_with_no_quality():
-    v4 = to_json(fake_result("vllm-fp16", 8, 1, 100.0))
+def test_a_version_3_result_is_read_with_no_quality():
+    v4 = _as_version_4(to_json(fake_result("vllm-fp16", 8, 1, 100.0)))
     res = parse_result({**{k: v for k, v in v4.items() if k != "quality"}, "schema_version": 3})
-    assert res.schema_version == SCHEMA_VERSION == 4 and res.quality is None
+    assert res.schema_version == SCHEMA_VERSION == 5 and res.quality is None
+
+
+@pytest.mark.parametrize(
+    "flat, load",
+    [
+        ({"users": 8, "ramp_s": 2.0}, {"kind": "closed", "users": 8, "ramp_s": 2.0, "think_s": 0}),
+        (
+            {"users": 0, "arrival": {"rate_rps": 4.0, "requests": 40}, "lengths": None, "max_client_lag_s": 0.1},
+            {"kind": "open", "arrival": {"rate_rps": 4.0, "requests": 40}, "lengths": None, "max_client_lag_s": 0.1},
+        ),
+        (
+            {"users": 0, "arrival": None, "trace": {"path": "t.jsonl", "speedup": 2.0}, "max_client_lag_s": 0.1},
+            {"kind": "trace", "trace": {"path": "t.jsonl", "speedup": 2.0}, "max_client_lag_s": 0.1},
+        ),
+    ],
+    ids=["closed", "open", "trace"],
+)
+def test_a_version_4_cell_has_its_load_keys_read_as_its_typed_load(flat, load):
+    """Version 4 wrote a cell's load as keys at its top (users, ramp_s, arrival, trace ...):
+    read, they are the one typed field `load` of their kind, and nothing else of the cell moves."""
+    v5 = to_json(fake_result("vllm-fp16", 8, 1, 100.0))
+    v4 = _as_version_4(v5)
+    v4["job"]["cell"] = {**{k: v for k, v in v4["job"]["cell"].items() if k not in ("users", "ramp_s", "think_s")}, **flat}
+    res = parse_result(v4)
+    assert res.schema_version == 5 and res.job.cell.load.model_dump() == load
+    rest = {k: v for k, v in to_json(res)["job"]["cell"].items() if k != "load"}
+    assert rest == {k: v for k, v in v5["job"]["cell"].items() if k != "load"}
 
 
 def test_a_version_1_result_is_upgraded():
