@@ -106,4 +106,3 @@ class TraceReplay(_Load):
     def schedule_s(self) -> float | None:
         span = self.trace.get("duration_s")
         return span / self.trace["speedup"] if span else None
-

@@ -113,7 +113,10 @@ def test_a_version_4_cell_has_its_load_keys_read_as_its_typed_load(flat, load):
     read, they are the one typed field `load` of their kind, and nothing else of the cell moves."""
     v5 = to_json(fake_result("vllm-fp16", 8, 1, 100.0))
     v4 = _as_version_4(v5)
-    v4["job"]["cell"] = {**{k: v for k, v in v4["job"]["cell"].items() if k not in ("users", "ramp_s", "think_s")}, **flat}
+    v4["job"]["cell"] = {
+        **{k: v for k, v in v4["job"]["cell"].items() if k not in ("users", "ramp_s", "think_s")},
+        **flat,
+    }
     res = parse_result(v4)
     assert res.schema_version == 5 and res.job.cell.load.model_dump() == load
     rest = {k: v for k, v in to_json(res)["job"]["cell"].items() if k != "load"}
