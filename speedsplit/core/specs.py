@@ -137,15 +137,11 @@ class CellParams(BaseModel):
     def flat_load(self) -> dict:
         """Its load as the keys a cell held it in before it was one field (FLAT_LOAD_KEYS: those
         its kind has not are None, a closed loop's settings their defaults)."""
-        load, closed = self.load, self.closed
         return {
+            **dict.fromkeys(FLAT_LOAD_KEYS),
             "users": self.users,
-            "ramp_s": closed.ramp_s,
-            "think_s": closed.think_s,
-            "arrival": getattr(load, "arrival", None),
-            "lengths": getattr(load, "lengths", None),
-            "trace": getattr(load, "trace", None),
-            "max_client_lag_s": load.client_lag_limit_s,
+            **self.closed.model_dump(),
+            **self.load.model_dump(exclude={"kind"}),
         }
 
 

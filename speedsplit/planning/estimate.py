@@ -148,12 +148,6 @@ def roofline_rate(
     return cell.users / step_s
 
 
-def schedule_s(cell: CellParams) -> float | None:
-    """An open-loop cell's arrivals span (its requests at its rate, its duration, or its trace
-    window at its speedup), or None: a closed-loop cell, or a trace window counted in requests."""
-    return cell.load.schedule_s()
-
-
 def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: str = BANDWIDTH) -> list[JobEstimate]:
     """Every bench job of the grid, in lane order, with its estimate."""
     platform = cfgmod.platform_of(config)
@@ -181,7 +175,8 @@ def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: 
         if rate is None:
             rate, source = float(getattr(est.output_tok_s, platform)), "configured"
         rest = measured.job_s.get(key) if source == "measured" else None
-        if rest is None and (due := schedule_s(cell)) is not None:  # open loop: as long as its arrivals
+        # open loop: as long as its arrivals (a closed loop, or a trace window counted in requests: None)
+        if rest is None and (due := cell.load.schedule_s()) is not None:
             rest, source = due + float(est.job_overhead_s), "schedule"
         if rest is None:  # a closed loop: its tokens at the rate, and its users' ramp and thinking
             waits = cell.closed.waiting_s(cell.users, cell.requests_per_user)
