@@ -39,8 +39,9 @@ def run_speeds(
     with the run's calibrated client offset taken out (runs without a calibration left out): a
     latency less the offset; a closed-loop rate as if each request had not waited on the
     client for its cycle offset (its end-to-end offset and the turn to the user's next request;
-    the end-to-end offset alone in calibrations older than the cycle's); an open-loop rate
-    follows its schedule."""
+    the end-to-end offset alone in calibrations older than the cycle's); an open-loop rate as if
+    its wall time had not waited on the client for the last answer's end-to-end offset (its
+    requests leave on their schedule: only the wall's end carries the client)."""
     out = {}
     for row in df.iter_rows(named=True):
         v = row[metric]
@@ -52,7 +53,11 @@ def run_speeds(
                 if row[column] is None:
                     continue
                 v -= row[column]
-            elif not OPEN_LOOP_CELL.match(row["cell"]):
+            elif OPEN_LOOP_CELL.match(row["cell"]):
+                if row["client_e2e_s"] is None or not row["wall_s"]:
+                    continue
+                v /= 1.0 - min(0.5, row["client_e2e_s"] / row["wall_s"])
+            else:
                 cycle = row["client_cycle_s"] if row["client_cycle_s"] is not None else row["client_e2e_s"]
                 if cycle is None or not row["e2e_s_median"]:
                     continue
