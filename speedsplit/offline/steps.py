@@ -4,13 +4,15 @@
     speedsplit host status [--project DIR] [--pack OUT]
 
 `steps:` in the file lists what to run, one after another: a Snakemake run, with its config
-files, its target or targets (default: the workflow's default) and its environment, or a
+files, its target or targets (default: the workflow's default), Snakemake's own options beyond
+`--cores all --resources gpu=<the host's cards>` (a later option wins) and its environment, or a
 command, an argument list with its environment (a step is one or the other):
 
     steps:
       - name: fp8
         configfile: [config/h200-smoke.yaml, config/h200-fp8.yaml]
         target: measurements
+        snakemake: [--scheduler, greedy]
         env: {VLLM_USE_FLASHINFER_SAMPLER: "0"}
       - name: ceiling
         command: [speedsplit, ceiling, --users, 64]
@@ -54,17 +56,19 @@ class StepsError(UserError, ValueError):
     """A steps file that cannot be run, and why (one line)."""
 
 
-KEYS = {"name", "configfile", "command", "target", "env"}
+KEYS = {"name", "configfile", "command", "target", "snakemake", "env"}
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # its output is results/host/<name>.out
 
 
 @dataclass
 class Step:
-    """A Snakemake run (configfile, target: targets) or a command (its argv), never both."""
+    """A Snakemake run (configfile, target: targets, snakemake: its options) or a command (its
+    argv), never both."""
 
     name: str
     configfile: list[str] = field(default_factory=list)
     target: list[str] = field(default_factory=list)
+    snakemake: list[str] = field(default_factory=list)
     command: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     started: float | None = None
@@ -123,15 +127,21 @@ def _step(where: str, s, project: Path) -> Step:
     if s.get("command") is not None:
         if isinstance(s["command"], str):
             raise StepsError(f"{where}.command: a list of arguments ([bash, -c, LINE] for a shell line), not a string")
-        if s.get("target") is not None:
-            raise StepsError(f"{where}.target: only a configfile step has one (a command names its own)")
+        for key in ("target", "snakemake"):
+            if s.get(key) is not None:
+                raise StepsError(f"{where}.{key}: only a configfile step has one (a command names its own)")
         return Step(str(s["name"]), command=_words(f"{where}.command", s["command"], "a list of arguments"), env=env)
     files = _words(f"{where}.configfile", s["configfile"], "a file or a list of files")
     for f in files:
         if not (project / f).is_file():
             raise StepsError(f"{where}.configfile: {project / f} does not exist")
     target = [] if s.get("target") is None else _words(f"{where}.target", s["target"], "a target or a list of them")
-    return Step(str(s["name"]), configfile=files, target=target, env=env)
+    options = [] if s.get("snakemake") is None else _words(f"{where}.snakemake", s["snakemake"], "a list of options")
+    if options and not options[0].startswith("-"):
+        raise StepsError(f"{where}.snakemake: options, starting with one ('--scheduler'), got {options[0]!r} first")
+    if {"--configfile", "--configfiles"} & {o.split("=")[0] for o in options}:
+        raise StepsError(f"{where}.snakemake: the step's config files go under configfile, not --configfile")
+    return Step(str(s["name"]), configfile=files, target=target, snakemake=options, env=env)
 
 
 def _record(project: Path, steps: list[Step], **extra) -> None:
@@ -177,7 +187,7 @@ def command(step: Step, gpus: int) -> list[str]:
             return [sys.executable, "-m", "speedsplit.cli", *rest]
         return [sys.executable, *rest] if first in ("python", "python3") else list(step.command)
     cmd = [sys.executable, "-m", "snakemake", "--cores", "all", "--resources", f"gpu={gpus}"]
-    cmd += ["--configfile", *step.configfile]
+    cmd += [*step.snakemake, "--configfile", *step.configfile]
     return cmd + (["--", *step.target] if step.target else [])
 
 

@@ -31,7 +31,8 @@ def test_steps_run_in_turn_a_failing_one_is_named_and_the_results_pack(project, 
     (tmp_path / "evidence.yaml").write_text(
         "config: [config/config.yaml]\n"
         "steps:\n"
-        "  - {name: calibrate, configfile: config/config.yaml, target: results/hardware/calibration.json}\n"
+        "  - {name: calibrate, configfile: config/config.yaml, target: results/hardware/calibration.json,\n"
+        "     snakemake: [--scheduler, greedy]}\n"
         "  - {name: typo, configfile: [config/config.yaml], target: no-such-target}\n"
     )
     out = subprocess.run(
@@ -129,6 +130,9 @@ def test_a_step_needs_exactly_one_of_configfile_or_command_and_says_so_in_one_li
         "{name: a, command: []}": r"steps\[0\] \(a\)\.command: a list of arguments, got \[\]",
         "{name: a, command: [echo, {x: 1}]}": r"steps\[0\] \(a\)\.command: .* got \{'x': 1\} in it",
         "{name: a, command: [echo], target: m}": r"steps\[0\] \(a\)\.target: only a configfile step",
+        "{name: a, command: [echo], snakemake: [-n]}": r"steps\[0\] \(a\)\.snakemake: only a configfile step",
+        "{name: a, configfile: config/a.yaml, snakemake: greedy}": r"\(a\)\.snakemake: options, .* got 'greedy' first",
+        "{name: a, configfile: config/a.yaml, snakemake: [--configfile, x]}": r"\(a\)\.snakemake: .* under configfile",
         "{name: a/b, command: [echo]}": r"steps\[0\] \(a/b\)\.name: letters, digits",
         "{name: a, command: [echo], env: [X]}": r"steps\[0\] \(a\)\.env: a mapping",
     }
@@ -142,10 +146,12 @@ def test_a_step_needs_exactly_one_of_configfile_or_command_and_says_so_in_one_li
         "  - {name: b, command: [speedsplit, ceiling, --users, 64]}\n"
         "  - {name: c, command: [python, x.py]}\n"
         "  - {name: d, command: [bash, -c, 'echo hi'], env: {A: b}}\n"
-        "  - {name: e, configfile: config/a.yaml, target: [x, y]}\n"
+        "  - {name: e, configfile: config/a.yaml, target: [x, y], snakemake: [--scheduler, greedy]}\n"
     )
     b, c, d, e = steps.read_steps(f, tmp_path)
     assert steps.command(b, 1) == [sys.executable, "-m", "speedsplit.cli", "ceiling", "--users", "64"]
     assert steps.command(c, 1) == [sys.executable, "x.py"]
     assert steps.command(d, 1) == ["bash", "-c", "echo hi"] and d.env == {"A": "b"}
-    assert steps.command(e, 1)[-3:] == ["--", "x", "y"]
+    assert steps.command(e, 2)[3:] == [
+        "--cores", "all", "--resources", "gpu=2", "--scheduler", "greedy", "--configfile", "config/a.yaml", "--", "x", "y"
+    ]  # fmt: skip

@@ -48,6 +48,15 @@ def test_every_path_the_readme_names_exists(folder):
 
 
 @pytest.mark.parametrize("folder", EVIDENCE, ids=lambda p: p.name)
+def test_the_steps_that_measured_a_folder_can_run_again(folder):
+    """`speedsplit host run --steps` takes every folder's steps as they are written."""
+    from speedsplit.offline import steps
+
+    if "steps" in yaml.safe_load((folder / "evidence.yaml").read_text()):
+        assert steps.read_steps(folder / "evidence.yaml", REPO)
+
+
+@pytest.mark.parametrize("folder", EVIDENCE, ids=lambda p: p.name)
 def test_tables_rebuild_from_the_committed_raw_results(folder, tmp_path):
     how = yaml.safe_load((folder / "evidence.yaml").read_text())
     if how.get("rebuild") is False:
