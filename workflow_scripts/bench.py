@@ -9,7 +9,7 @@ from pathlib import Path
 
 from _job import to_log
 
-from speedsplit.measuring import calibrate
+from speedsplit.core.facts import Calibration
 from speedsplit.measuring.bench import finished_line, log_progress, measure
 from speedsplit.core.session_plan import session_of
 
@@ -26,6 +26,6 @@ result = measure(
     out_json=sm.output.result,
     out_requests=sm.output.requests,
     progress=log_progress(f"{w.stack} {w.cell} run{w.run}"),
-    calibration=calibrate.read(sm.input.calibration),
+    calibration=Calibration.read(sm.input.calibration),
 )
 log_progress("speedsplit")(finished_line(result))

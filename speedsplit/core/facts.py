@@ -5,6 +5,7 @@ provenance, the latency objectives, telemetry and the client's calibration.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -303,3 +304,10 @@ class Calibration(StrictRecord):
     )
     ceiling_tok_s: float | None = Field(description="output tok/s against a server that answers at once")
     ceiling_users: int = Field(description="users of the ceiling's load")
+
+    @classmethod
+    def read(cls, path: str | Path | None) -> Calibration | None:
+        """A calibration file, or None where there is none to read."""
+        if not path or not Path(path).is_file():
+            return None
+        return cls.model_validate_json(Path(path).read_text())

@@ -14,6 +14,7 @@ schedule) or asks the load (`schedule_s`, `client_lag_limit_s`) rather than test
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -106,3 +107,13 @@ class TraceReplay(_Load):
     def schedule_s(self) -> float | None:
         span = self.trace.get("duration_s")
         return span / self.trace["speedup"] if span else None
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One request of an open loop's or a trace's measured phase (made by probes/traffic.py)."""
+
+    due_s: float  # seconds after the phase's start
+    prompt_tokens: int
+    output_tokens: int
+    blocks: tuple[int, ...] = ()  # trace replay: its prompt's blocks (same id, same tokens)

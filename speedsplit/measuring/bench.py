@@ -41,7 +41,7 @@ from speedsplit.measuring.cell_load import cell_load
 from speedsplit.models.checkpoint import ModelError, model_identity, model_info, read_model_config
 from speedsplit.core.errors import ConfigError
 from speedsplit.core.session_plan import SessionPlan
-from speedsplit.probes import loadgen, quality, slo, telemetry
+from speedsplit.probes import loadgen, slo, telemetry
 from speedsplit.serving import lease as leases
 from speedsplit.serving import session as sessions
 
@@ -254,6 +254,8 @@ def _measure_on_session(
 def probe_quality(state: dict, job: JobSpec, tokenizer_dir, api_key: str | None, progress) -> QualityRecord:
     """The job's quality probe on the session's (first) server, after its load; what fails is
     in the quality record, never in the cell's speed result."""
+    from speedsplit.probes import quality  # the first job of a stack's run 0 alone probes it
+
     try:
         timeout = job.cell.request_timeout_s or 600.0
         return quality.run(

@@ -167,10 +167,3 @@ def run(out: str | Path | None, users: list[int]) -> Calibration:
     if out:
         write_json_atomic(out, c.model_dump(mode="json"))
     return c
-
-
-def read(path: str | Path | None) -> Calibration | None:
-    """A calibration file, or None where there is none to read."""
-    if not path or not Path(path).is_file():
-        return None
-    return Calibration.model_validate_json(Path(path).read_text())

@@ -10,9 +10,8 @@ from pathlib import Path
 from speedsplit.core.loads import ClosedLoop, OpenLoop, TraceReplay
 from speedsplit.core.record import CellParams
 from speedsplit.core.specs import StackSpec
-from speedsplit.models.tokenizer import load_tokenizer
-from speedsplit.models.prompts import block_prompts, prompts_of
-from speedsplit.probes import loadgen, traffic
+from speedsplit.models.prompts import block_prompts, load_tokenizer, prompts_of
+from speedsplit.probes import loadgen
 
 
 def build_prompts(tokenizer_dir: str | Path, n: int, prompt_tokens: int, seed: int) -> list[str]:
@@ -78,6 +77,8 @@ def _open_loop(
 ):
     """The schedule, then one warm-up user; prompts of their own lengths (with a shared prefix:
     one system prompt, block 0, opens every measured prompt)."""
+    from speedsplit.probes import traffic
+
     mix = load.lengths or {}
     schedule = traffic.schedule(load.arrival, mix, cell.prompt_tokens, cell.output_tokens, seed, stack.max_model_len)
     if mix.get("shared_prefix_tokens"):
@@ -94,6 +95,8 @@ def _trace_replay(
     load: TraceReplay, cell: CellParams, stack: StackSpec, tokenizer_dir, per_user: int, warmup: int, seed: int
 ):
     """A trace window: its arrivals, prompts made of its shared blocks."""
+    from speedsplit.probes import traffic
+
     window = traffic.TraceWindow(**load.trace)
     schedule, fitted = traffic.read_trace(window, stack.max_model_len)
     block = max(1, round(window.block_tokens * window.length_scale))

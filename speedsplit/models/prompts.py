@@ -1,17 +1,78 @@
-"""The prompts a run sends, the same for every stack: distinct ones of exact lengths
-(`prompts_of`), and, for trace replay, ones that share exactly the tokens a trace says they share: each prompt block (a trace's
-hash id) is the same run of tokens wherever it appears, so requests with a common first k
-blocks have a common first k blocks of tokens and a server's prefix cache sees what the trace
-recorded. Built from "word" tokens (one whole word each, most with a leading space) that
+"""The prompts a run sends, the same for every stack, and the model's tokenizer as building
+them needs it (on the `tokenizers` library alone where the folder has a tokenizer.json).
+
+Distinct prompts of exact lengths (`prompts_of`, from `exact_prompt`), and, for trace replay,
+ones that share exactly the tokens a trace says they share (`block_prompts`): each prompt block
+(a trace's hash id) is the same run of tokens wherever it appears, so requests with a common
+first k blocks have a common first k blocks of tokens and a server's prefix cache sees what the
+trace recorded. Built from "word" tokens (one whole word each, most with a leading space) that
 decode and encode back to themselves in any order, so the text sent is exactly those tokens.
 """
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 from speedsplit.models.checkpoint import ModelError
-from speedsplit.models.tokenizer import exact_prompt, load_tokenizer
+
+
+class FastTokenizer:
+    """The few tokenizer calls prompt building needs, on the `tokenizers` library alone
+    (importing transformers costs seconds in every benchmark job)."""
+
+    def __init__(self, path: Path):
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(path))
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=False)
+        self.all_special_ids = [i for i, t in self._tok.get_added_tokens_decoder().items() if t.special]
+        unk = getattr(self._tok.model, "unk_token", None)
+        self.unk_token_id = self._tok.token_to_id(unk) if unk else None
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+
+def load_tokenizer(model_dir: str | Path):
+    """tokenizer.json through `tokenizers` when there is one, else transformers' AutoTokenizer."""
+    path = Path(model_dir) / "tokenizer.json"
+    if path.is_file():
+        return FastTokenizer(path)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def exact_prompt(tokenizer, n_tokens: int, rng: random.Random) -> str:
+    """A text that the model's tokenizer encodes to exactly n_tokens (no special tokens)."""
+    specials = set(tokenizer.all_special_ids)
+    vocab = tokenizer.vocab_size
+    low = max(specials, default=-1) + 1 if max(specials, default=0) < vocab // 2 else 0
+    ids = [rng.randrange(low, vocab) for _ in range(n_tokens)]
+    for _ in range(8):
+        ids = [i for i in ids if i not in specials]
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        got = tokenizer.encode(text, add_special_tokens=False)
+        if len(got) == n_tokens:
+            return text
+        ids = got[:n_tokens] + [rng.randrange(low, vocab) for _ in range(n_tokens - len(got))]
+    # A small byte-level vocabulary (a trained tiny model's) merges random neighbours into fewer
+    # tokens: grow the prompt a token at a time, keeping a token only where the whole text still
+    # encodes back to exactly its tokens.
+    ids = []
+    for _ in range(20 * n_tokens):
+        if len(ids) == n_tokens:
+            return tokenizer.decode(ids, skip_special_tokens=True)
+        t = rng.randrange(low, vocab)
+        if t not in specials and tokenizer.encode(tokenizer.decode(ids + [t]), add_special_tokens=False) == ids + [t]:
+            ids.append(t)
+    if len(ids) == n_tokens:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+    raise ModelError(f"could not build a prompt of exactly {n_tokens} tokens with this tokenizer")
 
 
 def prompts_of(tokenizer_dir, lengths: list[int], seed: int) -> list[str]:

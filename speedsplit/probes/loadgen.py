@@ -23,12 +23,11 @@ from typing import Callable
 import aiohttp
 
 from speedsplit.core import apikey, awake
-from speedsplit.core.loads import ClosedLoopSettings
+from speedsplit.core.loads import Arrival, ClosedLoopSettings
 from speedsplit.core.record import Distribution, InstanceLoad, Summary
 from speedsplit.core.requestlog import RequestRecord
 from speedsplit.probes import slo
 from speedsplit.probes.loadspec import REQUEST_FORMATS, LoadSpec, request_body, request_index
-from speedsplit.probes.traffic import Arrival
 
 
 def _running_count(chunk: dict) -> int | None:

@@ -8,9 +8,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable
 
-from speedsplit.core.loads import ClosedLoopSettings
+from speedsplit.core.loads import Arrival, ClosedLoopSettings
 from speedsplit.core.record import OUTLIER_FACTOR, OUTLIER_MIN_S
-from speedsplit.probes.traffic import Arrival
 
 # vLLM and transformers serve (uvicorn) close a connection idle 5 s; a request sent on one as
 # it closes fails ('connection', 4 of 16 at a 16-user level of vLLM's CPU build whose first 8

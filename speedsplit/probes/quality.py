@@ -21,7 +21,7 @@ from pathlib import Path
 
 from speedsplit.core import apikey, procs
 from speedsplit.core.quality import ID_PREFIX, QualityOutput, QualityProbe, QualityRecord, QualityWindow
-from speedsplit.models.tokenizer import load_tokenizer
+from speedsplit.models.prompts import exact_prompt, load_tokenizer
 from speedsplit.probes import quality_tasks
 from speedsplit.probes.loadspec import LoadSpec, request_body
 
@@ -63,8 +63,6 @@ def windows_of(text: str, tokenizer, probe: QualityProbe) -> tuple[list[list[int
     and a note. A tokenizer that cannot spell the text (the synthetic word-level one: mostly
     unknown tokens) gets windows of its own words instead, seeded, and the note says so."""
     import random
-
-    from speedsplit.models.tokenizer import exact_prompt
 
     want = max(probe.prompts, probe.windows)
     ids = tokenizer.encode(text, add_special_tokens=False)

@@ -28,22 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speedsplit.core.errors import UserError
+from speedsplit.core.loads import Arrival
 
 PATTERNS = ("poisson", "gamma", "constant")
 
 
 class TrafficError(UserError, ValueError):
     """A traffic setting is wrong; the message is one line naming it."""
-
-
-@dataclass(frozen=True)
-class Arrival:
-    """One request of an open-loop phase."""
-
-    due_s: float  # seconds after the phase's start
-    prompt_tokens: int
-    output_tokens: int
-    blocks: tuple[int, ...] = ()  # trace replay: its prompt's blocks (same id, same tokens)
 
 
 def gaps(pattern: str, rate: float, n: int, rng: random.Random, burstiness: float = 1.0) -> list[float]:

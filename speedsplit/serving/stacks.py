@@ -22,7 +22,6 @@ from pathlib import Path
 from speedsplit.core import apikey, procs
 from speedsplit.core.results import redact
 from speedsplit.core.specs import StackSpec
-from speedsplit.models import gguf
 from speedsplit.models.checkpoint import is_dummy
 from speedsplit.serving import bytecode
 from speedsplit.serving.memory import host_cache_gib, memory_cap, render_args
@@ -165,8 +164,11 @@ def launch(
         "tp": stack.tensor_parallel,
         "max_model_len": stack.max_model_len,
         "dtype": stack.dtype,
-        "llama_server": gguf.server_binary() or "llama-server",
     }
+    if any("{llama_server}" in a for a in [*stack.args, *stack.env.values()]):  # llama.cpp's stacks alone
+        from speedsplit.models import gguf
+
+        values["llama_server"] = gguf.server_binary() or "llama-server"
     argv, cap, host_memory = _command(stack, model_dir, values, card_total_gib, host_cache)
     env = _environment(stack, values, devices, cache_dir, api_key)
     api_key = api_key if stack.api_key_env else None

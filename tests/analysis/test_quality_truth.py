@@ -9,7 +9,7 @@ import pytest
 from speedsplit.analysis import quality as Q
 from speedsplit.output.analyses.quality import step_line
 from speedsplit.core.quality import QualityProbe
-from speedsplit.models.tokenizer import load_tokenizer
+from speedsplit.models.prompts import load_tokenizer
 from speedsplit.probes import quality
 from speedsplit.serving import reference as R
 from speedsplit.serving.reference_answers import Answers, agreement

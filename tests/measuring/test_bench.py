@@ -22,7 +22,7 @@ def test_prompts_differ_between_cells_and_runs_and_match_across_stacks(tiny_mode
 def test_a_length_mix_with_a_shared_prefix_opens_every_prompt_with_the_same_tokens(tiny_model):
     """shared_prefix_tokens: the first N tokens of every measured prompt are one system prompt
     (a shorter prompt is a cut of it), the rest each prompt's own; lengths stay exact."""
-    from speedsplit.models.tokenizer import load_tokenizer
+    from speedsplit.models.prompts import load_tokenizer
 
     cell = cell_spec(
         cell="r2-mix-greedy", users=0, prompt_tokens=24, output_tokens=4, requests_per_user=1,

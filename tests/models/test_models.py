@@ -5,7 +5,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from speedsplit.models import checkpoint as M
-from speedsplit.models.tokenizer import exact_prompt
+from speedsplit.models.prompts import exact_prompt
 
 
 def test_tiny_shape_suits_vllm_cpu(tiny_model):

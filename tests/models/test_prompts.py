@@ -1,7 +1,6 @@
 """Prompts built from a trace's blocks share exactly the tokens the trace says they share."""
 
-from speedsplit.models.tokenizer import load_tokenizer
-from speedsplit.models.prompts import block_prompts
+from speedsplit.models.prompts import block_prompts, load_tokenizer
 
 
 def test_requests_sharing_blocks_share_exactly_those_tokens(tiny_model):

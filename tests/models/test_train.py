@@ -9,8 +9,7 @@ import pytest
 
 from speedsplit.models import corpus, train
 from speedsplit.models.checkpoint import synthesize
-from speedsplit.models.tokenizer import exact_prompt, load_tokenizer
-from speedsplit.models.prompts import word_ids
+from speedsplit.models.prompts import exact_prompt, load_tokenizer, word_ids
 from speedsplit.planning import config as C
 
 SHORT = {"steps": 60, "seq_len": 64, "batch": 8, "warmup_steps": 5}
