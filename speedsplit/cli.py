@@ -204,7 +204,7 @@ def _truth_args(p):
 
 
 def _truth(args) -> int:
-    from speedsplit.analysis import truth
+    from speedsplit.output import truth
 
     table = truth.compare_results(args.results, args.configfile)
     if table.is_empty():

@@ -11,7 +11,7 @@ from _job import to_log
 
 from speedsplit.core.facts import Calibration
 from speedsplit.measuring.bench import finished_line, log_progress, measure
-from speedsplit.core.session_plan import session_of
+from speedsplit.core.specs import session_of
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
 to_log(sm)

@@ -4,7 +4,7 @@ copies and gaps, from a profiler trace of steady decode."""
 from _job import to_log
 
 from speedsplit.measuring.coordination import profile_cell
-from speedsplit.core.session_plan import SessionPlan
+from speedsplit.core.specs import SessionPlan
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
 to_log(sm)

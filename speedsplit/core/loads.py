@@ -2,13 +2,13 @@
 
 - `ClosedLoop`: N users, each sending its next request when its last one is answered (the
   study's load), all starting at once or joining over a ramp;
-- `OpenLoop`: requests that arrive at a rate whatever is in flight (speedsplit/probes/traffic.py:
+- `OpenLoop`: requests that arrive at a rate whatever is in flight (speedsplit/core/traffic.py:
   poisson, gamma or constant arrivals, a length mix);
 - `TraceReplay`: a window of a recorded trace's arrivals at a speedup.
 
 A cell's job spec holds its load as one of these (core/specs.CellParams.load, told apart by
 `kind`; a config's workload says its own: planning/workload_config.WorkloadConfig.kind). Whoever
-does something per kind keys a registry by the load's type (measuring/cell_load.py's prompts and
+does something per kind keys a registry by the load's type (probes/loadspec.cell_load's prompts and
 schedule) or asks the load (`schedule_s`, `client_lag_limit_s`) rather than testing keys.
 """
 
@@ -101,7 +101,7 @@ class OpenLoop(_Load):
 
 class TraceReplay(_Load):
     kind: Literal["trace"] = "trace"
-    trace: dict  # probes/traffic.TraceWindow's fields
+    trace: dict  # core/traffic.TraceWindow's fields
     max_client_lag_s: float | None = None  # a larger p99 send lag is flagged client_lag
 
     def schedule_s(self) -> float | None:
@@ -111,7 +111,7 @@ class TraceReplay(_Load):
 
 @dataclass(frozen=True)
 class Arrival:
-    """One request of an open loop's or a trace's measured phase (made by probes/traffic.py)."""
+    """One request of an open loop's or a trace's measured phase (made by core/traffic.py)."""
 
     due_s: float  # seconds after the phase's start
     prompt_tokens: int

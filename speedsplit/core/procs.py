@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -219,3 +220,26 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     if os.getppid() == 1:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def stop_group(leader: Proc, grace_s: float = 20.0) -> None:
+    """SIGTERM a server's process group and every process below it, then SIGKILL what is left;
+    return once all of them are gone. A process is signalled only while it is the very
+    process seen (pid and start time)."""
+    current = Proc.of(leader.pid)
+    if current is not None and current != leader:
+        # The pid is another process's now. Linux reuses a pid only once no process group of
+        # that id is left, so the server's group is empty: nothing of ours to stop.
+        return
+    members = {p.pid: p for p in tree(leader.pid)}
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        for p in list(members.values()):
+            if p.signal(sig):
+                p.signal(signal.SIGCONT)  # a stopped (hung) process acts on SIGTERM only once continued
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if leader.alive():  # children it starts while shutting down count too
+                members.update({p.pid: p for p in tree(leader.pid)})
+            if not any(p.alive() for p in members.values()):
+                return
+            time.sleep(0.2)

@@ -37,10 +37,10 @@ from speedsplit.core.requestlog import RequestRecord
 from speedsplit.core.specs import JobSpec, parse_job
 from speedsplit.core.results import provenance, redact, write_json_atomic, write_lines_atomic
 from speedsplit.measuring import checks
-from speedsplit.measuring.cell_load import cell_load
+from speedsplit.probes.loadspec import cell_load
 from speedsplit.models.checkpoint import ModelError, model_identity, model_info, read_model_config
 from speedsplit.core.errors import ConfigError
-from speedsplit.core.session_plan import SessionPlan
+from speedsplit.core.specs import SessionPlan
 from speedsplit.probes import loadgen, slo, telemetry
 from speedsplit.serving import lease as leases
 from speedsplit.serving import session as sessions

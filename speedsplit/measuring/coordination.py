@@ -24,9 +24,9 @@ from speedsplit.core.intervals import length, overlap, union
 from speedsplit.core.record import CellParams
 from speedsplit.core.results import provenance, redact, write_json_atomic
 from speedsplit.core.specs import StackSpec
-from speedsplit.measuring.cell_load import cell_load
+from speedsplit.probes.loadspec import cell_load
 from speedsplit.models.checkpoint import model_identity
-from speedsplit.core.session_plan import SessionPlan
+from speedsplit.core.specs import SessionPlan
 from speedsplit.probes import loadgen
 from speedsplit.serving import session as sessions
 

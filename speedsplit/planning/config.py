@@ -356,7 +356,7 @@ def _check_capacity(config: dict) -> None:
 def _check_traffic(config: dict) -> None:
     """Each open-loop workload's schedule can be built for every model it is measured on: a
     length file that exists and parses, lengths within each model's context."""
-    from speedsplit.probes import traffic
+    from speedsplit.core import traffic
 
     for name in {c.workload for c in cells(config) if c.trace}:
         t = workload_config.workload_config(config, name).trace

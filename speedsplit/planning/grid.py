@@ -367,5 +367,5 @@ def _open_loop(config: dict, cell: Cell) -> dict[str, Any]:
 
 
 def trace_window(trace: Trace, speedup: float) -> dict:
-    """A trace workload's window at one of its speedups (probes/traffic.TraceWindow's fields)."""
+    """A trace workload's window at one of its speedups (core/traffic.TraceWindow's fields)."""
     return {**trace.model_dump(exclude_unset=True, exclude={"speedups"}), "speedup": float(speedup)}

@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection
 from dataclasses import asdict
 from pathlib import Path
 
-from speedsplit.core.session_plan import BenchJob, SessionPlan, session_of  # noqa: F401 (re-exported)
+from speedsplit.core.specs import BenchJob, SessionPlan, session_of  # noqa: F401 (re-exported)
 from speedsplit.models.checkpoint import INT4_FORMATS
 from speedsplit.planning import config as cfgmod
 from speedsplit.planning.benchmark_config import benchmark_config

@@ -22,7 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from speedsplit.probes import loadgen, traffic
+from speedsplit.core import traffic
+from speedsplit.probes import loadgen
 
 VLLM_BENCH = (
     "import sys\n"

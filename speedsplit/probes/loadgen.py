@@ -2,7 +2,7 @@
 
 Closed loop: N users each send their next request when the previous one completes; the
 measured phase starts for all users at once, or with the users joining evenly over a ramp.
-Open loop (a schedule, speedsplit/probes/traffic.py): each request is sent when it is due,
+Open loop (a schedule, speedsplit/core/traffic.py): each request is sent when it is due,
 whatever is still in flight, with its own prompt and output length; each records when it was
 due beside when it was sent. A warm-up phase runs first (closed loop) and is excluded. It
 knows URLs and a request dialect, never which stack is behind them. What a cell asks (LoadSpec)

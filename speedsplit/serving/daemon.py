@@ -23,9 +23,8 @@ from speedsplit.core.specs import StackSpec
 from speedsplit.models.checkpoint import ModelError, check_model
 from speedsplit.probes import loadgen, telemetry
 from speedsplit.serving import lease as leases
-from speedsplit.serving import bytecode, serverlog, stacks
-from speedsplit.serving.compile_cache import compile_cache
-from speedsplit.serving.memory import host_cache_gib
+from speedsplit.serving import caches, serverlog, stacks
+from speedsplit.serving.stacks import host_cache_gib
 from speedsplit.serving.session import (
     DIED,
     READY,
@@ -56,7 +55,7 @@ def _daemon(launch_path: Path) -> int:
     servers: list[stacks.Server] = []  # filled as they start, so that a failed start stops them
     held = cache = None
     shared = Path(launch.get("shared_cache_dir") or launch["cache_dir"])  # compile caches, bytecode
-    pycache = bytecode.prefix_of(shared)
+    pycache = caches.bytecode_prefix(shared)
     with stop_on_signals():
         try:
             check_model(launch["model_dir"], stack.variant)
@@ -72,7 +71,7 @@ def _daemon(launch_path: Path) -> int:
                 on_wait=LeaseWait(sess, generation, platform_devices, meta.get("foreign_idle_s", FOREIGN_IDLE_S)),
             )
             t_start = time.monotonic()
-            cache = compile_cache(
+            cache = caches.compile_cache(
                 shared,
                 Path(launch["cache_dir"]),
                 stack,
@@ -195,7 +194,7 @@ def _startup_failed(sess: Session, generation: str, exc: Exception, pycache: Pat
     """Whatever kept the servers from starting, in the session's state for its cells."""
     expected = isinstance(exc, (stacks.StartupFailed, leases.LeaseError, ModelError, ValueError, OSError))
     error = str(exc) if expected else f"{type(exc).__name__}: {exc}"
-    healed = bytecode.heal(pycache, getattr(exc, "log_tail", "") or "")
+    healed = caches.heal_bytecode(pycache, getattr(exc, "log_tail", "") or "")
     transition(
         sess,
         generation,

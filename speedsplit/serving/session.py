@@ -31,9 +31,8 @@ from pathlib import Path
 from speedsplit.core import apikey, procs
 from speedsplit.core.results import write_json_atomic
 from speedsplit.core.specs import StackSpec
-from speedsplit.core.session_plan import SessionPlan
+from speedsplit.core.specs import SessionPlan
 from speedsplit.serving import lease as leases
-from speedsplit.serving import stacks
 from speedsplit.serving.session_state import (
     ATTACHABLE,
     DIED,
@@ -287,7 +286,7 @@ def _stop_processes(st: dict, timeout_s: float) -> None:
     for rec in st.get("servers") or []:  # left by a daemon that was killed
         server = procs.Proc.from_record(rec)
         if server is not None:
-            stacks.stop_group(server)
+            procs.stop_group(server)
 
 
 def stop_daemon(sess: Session, generation: str | None = None, timeout_s: float = 60.0) -> None:

@@ -2,15 +2,16 @@
 engine log what the engine actually ran (linear kernel, attention backend, weight memory).
 
 A server runs in its own process group and is always stopped as a group: vLLM leaves child
-processes that would otherwise keep holding the GPU. The compile caches its servers share are
-speedsplit/serving/compile_cache.py.
+processes that would otherwise keep holding the GPU. How much memory a server may take: a
+card's memory cap (the stack's card_memory_gib, through the server's own flag or
+speedsplit.serving.memcap) and the host memory a CPU server sizes its caches from
+(host_cache_cap), below. The compile caches its servers share are speedsplit/serving/caches.py.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,9 +23,8 @@ from pathlib import Path
 from speedsplit.core import apikey, procs
 from speedsplit.core.results import redact
 from speedsplit.core.specs import StackSpec
-from speedsplit.models.checkpoint import is_dummy
-from speedsplit.serving import bytecode
-from speedsplit.serving.memory import host_cache_gib, memory_cap, render_args
+from speedsplit.models.checkpoint import ModelError, is_dummy, read_model_config
+from speedsplit.serving import caches
 from speedsplit.serving.serverlog import exit_cause, launch_output, log_cause
 
 # No vLLM server this project launches reports usage to vLLM's authors (sent from any host with
@@ -112,7 +112,7 @@ class Server:
 
     def stop(self, grace_s: float = 20.0) -> None:
         """Stop the server (its whole process tree) and reap it."""
-        stop_group(self.proc_id, grace_s)
+        procs.stop_group(self.proc_id, grace_s)
         self.proc.poll()
         if self.proc.returncode is None:
             self.proc.wait(timeout=5)
@@ -152,7 +152,7 @@ def launch(
     card_total_gib (the smallest of its cards' memory) is what a memory cap is taken from;
     host_cache (GiB, see host_cache_gib) runs a {python} server under speedsplit.serving.memcap so that
     it sizes its caches from that much host memory; pycache is where a server that would
-    otherwise compile its modules at every start keeps their bytecode (serving/bytecode.py);
+    otherwise compile its modules at every start keeps their bytecode (serving/caches.py);
     api_key, where the stack names the variable its engine reads one from (api_key_env), is
     the key the server demands of every client (core/apikey.py)."""
     values = {
@@ -174,7 +174,7 @@ def launch(
     api_key = api_key if stack.api_key_env else None
     why_bytecode = None
     if pycache is not None:
-        env, why_bytecode = bytecode.server_env(argv, env, pycache)
+        env, why_bytecode = caches.bytecode_env(argv, env, pycache)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "ab")
     if why_bytecode:
@@ -314,24 +314,74 @@ def _listed_models(server: Server) -> list[str] | None:
         return None
 
 
-def stop_group(leader: procs.Proc, grace_s: float = 20.0) -> None:
-    """SIGTERM a server's process group and every process below it, then SIGKILL what is left;
-    return once all of them are gone. A process is signalled only while it is the very
-    process seen (pid and start time)."""
-    current = procs.Proc.of(leader.pid)
-    if current is not None and current != leader:
-        # The pid is another process's now. Linux reuses a pid only once no process group of
-        # that id is left, so the server's group is empty: nothing of ours to stop.
-        return
-    members = {p.pid: p for p in procs.tree(leader.pid)}
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        for p in list(members.values()):
-            if p.signal(sig):
-                p.signal(signal.SIGCONT)  # a stopped (hung) process acts on SIGTERM only once continued
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if leader.alive():  # children it starts while shutting down count too
-                members.update({p.pid: p for p in procs.tree(leader.pid)})
-            if not any(p.alive() for p in members.values()):
-                return
-            time.sleep(0.2)
+# How much memory a server may take
+
+
+def render_args(args: list[str], values: dict) -> list[str]:
+    """A stack's arguments with their {placeholders} filled in."""
+    out = []
+    for a in args:
+        try:
+            out.append(a.format(**values))
+        except KeyError as exc:
+            raise ValueError(f"stack argument {a!r} uses unknown placeholder {exc}") from None
+    return out
+
+
+def memory_cap(stack: StackSpec, argv: list[str], card_total_gib: float | None) -> tuple[list[str], dict | None]:
+    """The server command under the stack's memory cap (card_memory_gib), and what was done.
+
+    A stack caps itself through its own flag where it has one (memory_cap_args, with
+    {memory_fraction} = cap / the card's memory, e.g. vLLM's --gpu-memory-utilization);
+    otherwise its Python server runs under speedsplit.serving.memcap. Only a CUDA card is capped.
+    A vLLM stack's kv_cache_gib sizes its cache explicitly (--kv-cache-memory-bytes), cap or not."""
+    if stack.kv_cache_gib and stack.platform == "cuda":  # the cache sized by hand (vLLM)
+        argv = argv + ["--kv-cache-memory-bytes", str(int(stack.kv_cache_gib * GIB))]
+    gib = stack.card_memory_gib
+    if not gib:
+        return argv, None
+    record = {"card_memory_gib": gib, "card_total_gib": card_total_gib, "fraction": None, "how": None}
+    if stack.platform != "cuda" or card_total_gib is None:
+        return argv, {**record, "applied": False, "reason": "not on a CUDA card: nothing to cap"}
+    if gib >= card_total_gib:
+        raise ValueError(f"stack {stack.stack}: card_memory_gib {gib} is not below the card's {card_total_gib:.1f} GiB")
+    fraction = int(gib / card_total_gib * 10_000) / 10_000  # rounded down: never above the cap
+    if stack.memory_cap_args:
+        extra = render_args(stack.memory_cap_args, {"memory_fraction": f"{fraction:.4f}", "memory_gib": gib})
+        argv, how = argv + extra, " ".join(extra)
+    elif argv[0] == sys.executable:
+        argv = [argv[0], "-m", "speedsplit.serving.memcap", "--gib", f"{gib:g}", "--", *argv[1:]]
+        how = "speedsplit.serving.memcap: allocator capped, mem_get_info reports the small card"
+    else:
+        raise ValueError(
+            f"stack {stack.stack}: card_memory_gib needs memory_cap_args (the server's own memory flag) "
+            "or a command that starts with {python} (run under speedsplit.serving.memcap)"
+        )
+    return argv, {**record, "fraction": fraction, "how": how, "applied": True, "reason": None}
+
+
+GIB = 2**30
+HOST_CACHE_FLOOR_GIB = 0.25
+# transformers' continuous batching sets aside the LM head's rows (16-bit hidden state, fp32
+# logits) for up to 1024 requests of a batch before it sizes its cache
+# (PagedAttentionMemoryHandler.fixed_overhead_bytes): 206 MB for a 50k vocabulary.
+CB_LOGIT_ROWS = 1024
+
+
+def host_cache_gib(stack: StackSpec, model_dir: str | Path, kv_tokens: int) -> float | None:
+    """Host memory a CPU server with host_cache_cap may size its caches from: twice the KV
+    cache of what its session keeps in flight (at least one full-length sequence), the logit
+    rows transformers reserves, and 0.25 GiB for its other buffers; None where no such cap
+    applies."""
+    if not stack.host_cache_cap:
+        return None
+    try:
+        cfg = read_model_config(model_dir)
+    except ModelError:
+        return None  # the session's own model check says what is wrong
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    per_token = 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * 2  # K and V, 16-bit
+    tokens = max(kv_tokens, stack.max_model_len)
+    logit_rows = CB_LOGIT_ROWS * (cfg["hidden_size"] * 2 + cfg["vocab_size"] * 4)
+    return round((2 * per_token * tokens + logit_rows) / GIB + HOST_CACHE_FLOOR_GIB, 3)

@@ -4,17 +4,18 @@ from records import cell_spec, stack_spec
 
 from speedsplit.core.record import CellParams
 
-from speedsplit.measuring import bench, cell_load, checks
+from speedsplit.measuring import bench, checks
+from speedsplit.probes import loadspec
 from speedsplit.planning import config as C
 
 
 def test_prompts_differ_between_cells_and_runs_and_match_across_stacks(tiny_model):
     wide, narrow = cell_spec(cell="u8-wide-greedy"), cell_spec(cell="u2-narrow-greedy", users=2)
-    seeds = {cell_load.prompt_seed(c, r) for c in (wide, narrow) for r in (0, 1)}
+    seeds = {loadspec.prompt_seed(c, r) for c in (wide, narrow) for r in (0, 1)}
     assert len(seeds) == 4
-    a = cell_load.build_prompts(tiny_model, 8, 32, cell_load.prompt_seed(wide, 0))
-    b = cell_load.build_prompts(tiny_model, 8, 32, cell_load.prompt_seed(wide, 1))
-    again = cell_load.build_prompts(tiny_model, 8, 32, cell_load.prompt_seed(wide, 0))
+    a = loadspec.build_prompts(tiny_model, 8, 32, loadspec.prompt_seed(wide, 0))
+    b = loadspec.build_prompts(tiny_model, 8, 32, loadspec.prompt_seed(wide, 1))
+    again = loadspec.build_prompts(tiny_model, 8, 32, loadspec.prompt_seed(wide, 0))
     assert a == again  # every stack of a chain gets the same prompts
     assert not set(a) & set(b) and len(set(a)) == 8
 
@@ -31,7 +32,7 @@ def test_a_length_mix_with_a_shared_prefix_opens_every_prompt_with_the_same_toke
         lengths={"kind": "lognormal", "prompt_spread": 0.6, "output_spread": 0.3, "shared_prefix_tokens": 16},
     )  # fmt: skip
     stack = stack_spec(max_model_len=256)
-    load = cell_load.cell_load({"urls": ["http://127.0.0.1:1"], "model_id": "m"}, stack, cell, 0, tiny_model)
+    load = loadspec.cell_load({"urls": ["http://127.0.0.1:1"], "model_id": "m"}, stack, cell, 0, tiny_model)
     tok = load_tokenizer(tiny_model)
     ids = [tok.encode(p, add_special_tokens=False) for p in load.prompts[1:]]  # after the warm-up
     assert [len(x) for x in ids] == [a.prompt_tokens for a in load.schedule]
@@ -40,7 +41,7 @@ def test_a_length_mix_with_a_shared_prefix_opens_every_prompt_with_the_same_toke
     assert all(x[:16] == prefix[: len(x)] for x in ids)
     assert len({tuple(x[16:]) for x in ids if len(x) > 17}) == len([x for x in ids if len(x) > 17])  # own tails
     assert tok.encode(load.prompts[0], add_special_tokens=False)[:16] != prefix  # the warm-up is not it
-    again = cell_load.cell_load({"urls": ["http://127.0.0.1:1"], "model_id": "m"}, stack, cell, 1, tiny_model)
+    again = loadspec.cell_load({"urls": ["http://127.0.0.1:1"], "model_id": "m"}, stack, cell, 1, tiny_model)
     assert tok.encode(again.prompts[1], add_special_tokens=False)[:16] != prefix  # each run its own system prompt
 
 
@@ -144,7 +145,7 @@ def test_an_open_loop_cell_on_a_real_server(tiny_model, tmp_path):
     """Poisson arrivals with a lognormal length mix on the stock generate() server: every
     request sent when due with its own lengths, verified, and the run's rate recorded."""
     from speedsplit.core.requestlog import read_requests
-    from speedsplit.probes import traffic
+    from speedsplit.core import traffic
 
     cfg = C.load(REPO / "config/config.yaml")
     mix = {
@@ -162,7 +163,7 @@ def test_an_open_loop_cell_on_a_real_server(tiny_model, tmp_path):
     assert res.status == "ok", res.error
     s = res.summary
     assert s.completed == 12 and s.wrong_output_length == 0 and s.wrong_prompt_length == 0
-    seed = cell_load.prompt_seed(CellParams.model_validate(cell), 0)
+    seed = loadspec.prompt_seed(CellParams.model_validate(cell), 0)
     expected = traffic.schedule(cell["arrival"], cell["lengths"], 24, 6, seed, 1024)
     measured = sorted(
         (r for r in read_requests(tmp_path / "r.requests.jsonl") if r.phase == "measured"), key=lambda r: r.index

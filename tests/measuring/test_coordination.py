@@ -72,7 +72,7 @@ def test_a_missing_or_empty_profile_is_said():
 
 
 def test_profiler_arguments_survive_the_argument_templates():
-    from speedsplit.serving.memory import render_args
+    from speedsplit.serving.stacks import render_args
 
     args = render_args(profiler_args("/t", 16, 32), {})
     assert args[0] == "--profiler-config" and '"max_iterations": 32' in args[1] and args[1].startswith("{")

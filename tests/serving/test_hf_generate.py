@@ -60,7 +60,7 @@ def stats(url) -> dict:
 
 
 def spec(url, tiny_model, **kw):
-    from speedsplit.measuring.cell_load import build_prompts
+    from speedsplit.probes.loadspec import build_prompts
 
     base = dict(users=5, prompt_tokens=8, output_tokens=6, requests_per_user=1, warmup_requests=0)
     base.update(kw)
@@ -295,7 +295,7 @@ def test_rows_batched_together_each_get_their_own_logprobs(server, tiny_model):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from speedsplit.measuring.cell_load import build_prompts
+    from speedsplit.probes.loadspec import build_prompts
     from speedsplit.probes import quality
 
     prompts = build_prompts(tiny_model, 5, 8, seed=11)

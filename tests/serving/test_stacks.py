@@ -6,7 +6,7 @@ from records import stack_spec
 
 from speedsplit.core import procs
 from speedsplit.serving import serverlog, stacks
-from speedsplit.serving.compile_cache import cache_args, compile_cache
+from speedsplit.serving.caches import cache_args, compile_cache
 
 VLLM_GPU_LOG = """
 (EngineCore pid=1) INFO [core.py:133] Initializing a V1 LLM engine (v0.26.0) with config: model='m', dtype=torch.float16, quantization=gptq_marlin, enforce_eager=False

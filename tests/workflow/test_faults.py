@@ -239,13 +239,13 @@ def test_a_bytecode_file_a_full_disk_cut_short_fails_one_start_and_is_rebuilt_by
     import dataclasses
     import sys
 
-    from speedsplit.serving import bytecode
+    from speedsplit.serving import caches
 
     src = tmp_path / "src"
     src.mkdir()
     (src / "served.py").write_text("import time\ntime.sleep(600)\n" + "ANSWER = 42\n" * 50)
     shared = tmp_path / "shared"
-    prefix = bytecode.prefix_of(shared)
+    prefix = caches.bytecode_prefix(shared)
     # the server writes its bytecode there, as a server under PYTHONDONTWRITEBYTECODE given the folder does
     env = {"PYTHONPYCACHEPREFIX": str(prefix), "PYTHONPATH": str(src), "PYTHONDONTWRITEBYTECODE": ""}
     subprocess.run([sys.executable, "-m", "py_compile", str(src / "served.py")], env={**os.environ, **env}, check=True)

@@ -1,5 +1,5 @@
 """The truth tier: the whole workflow on servers of known speed (tests/config/truth.yaml), every
-number set beside its truth (speedsplit/analysis/truth.py). A measuring path that drifts or an
+number set beside its truth (speedsplit/output/truth.py). A measuring path that drifts or an
 interval that misses the truth fails here. It runs alone (marker serial): another worker's load
 takes the client's CPU from under it, and a client that waits 70 ms for a core reads its first
 token 70 ms late. The faults: test_truth_faults.py."""
@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 from conftest import REPO, run_snakemake
 
-from speedsplit.analysis import truth
+from speedsplit.output import truth
 from speedsplit.core.formats import read_frame
 from speedsplit.output import analyses
 from speedsplit.planning import config as C

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 from conftest import REPO, run_snakemake
 
-from speedsplit.analysis import truth
+from speedsplit.output import truth
 from speedsplit.core.formats import read_frame
 from speedsplit.core.record import read_result
 from speedsplit.output import analyses

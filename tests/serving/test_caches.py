@@ -1,13 +1,13 @@
 """A server whose engine has no bytecode, under PYTHONDONTWRITEBYTECODE, gets a bytecode folder
 of its own: its first start writes there and later starts read it; everything else is left as
-it is (serving/bytecode.py)."""
+it is (serving/caches.py)."""
 
 import subprocess
 import sys
 
 import pytest
 
-from speedsplit.serving import bytecode
+from speedsplit.serving import caches
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def _argv(module="fakeengine.server"):
 def test_an_engine_without_bytecode_gets_a_folder_it_writes_and_reads(engine, tmp_path):
     prefix = tmp_path / "cache" / "pycache"
     env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(engine), "KEEP": "x"}
-    out, why = bytecode.server_env(_argv(), env, prefix)
+    out, why = caches.bytecode_env(_argv(), env, prefix)
     assert "PYTHONDONTWRITEBYTECODE" not in out and out["PYTHONPYCACHEPREFIX"] == str(prefix.resolve())
     assert out["KEEP"] == "x" and "fakeengine has none" in why
     assert env["PYTHONDONTWRITEBYTECODE"] == "1"  # the caller's mapping is not changed
@@ -53,13 +53,13 @@ def test_an_engine_without_bytecode_gets_a_folder_it_writes_and_reads(engine, tm
 def test_nothing_changes_where_bytecode_exists_or_may_be_written(engine, tmp_path):
     prefix = tmp_path / "pycache"
     writable = {"PYTHONPATH": str(engine)}
-    assert bytecode.server_env(_argv(), writable, prefix) == (writable, None)
+    assert caches.bytecode_env(_argv(), writable, prefix) == (writable, None)
 
     import py_compile
 
     py_compile.compile(str(engine / "fakeengine" / "__init__.py"))  # installed with bytecode
     env = {"PYTHONDONTWRITEBYTECODE": "1"}
-    assert bytecode.server_env(_argv(), env, prefix) == (env, None)
+    assert caches.bytecode_env(_argv(), env, prefix) == (env, None)
     assert not prefix.exists()
 
 
@@ -72,13 +72,13 @@ def test_only_this_pythons_module_servers_are_looked_at(engine, tmp_path):
         [sys.executable, "script.py"],  # no module to look at
         _argv("no_such_engine.server"),
     ):
-        assert bytecode.server_env(argv, env, prefix) == (env, None), argv
+        assert caches.bytecode_env(argv, env, prefix) == (env, None), argv
 
 
 def test_the_engine_module_is_the_last_one_run():
     wrapped = [sys.executable, "-m", "speedsplit.serving.memcap", "--gib", "24", "--", "-m", "vllm.entrypoints.x"]
-    assert bytecode.engine_module(wrapped) == "vllm.entrypoints.x"
-    assert bytecode.engine_module([sys.executable, "x.py"]) is None
+    assert caches.engine_module(wrapped) == "vllm.entrypoints.x"
+    assert caches.engine_module([sys.executable, "x.py"]) is None
 
 
 def test_a_bytecode_file_cut_short_is_found_from_the_servers_output_and_the_folder_rebuilt(tmp_path):
@@ -101,9 +101,9 @@ def test_a_bytecode_file_cut_short_is_found_from_the_servers_output_and_the_fold
     pyc.write_bytes(pyc.read_bytes()[:40])  # the header whole, the code cut short
     failed = start()
     assert failed.returncode != 0 and "marshal data too short" in failed.stderr
-    said = bytecode.heal(prefix, failed.stderr)
+    said = caches.heal_bytecode(prefix, failed.stderr)
     assert said.startswith("a broken bytecode file (EOFError: marshal data too short) under ")
     assert said.endswith("the folder is cleared, the next start rebuilds it")
     assert not prefix.exists() and not list(prefix.parent.iterdir())  # nothing left aside
     assert start().stdout.strip() == "42" and list(prefix.rglob("served*.pyc"))
-    assert bytecode.heal(prefix, "ValueError: something else") is None and prefix.is_dir()
+    assert caches.heal_bytecode(prefix, "ValueError: something else") is None and prefix.is_dir()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from speedsplit.probes import traffic as T
+from speedsplit.core import traffic as T
 
 N = 20_000
 

@@ -1,9 +1,11 @@
+"""A server's memory: a card's memory cap and the host memory a CPU server sizes its caches from (serving/stacks.py)."""
+
 import sys
 
 import pytest
 from records import stack_spec
 
-from speedsplit.serving import memory
+from speedsplit.serving import stacks
 
 
 def _capped(**over):
@@ -12,13 +14,13 @@ def _capped(**over):
 
 def test_a_memory_cap_uses_the_servers_own_flag_with_the_cards_share():
     flag = ["--gpu-memory-utilization", "{memory_fraction}"]
-    argv, cap = memory.memory_cap(_capped(memory_cap_args=flag), ["vllm", "serve"], 139.8)
+    argv, cap = stacks.memory_cap(_capped(memory_cap_args=flag), ["vllm", "serve"], 139.8)
     assert argv == ["vllm", "serve", "--gpu-memory-utilization", "0.1716"]  # 24 / 139.8, rounded down
     assert cap["applied"] and cap["fraction"] == 0.1716 and cap["how"] == "--gpu-memory-utilization 0.1716"
 
 
 def test_a_python_server_without_a_flag_runs_under_memcap():
-    argv, cap = memory.memory_cap(_capped(), [sys.executable, "-m", "transformers.cli.transformers", "serve"], 80.0)
+    argv, cap = stacks.memory_cap(_capped(), [sys.executable, "-m", "transformers.cli.transformers", "serve"], 80.0)
     assert argv == [
         sys.executable,
         "-m",
@@ -32,15 +34,15 @@ def test_a_python_server_without_a_flag_runs_under_memcap():
     ]
     assert cap["applied"] and cap["fraction"] == 0.3
     with pytest.raises(ValueError, match="stack s: card_memory_gib needs memory_cap_args"):
-        memory.memory_cap(_capped(), ["/usr/bin/llama-server"], 80.0)
+        stacks.memory_cap(_capped(), ["/usr/bin/llama-server"], 80.0)
 
 
 def test_a_cap_the_card_cannot_emulate_is_refused_and_a_cpu_records_it_unapplied():
     with pytest.raises(ValueError, match="card_memory_gib 96 is not below the card's 80.0 GiB"):
-        memory.memory_cap(_capped(card_memory_gib=96), [sys.executable], 80.0)
-    argv, cap = memory.memory_cap(_capped(platform="cpu"), [sys.executable, "x"], None)
+        stacks.memory_cap(_capped(card_memory_gib=96), [sys.executable], 80.0)
+    argv, cap = stacks.memory_cap(_capped(platform="cpu"), [sys.executable, "x"], None)
     assert argv == [sys.executable, "x"] and not cap["applied"] and "not on a CUDA card" in cap["reason"]
-    assert memory.memory_cap(_capped(card_memory_gib=None), ["x"], 80.0) == (["x"], None)
+    assert stacks.memory_cap(_capped(card_memory_gib=None), ["x"], 80.0) == (["x"], None)
 
 
 def test_a_vllm_cache_sized_by_hand_is_passed_in_bytes_and_a_capped_cache_above_its_fit_is_flagged():
@@ -55,7 +57,7 @@ def test_a_vllm_cache_sized_by_hand_is_passed_in_bytes_and_a_capped_cache_above_
     from speedsplit.probes import slo
 
     flag = ["--gpu-memory-utilization", "{memory_fraction}"]
-    argv, cap = memory.memory_cap(_capped(memory_cap_args=flag, kv_cache_gib=6.5), ["vllm", "serve"], 139.8)
+    argv, cap = stacks.memory_cap(_capped(memory_cap_args=flag, kv_cache_gib=6.5), ["vllm", "serve"], 139.8)
     assert argv == [
         "vllm",
         "serve",
@@ -64,7 +66,7 @@ def test_a_vllm_cache_sized_by_hand_is_passed_in_bytes_and_a_capped_cache_above_
         "--gpu-memory-utilization",
         "0.1716",
     ]
-    assert memory.memory_cap(_capped(platform="cpu", kv_cache_gib=6.5), ["x"], None)[0] == ["x"]
+    assert stacks.memory_cap(_capped(platform="cpu", kv_cache_gib=6.5), ["x"], None)[0] == ["x"]
 
     res = fake_result("vllm-fp16", 8, 0, 100.0)
     res.server.memory_cap = MemoryCap(
@@ -109,9 +111,9 @@ def test_a_vllm_cache_sized_by_hand_is_passed_in_bytes_and_a_capped_cache_above_
 
 
 def test_render_args_names_an_unknown_placeholder():
-    assert memory.render_args(["--port", "{port}"], {"port": 5}) == ["--port", "5"]
+    assert stacks.render_args(["--port", "{port}"], {"port": 5}) == ["--port", "5"]
     with pytest.raises(ValueError, match="unknown placeholder 'nope'"):
-        memory.render_args(["{nope}"], {})
+        stacks.render_args(["{nope}"], {})
 
 
 def test_a_cpu_server_sizes_its_cache_from_its_grid_not_the_host(tiny_model):
@@ -126,6 +128,6 @@ def test_a_cpu_server_sizes_its_cache_from_its_grid_not_the_host(tiny_model):
     rows = 1024 * (cfg["hidden_size"] * 2 + cfg["vocab_size"] * 4)
     stack = stack_spec(host_cache_cap=True, max_model_len=1024)
     want = round((2 * per_token * 64 * 2048 + rows) / 2**30 + 0.25, 3)
-    assert memory.host_cache_gib(stack, tiny_model, 64 * 2048) == want
-    assert memory.host_cache_gib(stack, tiny_model, 10) == round((2 * per_token * 1024 + rows) / 2**30 + 0.25, 3)
-    assert memory.host_cache_gib(stack_spec(host_cache_cap=False), tiny_model, 10) is None
+    assert stacks.host_cache_gib(stack, tiny_model, 64 * 2048) == want
+    assert stacks.host_cache_gib(stack, tiny_model, 10) == round((2 * per_token * 1024 + rows) / 2**30 + 0.25, 3)
+    assert stacks.host_cache_gib(stack_spec(host_cache_cap=False), tiny_model, 10) is None
