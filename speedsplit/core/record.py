@@ -110,11 +110,27 @@ class Summary(StrictRecord):
     output_tok_s: float | None = Field(description="output_tokens / wall_s: the throughput every factor divides")
     request_s: float | None = Field(description="completed requests per second of wall time")
     ttft_s: Distribution = Field(description="time to first token")
-    itl_s: Distribution = Field(description="gaps between streamed chunks")
+    itl_s: Distribution = Field(
+        description="gaps between streamed chunks that carry tokens: per chunk, not per token, where a chunk "
+        "carries several (tokens_per_chunk)"
+    )
     tpot_s: Distribution = Field(description="per request: (last token - first token) / (output tokens - 1)")
     e2e_s: Distribution = Field(description="send to last token")
     wrong_output_length: int = Field(description="completed requests whose output length was not the cell's")
     wrong_prompt_length: int = Field(description="completed requests whose prompt the server counted otherwise")
+    tokens_per_chunk: float | None = Field(
+        None,
+        description="output tokens per chunk that carried any, over the completed requests: 1 where a server "
+        "streams token by token; more where it coalesces them (speculative decoding, a proxy), and then the ITL "
+        "is a chunk's gap (null: results from before it)",
+    )
+    client_wall_s: float | None = Field(
+        None,
+        description="seconds of wall_s its own records show the client held: before its first request went out "
+        "(a closed loop: past each user's place in the ramp), after its last answer, and, along the user whose "
+        "answer came last, between each answer and that user's next request (think time left out); an open "
+        "loop's last-ending request's lag. A factor's value takes it out (null: results from before it)",
+    )
     usage_mismatch: int = Field(
         0, description="completed requests whose usage the stream does not bear out (RequestRecord.usage_disagrees)"
     )

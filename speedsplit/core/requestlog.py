@@ -13,12 +13,24 @@ import gzip
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_serializer
+from pydantic import Field, PrivateAttr, field_serializer
 
 from speedsplit.core.facts import StrictRecord
 
 # The forms a run's request records take beside its result, newest first.
 SUFFIXES = (".requests.parquet", ".requests.jsonl.gz", ".requests.jsonl")
+
+
+# How far usage may stand above what a stream without a running count shows (its chunks, or its
+# text tokenised again, whichever is more) before it is not believed: a detokenised stream
+# encodes back to its own count or a token or two off (docs/how-it-works.md, "Tokens are counted").
+TEXT_COUNT_SLACK_TOKENS = 2
+TEXT_COUNT_SLACK_SHARE = 0.02
+
+
+def text_slack(tokens: int) -> int:
+    """The re-tokenised text's allowed distance from a count of `tokens` (TEXT_COUNT_SLACK_*)."""
+    return max(TEXT_COUNT_SLACK_TOKENS, int(TEXT_COUNT_SLACK_SHARE * tokens))
 
 
 class RequestRecord(StrictRecord):
@@ -51,12 +63,20 @@ class RequestRecord(StrictRecord):
     stream_count: Literal["running", "chunks"] | None = Field(
         default=None, description="how streamed_tokens was counted (null: records from before it)"
     )
+    text_tokens: int | None = Field(
+        default=None,
+        description="tokens the model's tokenizer counts in the streamed text, re-tokenised whole (null: no "
+        "tokenizer, or records from before it); where the stream has no running count, usage is believed only "
+        "up to TEXT_COUNT_SLACK above the more of it and the chunks",
+    )
     chunks: int = Field(0, description="streamed chunks with choices, text or not")
     error: str | None = Field(default=None, description="http_<code>, stall, timeout, connection, ...")
     detail: str | None = None
     due: float | None = Field(default=None, description="open loop: when it was due (sent is when it went out)")
     asked_prompt_tokens: int | None = Field(default=None, description="open loop: its own prompt length")
     asked_output_tokens: int | None = Field(default=None, description="open loop: its own output length")
+
+    _text: list[str] = PrivateAttr(default_factory=list)  # the streamed text, until it is counted
 
     @property
     def ok(self) -> bool:
@@ -65,15 +85,35 @@ class RequestRecord(StrictRecord):
     @property
     def usage_disagrees(self) -> bool:
         """Whether the server's usage is not borne out by its stream: other than the running
-        count; or, counted by chunks, below them. Chunks bound usage from below only: a server
-        holds back tokens that end inside a character and sends no chunk for them (transformers
-        serve streamed 27 chunks for 48 tokens of the tiny model, 21 of them silent for 165 ms;
-        llama.cpp 27 for 32), so a claim above the chunks is believed."""
+        count; or, without one, below the chunks, or above both the chunks and the re-tokenised
+        text by more than text_slack. Chunks bound usage from below only: a server holds back
+        tokens that end inside a character and sends no chunk for them (transformers serve
+        streamed 27 chunks for 48 tokens of the tiny model, 21 of them silent for 165 ms;
+        llama.cpp 27 for 32) or sends several in one, so a claim above the chunks is not a lie
+        by itself; the text, tokenised again, says how many there were, or fewer (never a lie
+        below what the chunks show)."""
         if self.usage_tokens is None or self.streamed_tokens is None:
             return False
         if self.stream_count == "running":
             return self.usage_tokens != self.streamed_tokens
-        return self.usage_tokens < self.streamed_tokens
+        if self.usage_tokens < self.streamed_tokens:
+            return True
+        if self.text_tokens is None:
+            return False
+        # what the stream shows at least: its chunks, or its text tokenised again, whichever is
+        # more (a model's own tokens may encode back to fewer: 48 spaces, one token each, are
+        # one token of the model's BPE vocabulary when encoded again)
+        return self.usage_tokens > max(self.streamed_tokens, self.text_tokens) + text_slack(self.usage_tokens)
+
+    def settle(self) -> None:
+        """Set output_tokens, the count every number uses, once the stream has ended: exact from
+        a running count; else usage's where the stream bears it out; else what the stream
+        shows at least (its chunks, or its text tokenised again, whichever is more)."""
+        if self.stream_count == "running" or self.usage_tokens is None or self.usage_disagrees:
+            text = self.text_tokens if self.stream_count != "running" else None
+            self.output_tokens = max(self.streamed_tokens or 0, text or 0) if text is not None else self.streamed_tokens
+        else:
+            self.output_tokens = self.usage_tokens
 
     @field_serializer("sent", "first_token", "end", "due")
     def _to_the_microsecond(self, t: float | None) -> float | None:
@@ -120,6 +160,7 @@ def _columns(records: list[RequestRecord]):
         "usage_tokens": pa.int32(),
         "streamed_tokens": pa.int32(),
         "stream_count": pa.string(),
+        "text_tokens": pa.int32(),
         "chunks": pa.int32(),
         "error": pa.string(),
         "detail": pa.string(),

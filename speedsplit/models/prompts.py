@@ -11,6 +11,7 @@ decode and encode back to themselves in any order, so the text sent is exactly t
 
 from __future__ import annotations
 
+import functools
 import random
 from pathlib import Path
 
@@ -37,14 +38,26 @@ class FastTokenizer:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
 
-def load_tokenizer(model_dir: str | Path):
-    """tokenizer.json through `tokenizers` when there is one, else transformers' AutoTokenizer."""
+@functools.lru_cache(maxsize=8)
+def _tokenizer(model_dir: str):
     path = Path(model_dir) / "tokenizer.json"
     if path.is_file():
         return FastTokenizer(path)
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(model_dir))
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def load_tokenizer(model_dir: str | Path):
+    """tokenizer.json through `tokenizers` when there is one, else transformers' AutoTokenizer
+    (loaded once per folder: a run's prompts and its text counts share it)."""
+    return _tokenizer(str(model_dir))
+
+
+def token_counter(model_dir: str | Path):
+    """How many tokens the model's tokenizer makes of a text (no special tokens added)."""
+    tok = load_tokenizer(model_dir)
+    return lambda text: len(tok.encode(text, add_special_tokens=False))
 
 
 def exact_prompt(tokenizer, n_tokens: int, rng: random.Random) -> str:

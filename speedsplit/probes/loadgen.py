@@ -103,7 +103,10 @@ async def _one_request(http: aiohttp.ClientSession, spec: LoadSpec, rec: Request
                         count = _running_count(chunk)
                         if running is None:  # does the stream carry its running count from the start?
                             running = count is not None
-                        new = _new_tokens(chunk["choices"][0], count if running else None, streamed)
+                        choice = chunk["choices"][0]
+                        new = _new_tokens(choice, count if running else None, streamed)
+                        if choice.get("text"):
+                            rec._text.append(choice["text"])
                         if new:  # a chunk that carries output (not a role or a closing one)
                             streamed += new
                             if rec.first_token is None:
@@ -116,10 +119,7 @@ async def _one_request(http: aiohttp.ClientSession, spec: LoadSpec, rec: Request
                         rec.usage_tokens = usage.get("completion_tokens")
         rec.end = time.perf_counter() - t0
         rec.streamed_tokens, rec.stream_count = streamed, "running" if running else "chunks"
-        # exact from a running count; else usage's, where the stream bears it out (a chunk may
-        # hold several tokens), else what the stream showed
-        exact = running or rec.usage_tokens is None or rec.usage_disagrees
-        rec.output_tokens = streamed if exact else rec.usage_tokens
+        rec.settle()  # again once its text is counted (count_text)
         if rec.usage_tokens is None:
             rec.error, rec.detail = "no_usage", "stream ended without a usage chunk"
     except aiohttp.ServerTimeoutError:  # no byte for stall_timeout_s
@@ -133,6 +133,20 @@ async def _one_request(http: aiohttp.ClientSession, spec: LoadSpec, rec: Request
     finally:
         if rec.end is None:
             rec.end = time.perf_counter() - t0
+
+
+def count_text(records: list[RequestRecord], count: Callable[[str], int] | None) -> None:
+    """Each request's streamed text tokenised again (`count`: the model's tokenizer, no special
+    tokens), once the phases are over (never beside a measured request), and its output tokens
+    settled with it: where the stream has no running count, usage is believed only as far as
+    the text bears it out (RequestRecord.usage_disagrees)."""
+    if count is None:
+        return
+    for rec in records:
+        if rec.streamed_tokens is not None:
+            rec.text_tokens = count("".join(rec._text))
+            rec.settle()
+        rec._text = []
 
 
 async def _phase(
@@ -232,6 +246,7 @@ async def run_async(
             warm_s = w1 - w0
         measured: list[RequestRecord] = []
         t0, t1 = await _phase(http, spec, "measured", spec.requests_per_user, measured, progress, on_measured)
+    count_text(warm + measured, spec.count_tokens)
     summary = summarize(measured, t1 - t0, spec, warm_s, sum(1 for r in warm if not r.ok))
     summary.client_stall_s = ticker.longest_stall(t0, t1)
     summary.measured_from = time.time() - (time.perf_counter() - t0)
@@ -284,6 +299,24 @@ def latency_outliers(ok: list[RequestRecord], factor: float, min_s: float) -> li
     return out
 
 
+def client_wall(records: list[RequestRecord], wall_s: float, spec: LoadSpec) -> float | None:
+    """The part of a measured phase's wall its records show the client held (Summary.
+    client_wall_s): a server of known speed would have taken wall_s less this, less each
+    request's own end-to-end offset (which only a calibration shows)."""
+    done = [r for r in records if r.end is not None]
+    if not done:
+        return None
+    last = max(done, key=lambda r: r.end)
+    held = wall_s - last.end  # after the last answer, until the phase ended
+    if spec.schedule is not None:  # open loop: requests leave when due; the last one's lag
+        return max(0.0, held + max(0.0, last.sent - (last.due or 0.0)))
+    mine = sorted((r for r in done if r.user == last.user), key=lambda r: r.index)
+    start = last.user * spec.closed.ramp_s / spec.users if spec.users else 0.0
+    held += max(0.0, mine[0].sent - start)  # its first request after its place in the ramp
+    held += sum(max(0.0, b.sent - a.end - spec.closed.think_s) for a, b in zip(mine, mine[1:]))
+    return max(0.0, held)
+
+
 def summarize(
     records: list[RequestRecord], wall_s: float, spec: LoadSpec, warmup_s: float = 0.0, warmup_failed: int = 0
 ) -> Summary:
@@ -302,6 +335,7 @@ def summarize(
     )
     due = [r.due for r in records if r.due is not None]
     mismatched = sum(1 for r in ok if r.usage_disagrees)
+    carrying = sum(len(r.gaps) + 1 for r in ok if r.first_token is not None)  # chunks that carried tokens
     tpot = [t for t in (slo.tpot(r) for r in ok) if t is not None]
     per_instance = [
         InstanceLoad(
@@ -327,6 +361,8 @@ def summarize(
         e2e_s=_dist([r.end - r.sent for r in ok]),
         wrong_output_length=wrong_len,
         usage_mismatch=mismatched,
+        tokens_per_chunk=out_tokens / carrying if carrying else None,
+        client_wall_s=client_wall(records, wall_s, spec),
         latency_outliers=len(latency_outliers(ok, spec.outlier_factor, spec.outlier_min_s)),
         wrong_prompt_length=wrong_prompt,
         warmup_s=warmup_s,

@@ -16,7 +16,7 @@ from typing import Callable
 from speedsplit.core.loads import Arrival, ClosedLoop, ClosedLoopSettings, OpenLoop, TraceReplay
 from speedsplit.core.record import OUTLIER_FACTOR, OUTLIER_MIN_S
 from speedsplit.core.specs import CellParams, StackSpec
-from speedsplit.models.prompts import block_prompts, load_tokenizer, prompts_of
+from speedsplit.models.prompts import block_prompts, load_tokenizer, prompts_of, token_counter
 
 # vLLM and transformers serve (uvicorn) close a connection idle 5 s; a request sent on one as
 # it closes fails ('connection', 4 of 16 at a 16-user level of vLLM's CPU build whose first 8
@@ -51,6 +51,9 @@ class LoadSpec:
     schedule: list[Arrival] | None = None  # measured phase open loop: these requests, when due
     fitted: dict | None = None  # trace replay: {"skipped": n, "capped": n} (read_trace)
     api_key: str | None = field(default=None, repr=False)  # sent with every request (core/apikey.py)
+    # the model's tokenizer as a count of a text's tokens (no special tokens): a stream's text
+    # counted again where it carries no running count (loadgen.count_text)
+    count_tokens: Callable[[str], int] | None = field(default=None, repr=False)
 
 
 def request_index(spec: LoadSpec, phase: str, user: int, i: int) -> int:
@@ -169,6 +172,7 @@ def cell_load(
         closed=cell.closed,
         schedule=schedule,
         fitted=fitted,
+        count_tokens=token_counter(tokenizer_dir),
     )
 
 

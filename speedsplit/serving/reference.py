@@ -7,7 +7,7 @@ cap), its first token is written `--ttft-s` + its prompt tokens / `--prefill-tok
 prefill cost) after it got its slot, and every next token `--itl-s` after the one before. Tokens are written at
 absolute deadlines from the slot's start, so sleeping late never accumulates. Every request
 gets exactly the tokens it asks for (`max_tokens`, or `max_new_tokens` of a transformers
-`generation_config`), one token a chunk, and `usage` last; `stream_options.
+`generation_config`), one token a chunk unless told otherwise, and `usage` last; `stream_options.
 continuous_usage_stats` puts the running usage in every chunk, as vLLM does.
 
 What a load generator should measure against it is `expected` (a replay of the same rules,
@@ -19,7 +19,15 @@ start, warm-ups included):
     --drop-every N        cut the connection after half the tokens
     --short-every N       stream only --short-fraction of the tokens, and say so in usage
     --stall-every N       hold --stall-s silent after half the tokens
+    --overclaim-every N   stream only --short-fraction of the tokens, and claim them all in usage
     --usage-factor F      report F x the streamed tokens in `usage` (every request)
+
+How it streams is set too: `--tokens-per-chunk K` writes the first token alone and then K a chunk
+(each chunk when its last token is due, as a speculative decoder or a proxy coalesces them);
+`--no-running-count` sends usage in the last chunk only, even to a client that asks for the
+running count (as transformers serve, TGI and many proxies do). An answer's text is made of
+whole-word tokens of the model's tokenizer, so a client that counts the text's tokens counts
+exactly what was streamed.
 
 Its answers are set by hand too (speedsplit/serving/reference_answers.py: `--diverge-every`,
 `--diverge-at`, `--nll`), with token ids and logprobs where a request asks (`logprobs`,
@@ -58,6 +66,39 @@ STATE = web.AppKey("reference", object)
 # --- the server --------------------------------------------------------------------------------
 
 
+class Words:
+    """The text of an answer's i-th token, for a client that counts a stream's tokens by its text
+    (loadgen.count_text): with the model's tokenizer, whole-word tokens that, in the order the
+    answer says them, encode back to exactly one token each (so the text counts what was
+    streamed); without one, " t{i}" (one word a token)."""
+
+    LENGTH = 512  # the answer's words, then again from its first
+
+    def __init__(self, model_dir: str | None = None):
+        self._cont: list[str] | None = None
+        path = Path(model_dir) / "tokenizer.json" if model_dir else None
+        if path is None or not path.is_file():
+            return
+        import random
+
+        from speedsplit.models.prompts import FastTokenizer, word_ids
+
+        tok = FastTokenizer(path)
+        words = word_ids(tok, random.Random(0), want=self.LENGTH)
+        ids = [words[i % len(words)] for i in range(self.LENGTH)]
+        # the text token i adds after token i-1 (as an incremental detokenizer streams it)
+        cont = [tok.decode([ids[i - 1], ids[i]])[len(tok.decode([ids[i - 1]])) :] for i in range(self.LENGTH)]
+        first = tok.decode([ids[0]])
+        check = first + "".join(cont[1:]) + "".join(cont) + cont[0]
+        if len(tok.encode(check, add_special_tokens=False)) == 2 * self.LENGTH + 1:
+            self._first, self._cont = first, cont
+
+    def text(self, i: int) -> str:
+        if self._cont is None:
+            return f" t{i}"
+        return self._first if i == 0 else self._cont[i % self.LENGTH]
+
+
 class BadRequest(ValueError):
     """A request the server refuses (HTTP 400), with the reason."""
 
@@ -71,6 +112,7 @@ class Server:
     served_name: str
     ids_of: object  # text -> its token ids
     answers: Answers = field(default_factory=Answers)
+    words: Words = field(default_factory=Words)  # an answer's token texts
     received: int = 0
     running: int = 0
     waiting: int = 0
@@ -165,7 +207,8 @@ async def _answer(request: web.Request, kind: str) -> web.StreamResponse:
     if fault == "error":
         return web.json_response({"error": {"message": "reference fault: error", "code": 500}}, status=500)
     prompt_tokens = len(state.ids_of(prompt))
-    streamed = max(1, int(n * state.faults.short_fraction)) if fault == "short" else n
+    streamed = max(1, int(n * state.faults.short_fraction)) if fault in ("short", "overclaim") else n
+    claimed = round((n if fault == "overclaim" else streamed) * state.faults.usage_factor)  # what usage says
     async with state.awake:  # a deadline hundreds of ms away is still met to the millisecond
         state.waiting += 1
         try:
@@ -178,7 +221,9 @@ async def _answer(request: web.Request, kind: str) -> web.StreamResponse:
             state.waiting -= 1
         state.running += 1
         try:
-            return await _serve_request(request, state, kind, fault, prompt_tokens, streamed, stream, options, arrived)
+            return await _serve_request(
+                request, state, kind, fault, prompt_tokens, streamed, claimed, stream, options, arrived
+            )
         finally:
             state.running -= 1
             if state.slots is not None:
@@ -192,6 +237,7 @@ async def _serve_request(
     fault: str | None,
     prompt_tokens: int,
     streamed: int,
+    claimed: int,
     stream: bool,
     options: dict,
     start: float,
@@ -199,7 +245,6 @@ async def _serve_request(
     speed = state.speed
     first = start + speed.first_token_s(prompt_tokens)
     half = streamed // 2
-    claimed = round(streamed * state.faults.usage_factor)
     rid = f"ref-{uuid.uuid4().hex[:12]}"
     if not stream:
         pause = state.faults.stall_s if fault == "stall" else 0.0
@@ -207,7 +252,7 @@ async def _serve_request(
         if fault == "drop":
             request.transport.abort()
             raise ConnectionResetError("reference fault: drop")
-        text = "".join(f" t{i}" for i in range(streamed))
+        text = "".join(state.words.text(i) for i in range(streamed))
         choice = {"index": 0, "finish_reason": "length"}
         if kind == "chat":
             choice["message"] = {"role": "assistant", "content": text}
@@ -225,10 +270,11 @@ async def _serve_request(
         )
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
-    continuous = bool(options.get("continuous_usage_stats"))
+    continuous = bool(options.get("continuous_usage_stats")) and not speed.no_running_count
     shift = 0.0
-    for i in range(streamed):
-        if i == half and fault in ("drop", "stall"):
+    begun = 0  # the first token the next chunk carries
+    for i in speed.chunk_ends(streamed):  # each chunk's last token
+        if begun <= half <= i and fault in ("drop", "stall"):
             if fault == "drop":
                 request.transport.abort()
                 return resp
@@ -236,7 +282,9 @@ async def _serve_request(
         await _until(first + speed.itl_s * i + shift)
         finish = "length" if i == streamed - 1 else None
         usage = _usage(prompt_tokens, i + 1) if continuous else None
-        await resp.write(_chunk(kind, rid, state.served_name, f" t{i}", finish, usage))
+        text = "".join(state.words.text(j) for j in range(begun, i + 1))
+        await resp.write(_chunk(kind, rid, state.served_name, text, finish, usage))
+        begun = i + 1
     if options.get("include_usage"):
         usage = {"id": rid, "object": "text_completion", "model": state.served_name, "choices": []}
         usage["usage"] = _usage(prompt_tokens, claimed)
@@ -310,7 +358,7 @@ def make_app(
     app = web.Application(client_max_size=16 * 2**20, middlewares=apikey.middlewares(api_key))
 
     async def start(app: web.Application) -> None:  # the semaphore belongs to the serving loop
-        app[STATE] = Server(speed, faults, served_name, token_ids(model_dir), answers)
+        app[STATE] = Server(speed, faults, served_name, token_ids(model_dir), answers, Words(model_dir))
 
     async def completions(request: web.Request) -> web.StreamResponse:
         if received is not None:

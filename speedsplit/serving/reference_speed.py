@@ -21,6 +21,23 @@ class Speed:
     itl_s: float = 0.01
     prefill_tok_s: float = 0.0  # prompt tokens a second before the first token (0: free)
     max_concurrency: int = 0  # requests served at once; the rest wait in line (0: no cap)
+    # how it streams: the first token alone, then this many a chunk, each chunk written as its
+    # last token is due (a speculative decoder or a proxy coalesces so); whether each chunk
+    # carries the running usage where a client asks (vLLM's continuous_usage_stats; False: usage
+    # in the last chunk only, as transformers serve, TGI and many proxies send it)
+    tokens_per_chunk: int = 1
+    no_running_count: bool = False
+
+    def chunk_ends(self, output_tokens: int) -> list[int]:
+        """The index of each chunk's last token: 0, then every tokens_per_chunk-th (the last
+        chunk holds what is left)."""
+        k = max(1, self.tokens_per_chunk)
+        return [0, *range(k, output_tokens - 1, k), output_tokens - 1] if output_tokens > 1 else [0]
+
+    def chunk_gaps_s(self, output_tokens: int) -> list[float]:
+        """The gaps between a request's chunks, as a client sees them."""
+        ends = self.chunk_ends(output_tokens)
+        return [self.itl_s * (b - a) for a, b in zip(ends, ends[1:])]
 
     def first_token_s(self, prompt_tokens: int) -> float:
         """From a request's slot to its first token."""
@@ -41,15 +58,18 @@ class Faults:
     short_fraction: float = 0.5
     stall_every: int = 0
     stall_s: float = 0.0
+    overclaim_every: int = 0  # stream only short_fraction of the tokens, claim them all in usage
     usage_factor: float = 1.0
 
     def of(self, k: int) -> str | None:
-        """The fault request number k (1-based) meets, if any (error before drop, short, stall)."""
+        """The fault request number k (1-based) meets, if any (error before drop, short, stall,
+        overclaim)."""
         for name, every in (
             ("error", self.error_every),
             ("drop", self.drop_every),
             ("short", self.short_every),
             ("stall", self.stall_every),
+            ("overclaim", self.overclaim_every),
         ):
             if every and k % every == 0:
                 return name
@@ -140,7 +160,8 @@ def argv(speed: Speed, faults: Faults = Faults(), answers: Answers = Answers()) 
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
             if value != f.default:
-                out += [f"--{f.name.replace('_', '-')}", str(value)]
+                flag = f"--{f.name.replace('_', '-')}"
+                out += [flag] if isinstance(value, bool) else [flag, str(value)]
     return out
 
 
@@ -160,7 +181,9 @@ def add_speed_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--itl-s", type=float, default=Speed.itl_s, help="between tokens")
     p.add_argument("--prefill-tok-s", type=float, default=0.0, help="prompt tokens a second before the first (0: free)")
     p.add_argument("--max-concurrency", type=int, default=0, help="requests served at once (0: no cap)")
-    for name in ("error", "drop", "short", "stall"):
+    p.add_argument("--tokens-per-chunk", type=int, default=1, help="tokens a chunk carries after the first")
+    p.add_argument("--no-running-count", action="store_true", help="usage in the last chunk only, even where asked")
+    for name in ("error", "drop", "short", "stall", "overclaim"):
         p.add_argument(f"--{name}-every", type=int, default=0, metavar="N", help=f"{name} on every N-th request")
     p.add_argument("--short-fraction", type=float, default=0.5, help="share of the tokens a short answer streams")
     p.add_argument("--stall-s", type=float, default=0.0, help="how long a stalled request is silent")
@@ -176,7 +199,11 @@ def speed_of(args: argparse.Namespace) -> tuple[Speed, Faults]:
     for name in ("ttft_s", "itl_s", "prefill_tok_s", "stall_s"):
         if getattr(args, name) < 0:
             raise SystemExit(f"--{name.replace('_', '-')} must not be negative")
-    speed = Speed(args.ttft_s, args.itl_s, args.prefill_tok_s, args.max_concurrency)
+    if args.tokens_per_chunk < 1:
+        raise SystemExit("--tokens-per-chunk must be at least 1")
+    speed = Speed(
+        args.ttft_s, args.itl_s, args.prefill_tok_s, args.max_concurrency, args.tokens_per_chunk, args.no_running_count
+    )
     faults = Faults(
         error_every=args.error_every,
         drop_every=args.drop_every,
@@ -184,6 +211,7 @@ def speed_of(args: argparse.Namespace) -> tuple[Speed, Faults]:
         short_fraction=args.short_fraction,
         stall_every=args.stall_every,
         stall_s=args.stall_s,
+        overclaim_every=args.overclaim_every,
         usage_factor=args.usage_factor,
     )
     return speed, faults

@@ -255,3 +255,23 @@ def test_a_client_loop_that_did_not_run_says_how_long():
     assert 0.38 < held.client_stall_s < 0.6, held.client_stall_s
     assert free.client_stall_s < 0.1, free.client_stall_s
     assert held.wall_s > free.wall_s + 0.3  # and the measured phase took it
+
+
+def test_the_wall_the_client_held_is_read_from_its_own_records():
+    """Two users joining 0.2 s apart, two requests each, a think time of 0.1 s: the user whose
+    answer came last (user 1) began 2 ms past its place in the ramp, turned 1 ms late to its
+    next request, and the phase ended 3 ms after its last answer: the client held 6 ms of the
+    wall. An open loop's: its last-ending request's lag and the phase's end after it."""
+
+    def rec(user, index, sent, end, due=None):
+        return RequestRecord(user=user, index=index, phase="measured", url="", sent=sent, end=end, due=due)
+
+    closed = [rec(0, 0, 0.001, 0.5), rec(0, 1, 0.601, 1.1), rec(1, 0, 0.202, 0.7), rec(1, 1, 0.801, 1.3)]
+    spec = loadgen.LoadSpec(
+        urls=[""], model="m", prompts=[], users=2, prompt_tokens=1, output_tokens=1,
+        closed=ClosedLoopSettings(ramp_s=0.4, think_s=0.1),
+    )  # fmt: skip
+    assert loadgen.client_wall(closed, 1.303, spec) == pytest.approx(0.006)
+    spec.schedule = []
+    opened = [rec(0, 0, 0.0005, 0.4, due=0.0), rec(0, 1, 0.5015, 1.0, due=0.5)]
+    assert loadgen.client_wall(opened, 1.002, spec) == pytest.approx(0.0035)

@@ -37,7 +37,8 @@ def test_prefill_and_open_loop_arrivals_keep_their_order():
 
 
 def test_its_command_line_says_its_speed_and_faults():
-    speed, faults = Speed(0.3, 0.02, 500.0, 4), Faults(stall_every=5, stall_s=2.0, usage_factor=2.0)
+    speed = Speed(0.3, 0.02, 500.0, 4, tokens_per_chunk=3, no_running_count=True)
+    faults = Faults(stall_every=5, stall_s=2.0, usage_factor=2.0, overclaim_every=3)
     argv = ["python", "-m", "speedsplit.serving.reference", "--port", "1", *RS.argv(speed, faults)]
     assert RS.parse_argv(argv) == (speed, faults)
     assert RS.parse_argv(["python", "-m", "vllm.entrypoints.openai.api_server"]) is None
@@ -115,6 +116,87 @@ def test_a_stream_counted_by_chunks_bounds_usage_from_below_only():
     assert not rec(27, 48).usage_disagrees and not rec(27, 32).usage_disagrees and not rec(32, 32).usage_disagrees
     assert rec(33, 32).usage_disagrees  # fewer tokens than chunks that carried one
     assert rec(31, 32, "running").usage_disagrees  # a running count is exact
+
+
+def test_a_stream_without_a_running_count_is_held_to_its_text_retokenised():
+    """Chunks bound usage from below only; the text, tokenised again, says how many tokens
+    there were, give or take the slack a detokenised stream needs (text_slack)."""
+    from speedsplit.core.requestlog import RequestRecord, text_slack
+
+    def rec(chunks, usage, text, how="chunks"):
+        r = RequestRecord(
+            user=0, index=0, phase="measured", url="", sent=0.0, streamed_tokens=chunks, usage_tokens=usage,
+            stream_count=how, text_tokens=text,
+        )  # fmt: skip
+        r.settle()
+        return r
+
+    assert text_slack(40) == 2 and text_slack(1000) == 20
+    honest = rec(10, 40, 39)  # ten chunks of four tokens: usage believed, within a token of the text
+    assert not honest.usage_disagrees and honest.output_tokens == 40
+    liar = rec(30, 40, 30)  # 30 streamed, 40 claimed: the text has 30
+    assert liar.usage_disagrees and liar.output_tokens == 30
+    assert rec(30, 26, 30).usage_disagrees  # a claim below the chunks
+    # 48 chunks, a token each, whose text encodes back to 25 (a run of spaces is one token of
+    # the trained tiny model's vocabulary): the chunks bear the claim out
+    spaces = rec(48, 48, 25)
+    assert not spaces.usage_disagrees and spaces.output_tokens == 48
+    running = rec(40, 40, 37, "running")  # a running count is exact: the text is only beside it
+    assert not running.usage_disagrees and running.output_tokens == 40
+
+
+def _spec(url, **kw):
+    base = dict(
+        urls=[url], model="m", prompts=["a b c d"] * 8, users=2, prompt_tokens=4, output_tokens=16,
+        requests_per_user=2, warmup_requests=0,
+    )  # fmt: skip
+    return loadgen.LoadSpec(**{**base, **kw})
+
+
+def test_a_server_that_streams_fewer_tokens_than_it_claims_is_caught_by_its_text(tiny_model):
+    """No running count (usage only in the last chunk): the chunks would believe a claim of 16
+    for 12 streamed; the text, counted by the model's tokenizer, does not. Honest servers of
+    the same kind are believed, token by token or four to a chunk."""
+    from speedsplit.models.prompts import token_counter
+
+    count = token_counter(tiny_model)
+    liar = R.serve_in_thread(
+        R.make_app(
+            Speed(ttft_s=0.0, itl_s=0.001, no_running_count=True),
+            Faults(overclaim_every=2, short_fraction=0.75),
+            model_dir=str(tiny_model),
+        )
+    )
+    s, records = loadgen.run(_spec(liar, count_tokens=count))
+    assert s.usage_mismatch == 2 and s.wrong_output_length == 2 and s.output_tokens == 2 * 16 + 2 * 12
+    lied = [r for r in records if r.usage_disagrees]
+    assert all(r.usage_tokens == 16 and r.text_tokens == 12 and r.stream_count == "chunks" for r in lied)
+    for tokens_per_chunk in (1, 4):
+        honest = R.serve_in_thread(
+            R.make_app(
+                Speed(ttft_s=0.0, itl_s=0.001, tokens_per_chunk=tokens_per_chunk, no_running_count=True),
+                model_dir=str(tiny_model),
+            )
+        )
+        s, records = loadgen.run(_spec(honest, count_tokens=count))
+        assert s.usage_mismatch == 0 and s.wrong_output_length == 0 and s.output_tokens == 4 * 16
+        assert all(r.text_tokens == 16 for r in records)
+
+
+def test_coalesced_chunks_are_counted_whole_and_the_run_says_how_many_a_chunk_carried():
+    """Four tokens a chunk after the first, 4 ms apart each: throughput and TPOT are the
+    tokens', the ITL a chunk's (16 ms), and the summary says 16 tokens came in 5 chunks."""
+    speed = Speed(ttft_s=0.05, itl_s=0.004, tokens_per_chunk=4)
+    assert speed.chunk_ends(16) == [0, 4, 8, 12, 15] and speed.chunk_gaps_s(16) == pytest.approx([0.016] * 3 + [0.012])
+    url = R.serve_in_thread(R.make_app(speed))
+    s, records = loadgen.run(_spec(url))
+    assert s.output_tokens == 4 * 16 and s.usage_mismatch == 0 and s.wrong_output_length == 0
+    assert s.tokens_per_chunk == pytest.approx(16 / 5)
+    assert all(len(r.gaps) == 4 and r.stream_count == "running" for r in records)
+    assert s.itl_s.median == pytest.approx(0.016, abs=0.003)
+    assert s.tpot_s.median == pytest.approx(0.004, abs=0.0005)
+    truth = expected(speed, users=2, requests_per_user=2, output_tokens=16)
+    assert truth[0].tpot_s == pytest.approx(0.004)
 
 
 def test_each_fault_hits_every_nth_request():

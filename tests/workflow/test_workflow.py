@@ -114,6 +114,27 @@ def test_every_result_is_complete_and_honest(workdir):
 
 
 @pytest.mark.slow
+def test_every_stream_is_counted_again_from_its_text_and_real_servers_agree_with_it(workdir):
+    """Every request's text tokenised again with the model's tokenizer, on real servers: vLLM's
+    (a running count in every chunk: the text is beside it) and transformers serve's (usage in
+    its last chunk only: the text and the chunks check it). No honest server is caught by the
+    check; the text alone may encode back to fewer tokens than were generated (the model's own
+    tokens need not be the ones its tokenizer would choose), or to more (vLLM's CPU build streamed
+    a prompt's own text again in its first chunk where that text held a replacement character:
+    80 tokens of text for 48 counted), so it stands beside the counts and never makes one."""
+    from speedsplit.core.requestlog import read_requests, requests_path
+
+    for path in sorted((workdir / "results/bench").rglob("run*.json")):
+        res = read_result(path)
+        records = [r for r in read_requests(requests_path(path)) if r.ok]
+        assert records and all(r.text_tokens is not None for r in records), path
+        assert res.summary.usage_mismatch == 0 and not any(r.usage_disagrees for r in records), path
+        counted = {r.stream_count for r in records}
+        assert counted == ({"chunks"} if res.stack == "hf-fp16" else {"running"}), (path, counted)
+        assert res.summary.tokens_per_chunk >= 1.0
+
+
+@pytest.mark.slow
 def test_the_terminal_says_what_each_cell_did_and_what_the_run_found(workdir):
     """One line per finished cell, the CPU's INT4 route before the grid, and a closing summary
     with the answer and the report's path: nobody has to open a log."""
