@@ -25,11 +25,12 @@ class Factor:
     name: str  # "vllm-fp16/hf-fp16"
     frm: str
     to: str
-    value: float | None
+    value: float | None  # with the client's calibrated offset taken out, where every run has one
     ci: tuple[float | None, float | None] = (None, None)
     share: float | None = None
     share_ci: tuple[float | None, float | None] = (None, None)
     runs: int = 0  # the fewer runs of its two stacks (paired: the pairs)
+    raw: float | None = None  # as measured, the client's offset in it
 
 
 @dataclass
@@ -43,6 +44,8 @@ class Attribution:
     share_note: str = ""
     missing: dict[str, str] = field(default_factory=dict)
     pairs: list[int] | None = None  # paired: the run indices every stack measured cleanly
+    total_raw: float | None = None  # as measured
+    corrected: bool = False  # whether the values have the client's offset taken out
 
 
 def _pct(samples: np.ndarray, level: float = est.LEVEL) -> tuple[float | None, float | None]:
@@ -76,6 +79,7 @@ def attribute(
     paired: bool = False,
     without_client: dict[str, dict[int, float] | list[float]] | None = None,
     seed: int = 0,
+    corrected: dict[str, dict[int, float] | list[float]] | None = None,
 ) -> Attribution:
     """Factors between neighbours of `chain` from each stack's speed per run (by run index, or
     a list in run order).
@@ -84,12 +88,16 @@ def attribute(
     telescopes: the factors multiply exactly to value[last] / value[first]. Paired, every
     stack's value is taken over the runs all of them measured (an excluded run drops its
     pair) and each interval from the per-run ratios; unpaired, from each stack's runs apart.
-    `without_client`, the same speeds with the client's calibrated offset taken out, widens
-    every interval to hold each stack's speed with and without it: the offset a run carries lies
-    between none and the calibrated one, and one stack's apart from the other's (on servers of
-    known speed the client added 1.0 ms to one stack's end-to-end latency and 1.4 ms to
-    another's, where 1.8 ms was calibrated: a factor's truth lay outside the interval of both
-    sides shifted alike).
+    `corrected`, the same speeds with the client's offset taken out (its uncontended offset and
+    what each run's records show it held: chains.client_free), makes the values where it covers
+    every run of every stack (each factor's `raw` keeps the value as measured: on servers of
+    known speed a true 5.0x read 4.946x raw, the fast stack's 0.17 s requests carrying the
+    client's 1-2 ms). `without_client`, the speeds with the largest calibrated offset taken out,
+    widens every interval to hold each stack's speed with and without it: the offset a run
+    carries lies between none and the largest calibrated, and one stack's apart from the
+    other's (on servers of known speed the client added 1.0 ms to one stack's end-to-end latency
+    and 1.4 ms to another's, where 1.8 ms was calibrated: a factor's truth lay outside the
+    interval of both sides shifted alike).
     """
     missing = dict(missing or {})
     values = {s: _clean(speeds.get(s, {})) for s in chain}
@@ -105,7 +113,9 @@ def attribute(
         factors = [
             Factor(f"{b}/{a}", a, b, None)
             if a in missing or b in missing
-            else attribute([a, b], speeds, paired=paired, without_client=without_client, seed=seed).factors[0]
+            else attribute(
+                [a, b], speeds, paired=paired, without_client=without_client, seed=seed, corrected=corrected
+            ).factors[0]
             for a, b in zip(chain, chain[1:])
         ]
         for f in factors:
@@ -116,21 +126,30 @@ def attribute(
     shifted = {s: _clean(without_client.get(s, {})) for s in chain} if without_client else None
     if pairs is not None and shifted:
         shifted = {s: {r: v[r] for r in pairs if r in v} for s, v in shifted.items()}
+    freed = {s: _clean(corrected.get(s, {})) for s in chain} if corrected else None
+    if pairs is not None and freed:
+        freed = {s: {r: v[r] for r in pairs if r in v} for s, v in freed.items()}
+    # corrected only where every run is: else the factors would not telescope
+    correct = bool(freed) and all(set(freed[s]) == set(values[s]) for s in chain)
+    centre = freed if correct else values
 
-    def step(a: str, b: str) -> est.Estimate:
+    def step(a: str, b: str) -> tuple[est.Estimate, float | None]:
+        """The step's estimate (its value corrected where it can be) and its raw value."""
         weights = {a: -1.0, b: 1.0}
-        e = est.contrast(values, weights, paired)
+        raw = est.contrast(values, weights, paired)
+        e = est.contrast(centre, weights, paired) if correct else raw
         if shifted and all(shifted[s] for s in (a, b)):
-            # each side as measured or shifted, apart: the four corners
+            # each side as measured or shifted, apart: the four corners (and the raw estimate,
+            # where the value is corrected)
             corners = [{a: va, b: vb} for va in (values[a], shifted[a]) for vb in (values[b], shifted[b])]
-            shifted_e = [est.contrast(c, weights, paired) for c in corners[1:]]
-            e = est.hull(e, *(c for c in shifted_e if c.lo is not None))  # a corner on one run has none
-        return e
+            others = [est.contrast(c, weights, paired) for c in corners]
+            e = est.hull(e, *(c for c in others if c.lo is not None))  # a corner on one run has none
+        return e, raw.value
 
     steps = [step(a, b) for a, b in zip(chain, chain[1:])]
-    whole = step(chain[0], chain[-1])
-    shares, note = log_shares([e.value for e in steps])
-    draws = est.mean_log_draws(values, paired, seed=seed)
+    whole, whole_raw = step(chain[0], chain[-1])
+    shares, note = log_shares([e.value for e, _ in steps])
+    draws = est.mean_log_draws(centre, paired, seed=seed)
     lt = draws[chain[-1]] - draws[chain[0]] if draws is not None else None  # each draw's log total
     factors = []
     for i, (a, b) in enumerate(zip(chain, chain[1:])):
@@ -139,8 +158,11 @@ def attribute(
             with np.errstate(divide="ignore", invalid="ignore"):
                 boot = np.where(np.abs(lt) >= MIN_ABS_LOG_TOTAL, (draws[b] - draws[a]) / lt, np.nan)
             share_ci = _pct(boot)
-        factors.append(Factor(f"{b}/{a}", a, b, steps[i].value, steps[i].interval, shares[i], share_ci, steps[i].runs))
-    return Attribution(chain, factors, whole.value, whole.interval, note, pairs=pairs)
+        e, raw = steps[i]
+        factors.append(Factor(f"{b}/{a}", a, b, e.value, e.interval, shares[i], share_ci, e.runs, raw))
+    return Attribution(
+        chain, factors, whole.value, whole.interval, note, pairs=pairs, total_raw=whole_raw, corrected=correct
+    )
 
 
 def crossover(users: list[int], shares: list[float | None], level: float = 0.5) -> float | None:

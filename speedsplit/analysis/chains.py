@@ -19,51 +19,71 @@ def covers(paired: bool, client: bool) -> str:
     """What a factor's interval covers, in words."""
     return COVERS.format(
         pairing=" (paired by run: each run index one arrival schedule)" if paired else "",
-        client=", and the client's calibrated offset" if client else " (no client calibration)",
+        client=", and the client's calibrated offset (the value has it taken out; raw_value as measured)"
+        if client
+        else " (no client calibration)",
     )
 
 
 def _offset(metric: str) -> str | None:
     """The calibrated client offset a latency metric carries (None: a rate)."""
-    for prefix, column in (("ttft", "client_ttft_s"), ("tpot", "client_tpot_s"), ("itl", "client_itl_s")):
+    for prefix in ("ttft", "tpot", "itl", "e2e"):
         if metric.startswith(prefix):
-            return column
-    return "client_e2e_s" if metric.startswith("e2e") else None
+            return f"{prefix}_s"
+    return None
+
+
+def client_free(row: dict, metric: str, bound: bool = False) -> float | None:
+    """A run's value of a metric with the client's offset taken out (None: the run has no
+    calibration, or no value). The value: a latency less the uncontended client's offset (the
+    calibration's fewest users: every request carries at least that); a rate as if its wall had
+    not held what the run's own records show the client held (client_wall_s) nor each request's
+    uncontended end-to-end offset (a closed loop: each of a user's requests in turn; an open
+    loop: the last answer's). bound: the largest offset calibrated, the far side of the
+    interval: a latency less it, a closed-loop rate as if no request had waited on the client
+    for the largest cycle (its end-to-end offset and the turn to the user's next request; the
+    end-to-end offset alone in calibrations older than the cycle's), an open-loop rate as if
+    its wall had not waited for the last answer's largest end-to-end offset."""
+    v = row[metric]
+    if v is None:
+        return None
+    prefix = "client_" if bound else "client_least_"
+    latency = _offset(metric)
+    if latency is not None:
+        offset = row.get(prefix + latency)
+        return None if offset is None else v - offset
+    e2e, cycle, wall = row.get(prefix + "e2e_s"), row.get(prefix + "cycle_s"), row["wall_s"]
+    if e2e is None or not wall:
+        return None
+    open_loop = bool(OPEN_LOOP_CELL.match(row["cell"]))
+    if not bound and row.get("client_wall_s") is not None:
+        per_request = 1.0 if open_loop else (row["completed"] or 0) / max(1, row["users"] or 1)
+        return v / (1.0 - min(0.5, (row["client_wall_s"] + per_request * e2e) / wall))
+    if open_loop:
+        return v / (1.0 - min(0.5, e2e / wall))
+    cycle = cycle if cycle is not None else e2e
+    if not row["e2e_s_median"]:
+        return None
+    # a user's period: its request and its thinking after it
+    return v / (1.0 - min(0.5, cycle / (row["e2e_s_median"] + (row.get("think_s") or 0.0))))
 
 
 def run_speeds(
-    df: pl.DataFrame, metric: str, higher_is_better: bool = True, without_client: bool = False
+    df: pl.DataFrame, metric: str, higher_is_better: bool = True, without_client: str | None = None
 ) -> dict[int, float]:
     """Each run's speed on a metric by run index: the value, or a latency's reciprocal (so a
     factor is a speedup either way); values of 0 or less left out (no ratio). without_client:
-    with the run's calibrated client offset taken out (runs without a calibration left out): a
-    latency less the offset; a closed-loop rate as if each request had not waited on the
-    client for its cycle offset (its end-to-end offset and the turn to the user's next request;
-    the end-to-end offset alone in calibrations older than the cycle's); an open-loop rate as if
-    its wall time had not waited on the client for the last answer's end-to-end offset (its
-    requests leave on their schedule: only the wall's end carries the client)."""
+    with the client's offset taken out (client_free; runs without a calibration left out):
+    "value" the uncontended client's and what the run's records show, "bound" the largest
+    calibrated."""
     out = {}
     for row in df.iter_rows(named=True):
         v = row[metric]
         if v is None or v <= 0:
             continue
         if without_client:
-            column = _offset(metric)
-            if column is not None:
-                if row[column] is None:
-                    continue
-                v -= row[column]
-            elif OPEN_LOOP_CELL.match(row["cell"]):
-                if row["client_e2e_s"] is None or not row["wall_s"]:
-                    continue
-                v /= 1.0 - min(0.5, row["client_e2e_s"] / row["wall_s"])
-            else:
-                cycle = row["client_cycle_s"] if row["client_cycle_s"] is not None else row["client_e2e_s"]
-                if cycle is None or not row["e2e_s_median"]:
-                    continue
-                # a user's period: its request and its thinking after it
-                v /= 1.0 - min(0.5, cycle / (row["e2e_s_median"] + (row.get("think_s") or 0.0)))
-            if v <= 0:
+            v = client_free(row, metric, bound=without_client == "bound")
+            if v is None or v <= 0:
                 continue
         out[int(row["run"])] = v if higher_is_better else 1.0 / v
     return out
@@ -85,7 +105,8 @@ def attribution_frame(
         paired = bool(OPEN_LOOP_CELL.match(base["cell"]))
         for chain_name, chain in chains.items():
             tp: dict[str, dict[int, float]] = {}
-            shifted: dict[str, dict[int, float]] = {}
+            shifted: dict[str, dict[int, float]] = {}  # each run with the largest client offset out
+            freed: dict[str, dict[int, float]] = {}  # with the uncontended client's and its own records' out
             missing: dict[str, str] = {}
             used: dict[str, int] = {}
             excluded: dict[str, list[str]] = {}
@@ -93,7 +114,8 @@ def attribution_frame(
                 sdf = df.filter(pl.col("stack") == stack)
                 clean, excluded[stack] = clean_runs(sdf, tolerate_flags)
                 tp[stack] = run_speeds(clean, metric)
-                shifted[stack] = run_speeds(clean, metric, without_client=True)
+                shifted[stack] = run_speeds(clean, metric, without_client="bound")
+                freed[stack] = run_speeds(clean, metric, without_client="value")
                 used[stack] = len(tp[stack])
                 if sdf.height == 0:
                     missing[stack] = "not measured"
@@ -105,7 +127,14 @@ def attribution_frame(
             if all(m == "not measured" for m in missing.values()) and len(missing) == len(chain):
                 continue
             client = all(shifted[s] for s in chain)
-            a = attr.attribute(chain, tp, missing=missing, paired=paired, without_client=shifted if client else None)
+            a = attr.attribute(
+                chain,
+                tp,
+                missing=missing,
+                paired=paired,
+                without_client=shifted if client else None,
+                corrected=freed if client else None,
+            )
             notes = [a.share_note] + [f"{s}: {why}" for s, why in a.missing.items()]
             if a.pairs is not None and any(len(tp[s]) > len(a.pairs) for s in chain):
                 notes.append(f"paired on runs {', '.join(map(str, a.pairs))} (the others lack a clean run of a stack)")
@@ -124,6 +153,7 @@ def attribution_frame(
                         "position": i + 1,
                         "factor": f.name,
                         "value": f.value,
+                        "raw_value": f.raw,
                         "lo": f.ci[0],
                         "hi": f.ci[1],
                         "log_share": f.share,
@@ -141,6 +171,7 @@ def attribution_frame(
                     "position": 0,
                     "factor": "total",
                     "value": a.total,
+                    "raw_value": a.total_raw,
                     "lo": a.total_ci[0],
                     "hi": a.total_ci[1],
                     "log_share": 1.0 if a.total is not None and not a.share_note else None,
@@ -154,6 +185,7 @@ def attribution_frame(
     schema = {
         "excluded": pl.List(pl.Utf8),
         "value": pl.Float64,
+        "raw_value": pl.Float64,
         "lo": pl.Float64,
         "hi": pl.Float64,
         "log_share": pl.Float64,

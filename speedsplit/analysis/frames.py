@@ -110,14 +110,24 @@ RUNS_SCHEMA = {
     "sm_util_mean_pct": pl.Float64,
     "gpu_memory_peak_gib": pl.Float64,
     "telemetry_absent": pl.List(pl.Utf8),
-    # the client's calibrated offsets on the host that measured (null: no calibration)
+    # the client's calibrated offsets on the host that measured: the largest level's (they bound
+    # the interval), then the fewest users' (an uncontended client's: the value takes them out;
+    # core/facts.Calibration.uncontended), and the wall the run's own records show the client held
+    # (Summary.client_wall_s); null: no calibration, or results from before them
     "client_ttft_s": pl.Float64,
     "client_itl_s": pl.Float64,
     "client_tpot_s": pl.Float64,
     "client_e2e_s": pl.Float64,
     "client_cycle_s": pl.Float64,  # a closed-loop request's (null: calibrated before it was measured)
+    "client_least_ttft_s": pl.Float64,
+    "client_least_itl_s": pl.Float64,
+    "client_least_tpot_s": pl.Float64,
+    "client_least_e2e_s": pl.Float64,
+    "client_least_cycle_s": pl.Float64,
+    "client_wall_s": pl.Float64,
     "think_s": pl.Float64,  # a closed-loop user's wait between an answer and its next request
     "usage_mismatch": pl.Int64,  # completed requests whose usage disagreed with the stream
+    "tokens_per_chunk": pl.Float64,  # output tokens a chunk carried: above 1, the ITL is a chunk's gap
     "latency_outliers": pl.Int64,  # completed requests far slower than their length predicts
 }
 
@@ -195,14 +205,18 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
                 row[f"{metric}_{q}"] = getattr(dist, q) if dist else None
         row.update(_slo_and_telemetry(res, ok))
         cal = res.calibration
+        least = cal.uncontended() if cal else {}
         row.update(
             client_ttft_s=cal.ttft_s if cal else None,
             client_itl_s=cal.itl_s if cal else None,
             client_tpot_s=cal.tpot_s if cal else None,
             client_e2e_s=cal.e2e_s if cal else None,
             client_cycle_s=cal.cycle_s if cal else None,
+            **{f"client_least_{k}": least.get(k) for k in ("ttft_s", "itl_s", "tpot_s", "e2e_s", "cycle_s")},
+            client_wall_s=s.client_wall_s if ok and s else None,
             think_s=float(p.closed.think_s),
             usage_mismatch=s.usage_mismatch if s else None,
+            tokens_per_chunk=s.tokens_per_chunk if s else None,
             latency_outliers=s.latency_outliers if s else None,
         )
         rows.append(row)
@@ -268,6 +282,7 @@ CELLS_TYPES = {
     "prefix_cache_queries": pl.Float64,
     "power_mean_w": pl.Float64,
     "sm_util_mean_pct": pl.Float64,
+    "tokens_per_chunk": pl.Float64,
     "telemetry_absent": pl.List(pl.Utf8),
     "statuses": pl.List(pl.Utf8),
     "flags": pl.List(pl.Utf8),
@@ -329,6 +344,8 @@ def cells_frame(runs: pl.DataFrame, tolerate_flags: Collection[str] = ()) -> pl.
             power_mean_w=_median_or_none(ok["power_mean_w"].drop_nulls().to_list()),
             sm_util_mean_pct=_median_or_none(ok["sm_util_mean_pct"].drop_nulls().to_list()),
             telemetry_absent=sorted({a for xs in df["telemetry_absent"].to_list() for a in xs}),
+            # above 1 the ITL is a chunk's gap, not a token's (a speculative decoder, a proxy)
+            tokens_per_chunk=_median_or_none(ok["tokens_per_chunk"].drop_nulls().to_list()),
         )
         row.update(
             rate_rps=df["rate_rps"][0],  # open loop: the cell's arrival rate (null: closed loop or a trace)

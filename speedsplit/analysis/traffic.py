@@ -38,7 +38,8 @@ FACTORS_SCHEMA = {
     "factor": pl.Utf8,
     "step": pl.Utf8,
     "metric": pl.Utf8,
-    "value": pl.Float64,
+    "value": pl.Float64,  # the client's calibrated offset taken out where every run has one
+    "raw_value": pl.Float64,  # as measured
     "lo": pl.Float64,
     "hi": pl.Float64,
     "verdict": pl.Utf8,
@@ -94,15 +95,21 @@ def factors_frame(
             if all(c.height == 0 and not why for c, why in clean.values()):
                 continue  # no stack of this chain measured the cell
             for metric, (label, higher) in METRICS.items():
-                speed, shifted, missing = {}, {}, {}
+                speed, shifted, freed, missing = {}, {}, {}, {}
                 for s, (c, why) in clean.items():
                     speed[s] = run_speeds(c, metric, higher)
-                    shifted[s] = run_speeds(c, metric, higher, without_client=True)
+                    shifted[s] = run_speeds(c, metric, higher, without_client="bound")
+                    freed[s] = run_speeds(c, metric, higher, without_client="value")
                     if not speed[s]:
                         missing[s] = _why_none(c, why, metric, label)
                 client = all(shifted.values())
                 a = attr.attribute(
-                    chain, speed, missing=missing, paired=True, without_client=shifted if client else None
+                    chain,
+                    speed,
+                    missing=missing,
+                    paired=True,
+                    without_client=shifted if client else None,
+                    corrected=freed if client else None,
                 )
                 notes = [f"{s}: {w}" for s, w in a.missing.items()]
                 if a.pairs is not None and any(len(v) > len(a.pairs) for v in speed.values()):
@@ -122,6 +129,7 @@ def factors_frame(
                             "step": named[i] if i < len(named) else "",
                             "metric": label,
                             "value": f.value,
+                            "raw_value": f.raw,
                             "lo": f.ci[0],
                             "hi": f.ci[1],
                             "verdict": verdict(f.value, *f.ci),
@@ -139,6 +147,7 @@ def factors_frame(
                         "step": "total",
                         "metric": label,
                         "value": a.total,
+                        "raw_value": a.total_raw,
                         "lo": a.total_ci[0],
                         "hi": a.total_ci[1],
                         "verdict": verdict(a.total, *a.total_ci),

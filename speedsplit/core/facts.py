@@ -305,6 +305,17 @@ class Calibration(StrictRecord):
     ceiling_tok_s: float | None = Field(description="output tok/s against a server that answers at once")
     ceiling_users: int = Field(description="users of the ceiling's load")
 
+    def uncontended(self) -> dict[str, float | None]:
+        """The offsets (ttft_s, itl_s, tpot_s, e2e_s, cycle_s; none below 0) of the level with
+        the fewest users: what every request carries at least, where nothing else competes for
+        the client (more users at once add more: the largest level's bound the interval). A
+        factor's value takes these out (analysis/chains.client_free)."""
+        names = ("ttft_s", "itl_s", "tpot_s", "e2e_s", "cycle_s")
+        if not self.levels:
+            return {k: getattr(self, k) for k in names}
+        least = min(self.levels, key=lambda lv: lv.users)
+        return {k: None if getattr(least, k) is None else max(0.0, getattr(least, k)) for k in names}
+
     @classmethod
     def read(cls, path: str | Path | None) -> Calibration | None:
         """A calibration file, or None where there is none to read."""

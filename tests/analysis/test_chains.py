@@ -22,8 +22,8 @@ def _runs(cycle, cell="u1-truth-greedy"):
 def test_a_closed_loop_rate_without_the_client_takes_out_its_cycle():
     # the cycle (end-to-end offset and the turn to the next request) where it was calibrated,
     # the end-to-end offset alone in an older calibration
-    assert run_speeds(_runs(0.004), "output_tok_s", without_client=True)[0] == pytest.approx(10.0 / 0.996)
-    assert run_speeds(_runs(None), "output_tok_s", without_client=True)[0] == pytest.approx(10.0 / 0.999)
+    assert run_speeds(_runs(0.004), "output_tok_s", without_client="bound")[0] == pytest.approx(10.0 / 0.996)
+    assert run_speeds(_runs(None), "output_tok_s", without_client="bound")[0] == pytest.approx(10.0 / 0.999)
     assert run_speeds(_runs(0.004), "output_tok_s")[0] == 10.0
 
 
@@ -33,5 +33,28 @@ def test_an_open_loop_rate_without_the_client_ends_its_wall_before_the_last_answ
     # against a truth of 0.90528 while its two runs agreed to 0.01%: the interval missed it)
     for cell in ("r6-traffic-greedy", "x4-trace-greedy"):
         runs = _runs(0.004, cell)
-        assert run_speeds(runs, "output_tok_s", without_client=True)[0] == pytest.approx(10.0 / (1 - 0.001 / 2.0))
-        assert run_speeds(runs.with_columns(client_e2e_s=None), "output_tok_s", without_client=True) == {}
+        assert run_speeds(runs, "output_tok_s", without_client="bound")[0] == pytest.approx(10.0 / (1 - 0.001 / 2.0))
+        assert run_speeds(runs.with_columns(client_e2e_s=None), "output_tok_s", without_client="bound") == {}
+
+
+def test_the_value_takes_out_the_uncontended_client_and_what_the_runs_own_records_show():
+    """A closed loop of two users, two requests each, 2 s of wall: the records show the client
+    held 6 ms (before its first request, after its last answer, between a user's answer and its
+    next request), and each of the user's two requests carries the uncontended client's 1 ms
+    end to end: the value is the rate over the 1.992 s the server took. An open loop's last
+    answer carries one end-to-end offset. Without the records' part (older results), the
+    uncontended cycle stands for it."""
+    runs = _runs(0.004).with_columns(
+        users=pl.lit(2),
+        completed=pl.lit(4),
+        client_least_e2e_s=pl.lit(0.001),
+        client_least_cycle_s=pl.lit(0.002),
+        client_wall_s=pl.lit(0.006),
+    )
+    assert run_speeds(runs, "output_tok_s", without_client="value")[0] == pytest.approx(10.0 * 2.0 / 1.992)
+    open_loop = runs.with_columns(cell=pl.lit("r6-traffic-greedy"))
+    assert run_speeds(open_loop, "output_tok_s", without_client="value")[0] == pytest.approx(10.0 * 2.0 / 1.993)
+    older = runs.with_columns(client_wall_s=None)
+    assert run_speeds(older, "output_tok_s", without_client="value")[0] == pytest.approx(10.0 / 0.998)
+    latency = runs.with_columns(ttft_s_median=pl.lit(0.5), client_least_ttft_s=pl.lit(0.0012))
+    assert run_speeds(latency, "ttft_s_median", False, without_client="value")[0] == pytest.approx(1 / 0.4988)
