@@ -39,8 +39,9 @@ def truth_run(tmp_path_factory):
 def test_every_run_lands_within_two_percent_of_its_truth(truth_run):
     wd, table = truth_run
     runs = table.filter(pl.col("kind") == "run")
-    # 3 chain stacks x (u1, u8, open loop) + the capped one x (u8, open loop) + 2 trace stacks, 2 runs, 4 metrics
-    assert runs.height == (3 * 3 + 2 + 2) * 2 * 4
+    # 3 chain stacks x (u1, u8, open loop) + the capped one x (u8, open loop) + 2 trace stacks
+    # + the five-fold pair x (u1, u6, open loop) + the chunked and the admitting-three at u6; 2 runs, 4 metrics
+    assert runs.height == (3 * 3 + 2 + 2 + 2 * 3 + 2) * 2 * 4
     assert set(runs["metric"]) == {"throughput", "TTFT p50", "TPOT p50", "E2E p50"}
     off = runs.filter(~pl.col("within"))
     assert off.is_empty(), (wd / "truth.txt").read_text()
@@ -75,6 +76,40 @@ def test_every_factor_within_one_percent_and_the_intervals_hold_the_truth(truth_
     for cell, want in (("u1-truth-greedy", [2.0, 1.25, 2.5]), ("u8-truth-greedy", at_eight)):
         rows = factors.filter(pl.col("what").str.starts_with(f"attribution study {cell}"))
         assert sorted(rows["truth"].to_list()) == pytest.approx(sorted(want), rel=1e-9), cell
+    # 0.85 s a request against 0.17 s: five-fold at one user, the fast side's requests short
+    # enough that the client's milliseconds are a percent of them (taken out: within 0.5%)
+    five = factors.filter(pl.col("what") == "attribution fivefold u1-truth-greedy total")
+    assert five["truth"].to_list() == pytest.approx([5.0], rel=1e-9)
+    assert set(factors.filter(pl.col("what").str.contains("admits-three u6"))["within"]) == {True}
+
+
+@pytest.mark.slow
+@pytest.mark.snakemake
+@pytest.mark.serial
+def test_tokens_are_counted_from_the_text_where_the_stream_has_no_running_count(truth_run):
+    """ref-quick sends usage in its last chunk only: every request's tokens are its text's,
+    counted again with the model's tokenizer, and agree with usage; ref-chunky's four tokens a
+    chunk are counted whole, and its runs say how many a chunk carried (its ITL is a chunk's)."""
+    from speedsplit.core.record import read_result
+    from speedsplit.core.requestlog import read_requests, requests_path
+
+    wd, _ = truth_run
+    seen = set()
+    for path in (wd / "results/bench").rglob("run*.json"):
+        res = read_result(path)
+        if res.stack not in ("ref-quick", "ref-chunky") or res.cell.startswith("r"):
+            continue
+        seen.add(res.stack)
+        records = [r for r in read_requests(requests_path(path)) if r.phase == "measured"]
+        assert res.status == "ok" and not res.flags, (res.stack, res.cell, res.flags)
+        assert all(r.text_tokens == r.output_tokens == r.usage_tokens == 16 for r in records)
+        if res.stack == "ref-quick":
+            assert {r.stream_count for r in records} == {"chunks"} and res.summary.tokens_per_chunk == 1.0
+        else:
+            assert {r.stream_count for r in records} == {"running"}
+            assert res.summary.tokens_per_chunk == pytest.approx(16 / 5)  # 1, 4, 4, 4, 3
+            assert res.summary.itl_s.median == pytest.approx(4 * 0.003, abs=0.002)
+    assert seen == {"ref-quick", "ref-chunky"}
 
 
 @pytest.mark.slow

@@ -33,7 +33,9 @@ def faults_run(tmp_path_factory):
 def test_each_fault_is_flagged_with_its_cause_and_kept_out_of_every_number(faults_run):
     wd, table = faults_run
     faults = table.filter(pl.col("kind") == "fault")
-    assert sorted(set(faults["metric"])) == ["drop_every", "error_every", "short_every", "stall_every", "usage_factor"]
+    assert sorted(set(faults["metric"])) == [
+        "drop_every", "error_every", "overclaim_every", "short_every", "stall_every", "usage_factor"
+    ]  # fmt: skip
     assert faults["within"].all(), faults.select("what", "note").to_dicts()
     # the causes in the records: HTTP 500 answers, cut connections, short answers, a request held
     # silent far longer than its length predicts, usage that says twice what was streamed
@@ -46,6 +48,8 @@ def test_each_fault_is_flagged_with_its_cause_and_kept_out_of_every_number(fault
         if res.stack == "ref-usage":
             assert res.summary.usage_mismatch == res.summary.completed
             assert res.summary.output_tokens == res.summary.completed * res.job.cell.output_tokens  # from the stream
+        if res.stack == "ref-overclaim":  # no running count: its text says 12 where usage claims 16
+            assert res.summary.usage_mismatch >= 1 and res.summary.wrong_output_length == res.summary.usage_mismatch
     assert causes["ref-error"] == {"http_500"} and causes["ref-drop"] == {"connection"}
     # nothing of them reaches a number: the chain of faults is not decomposed, each reason said
     answer = read_frame(wd / "results/tables/answer.parquet")
@@ -59,6 +63,8 @@ def test_each_fault_is_flagged_with_its_cause_and_kept_out_of_every_number(fault
         ("ref-usage", "usage_mismatch"),
     ):
         assert f"{stack}: no clean run (run0: {flag}, run1: {flag})" in said[0]
+    overclaim = said[0].split("ref-overclaim: no clean run (")[1].split(")")[0]
+    assert overclaim.count("usage_mismatch") == 2, overclaim  # both runs, beside the lengths it got wrong
     attribution = read_frame(wd / "results/tables/attribution.parquet")
     assert attribution.filter(pl.col("chain") == "faults")["value"].drop_nulls().is_empty()
     out = (wd / "snakemake.out").read_text()
