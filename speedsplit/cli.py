@@ -36,6 +36,19 @@ def _results(p: argparse.ArgumentParser, help: str = RESULTS_HELP) -> None:
     p.add_argument("--results", default="results", metavar="DIR", help=help)
 
 
+def _results_folder(path: str) -> str:
+    """A results folder that is there (else one line naming it): a command that reads one must
+    not answer 'nothing failed' about a folder that does not exist."""
+    from speedsplit.core.errors import UserError
+
+    folder = Path(path)
+    if not folder.is_dir():
+        raise UserError(f"no results folder at {folder} (--results names the folder the workflow wrote)")
+    if not (folder / "bench").is_dir() and not (folder / "tables").is_dir():
+        raise UserError(f"{folder} is no results folder: it holds neither bench/ nor tables/")
+    return path
+
+
 def _load_config(paths: list[str]) -> dict:
     from speedsplit.planning import config
 
@@ -129,7 +142,9 @@ def _failed(args) -> int:
     from speedsplit.output import failed
 
     extra = args.snakemake_args
-    return failed.run(args.results, args.flagged, args.rerun, extra[1:] if extra[:1] == ["--"] else extra or None)
+    return failed.run(
+        _results_folder(args.results), args.flagged, args.rerun, extra[1:] if extra[:1] == ["--"] else extra or None
+    )
 
 
 def _summary_args(p):
@@ -139,7 +154,7 @@ def _summary_args(p):
 def _summary(args) -> int:
     from speedsplit.output import summary
 
-    return 1 if summary.close_run(args.results) else 0
+    return 1 if summary.close_run(_results_folder(args.results)) else 0
 
 
 def _check_report_args(p):

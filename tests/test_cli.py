@@ -121,3 +121,18 @@ open({str(tmp_path / "result.json")!r}, "w").write("{{}}")
     )
     assert said[1:] == ["the cell's finished line", "a line without its end"]
     assert (tmp_path / "result.json").read_text() == "{}"
+
+
+def test_failed_and_summary_of_a_folder_that_is_not_there_say_so_in_one_line(tmp_path, capsys):
+    """Not 'no failed runs' with exit 0 about a folder that does not exist (or holds no results)."""
+    missing = tmp_path / "no/such/folder"
+    for command in ("failed", "summary"):
+        assert cli.main([command, "--results", str(missing)]) == 2
+        assert _said(capsys) == [
+            f"speedsplit: no results folder at {missing} (--results names the folder the workflow wrote)"
+        ]
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["failed", "--results", str(tmp_path / "empty")]) == 2
+    assert _said(capsys) == [
+        f"speedsplit: {tmp_path / 'empty'} is no results folder: it holds neither bench/ nor tables/"
+    ]

@@ -85,10 +85,13 @@ async def _one_request(http: aiohttp.ClientSession, spec: LoadSpec, rec: Request
                     rec.error = f"http_{resp.status}"
                     rec.detail = (await resp.text())[:300]
                     return
+                events, other = 0, b""  # data: lines seen; the start of anything else (not a stream?)
                 async for raw in resp.content:
                     line = raw.strip()
                     if not line.startswith(b"data:"):
+                        other = other if len(other) >= 200 else other + raw[: 200 - len(other)]
                         continue
+                    events += 1
                     payload = line[5:].strip()
                     if payload == b"[DONE]":
                         break
@@ -118,6 +121,11 @@ async def _one_request(http: aiohttp.ClientSession, spec: LoadSpec, rec: Request
                         rec.prompt_tokens = usage.get("prompt_tokens")
                         rec.usage_tokens = usage.get("completion_tokens")
         rec.end = time.perf_counter() - t0
+        if not events:  # a 200 answer, but no server-sent event in it
+            kind = resp.headers.get("Content-Type", "no Content-Type")
+            rec.error = "not_a_stream"
+            rec.detail = f"HTTP 200 with no 'data:' event ({kind}): " + other.decode(errors="replace").strip()[:200]
+            return
         rec.streamed_tokens, rec.stream_count = streamed, "running" if running else "chunks"
         rec.settle()  # again once its text is counted (count_text)
         if rec.usage_tokens is None:

@@ -275,3 +275,30 @@ def test_the_wall_the_client_held_is_read_from_its_own_records():
     spec.schedule = []
     opened = [rec(0, 0, 0.0005, 0.4, due=0.0), rec(0, 1, 0.5015, 1.0, due=0.5)]
     assert loadgen.client_wall(opened, 1.002, spec) == pytest.approx(0.0035)
+
+
+def test_a_200_answer_that_is_not_an_event_stream_says_so():
+    """A server (or a proxy in front of it) that answers a streamed request with plain JSON: the
+    request fails as not_a_stream, with what came back, not as a stream without usage."""
+
+    async def plain(request):
+        return web.json_response({"choices": [{"text": "all at once"}], "usage": {"completion_tokens": 3}})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", plain)
+    url = reference.serve_in_thread(app)
+    s, records = loadgen.run(
+        loadgen.LoadSpec(
+            urls=[url],
+            model="m",
+            prompts=["a"],
+            users=1,
+            prompt_tokens=1,
+            output_tokens=3,
+            requests_per_user=1,
+            warmup_requests=0,
+        )  # fmt: skip
+    )
+    assert s.failures == {"not_a_stream": 1}
+    assert records[0].detail.startswith("HTTP 200 with no 'data:' event (application/json")
+    assert '"all at once"' in records[0].detail
