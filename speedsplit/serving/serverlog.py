@@ -20,9 +20,12 @@ def launch_output(log_path: str | Path, offset: int) -> str:
 
 
 # A log line that names a failure: an exception with its message, a fatal CUDA or memory
-# error, the kernel's "Killed". vLLM prefixes its lines with the process and level.
+# error, the kernel's "Killed", a command line's refusal ("api_server.py: error: unrecognized
+# arguments: ..."). vLLM prefixes its lines with the process and level.
 _CAUSE = re.compile(
-    r"(?:\b[A-Z]\w*(?:Error|Exception)\b:?.*|CUDA error:.*|\bout of memory\b.*|^Killed$|Segmentation fault.*)", re.I
+    r"(?:\b[A-Z]\w*(?:Error|Exception)\b:?.*|CUDA error:.*|\bout of memory\b.*|^Killed$|Segmentation fault.*"
+    r"|(?<=: )error: .+|^error: .+)",
+    re.I,
 )
 _PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?(?:(?:ERROR|CRITICAL|WARNING|INFO)\s+[\d-]+ [\d:.]+ \[[^\]]*\]\s*)?")
 

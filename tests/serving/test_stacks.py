@@ -227,6 +227,16 @@ def test_a_killed_server_says_which_signal_and_what_its_log_names(tmp_path, tiny
     assert serverlog.log_cause("INFO all good\nWARNING slow\n") == ""
 
 
+def test_a_server_that_refuses_its_command_line_names_the_refusal(tmp_path, tiny_model):
+    """A flag the server does not know: argparse's own line is the cause, not only the exit code."""
+    stack = _stack(["{python}", "-m", "speedsplit.serving.reference", "--host", "{host}", "--no-such-flag-xyz"])
+    srv = stacks.launch(stack, tiny_model, "m", 1, [], tmp_path / "s.log")
+    with pytest.raises(stacks.StartupFailed) as err:
+        srv.ready("/health", 30)
+    assert str(err.value).startswith("server exited with code 2 before it was ready: ")
+    assert "error: unrecognized arguments: --no-such-flag-xyz" in str(err.value)
+
+
 @pytest.mark.slow
 def test_the_continuous_batching_stack_serves_a_50k_vocabulary_on_a_cpu(tmp_path):
     """transformers' continuous batching reserves logit rows for 1024 requests (206 MB at
