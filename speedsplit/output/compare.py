@@ -196,6 +196,21 @@ def lines(
     return out
 
 
+def nothing_to_compare(runs_a: pl.DataFrame, runs_b: pl.DataFrame) -> str:
+    """Why two sides have nothing in common to set side by side, in one line."""
+    models = [sorted(set(r["model"].to_list())) for r in (runs_a, runs_b)]
+    if not set(models[0]) & set(models[1]):
+        return (
+            f"nothing to compare: the models differ (A measured {', '.join(models[0])}; B measured "
+            f"{', '.join(models[1])}): compare two result sets of the same model"
+        )
+    keys = ["model", "stack", "topology", "cell"]
+    both = runs_a.select(keys).unique().join(runs_b.select(keys).unique(), on=keys)
+    if both.is_empty():
+        return "nothing to compare: no stack measured the same cell on both sides"
+    return "nothing to compare: no stack and cell measured cleanly on both sides"
+
+
 def compare(
     a: str | Path, b: str | Path, chains: dict[str, list[str]], out: str | Path, tolerate_flags=()
 ) -> list[str]:
@@ -210,9 +225,7 @@ def compare(
     frames = {"compare_stacks": stacks, "compare_factors": factors, "compare_quality": quality, "compare_tasks": tasks}
     write_frames(frames, out / "tables")
     head = [describe("A", a, prov_a, runs_a), describe("B", b, prov_b, runs_b)] + load_differences(load_a, load_b)
-    said = lines(stacks, factors, quality, tasks) or [
-        "nothing to compare: no stack and cell measured cleanly on both sides"
-    ]
+    said = lines(stacks, factors, quality, tasks) or [nothing_to_compare(runs_a, runs_b)]
     page = "".join(
         [
             f"<!doctype html><html><head><meta charset='utf-8'><title>speedsplit compare</title>"

@@ -138,3 +138,19 @@ def test_each_stacks_task_scores_are_compared_too():
     assert math.isclose(row["lo"], 0.05 - half) and math.isclose(row["hi"], 0.05 + half)
     line = compare.lines(tasks.clear(), tasks.clear(), None, tasks)[0]
     assert line == f"t acc of vllm-fp16 (tiny, tp1): A 0.3, B 0.35, B−A +0.05 [{0.05 - half:+.3g}, {0.05 + half:+.3g}]"
+
+
+def test_two_sides_of_different_models_say_the_models_differ(tmp_path):
+    """Not 'no stack measured cleanly': the two sides measured other models."""
+    a = write_side(tmp_path / "a", {"hf-fp16": 100.0, "vllm-fp16": 1000.0})
+    b = write_side(tmp_path / "b", {"hf-fp16": 100.0, "vllm-fp16": 1500.0})
+    for path in (b / "bench").rglob("run*.json"):
+        res = read_result(path)
+        res.model = "other"
+        write_result(b / "bench/other" / path.relative_to(b / "bench/tiny"), res)
+        path.unlink()
+    said = compare.compare(a, b, CHAINS, tmp_path / "out")
+    assert said[-1] == (
+        "nothing to compare: the models differ (A measured tiny; B measured other): "
+        "compare two result sets of the same model"
+    )
