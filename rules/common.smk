@@ -14,6 +14,7 @@ from speedsplit.output import summary as ss_summary
 from speedsplit.output import analyses as ss_analyses
 
 try:
+    ss_config.check_paths(os.getcwd(), sys.executable)
     CFG = ss_config.validate(config)
 except ss_config.ConfigError as exc:
     raise SystemExit(f"speedsplit: {exc}")
@@ -38,12 +39,12 @@ wildcard_constraints:
 
 
 def close_run(failed=False):
-    """Print the run's summary; a run whose chains could not all be decomposed fails."""
-    from snakemake.exceptions import WorkflowError
-
+    """Print the run's summary; a run whose chains could not all be decomposed fails, its
+    reason the terminal's last line (an exception here would end it with a traceback)."""
     reason = ss_summary.close_run("results", CFG["benchmark"]["fail_on_undecomposed"], ss_summary.snakemake_args())
     if reason and not failed:
-        raise WorkflowError(f"speedsplit: {reason}")
+        print(f"speedsplit: {reason}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
 
 
 def all_targets():

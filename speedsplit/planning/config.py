@@ -119,6 +119,22 @@ def _key_path(error) -> str:
     return "".join(parts) or "(top level)"
 
 
+def check_paths(folder: str, python: str) -> None:
+    """Refuse, in one line, paths that a tool below cannot take: a space in the Python that runs
+    the jobs (Snakemake's script: jobs run it unquoted: exit 127) or in the working folder
+    (vLLM's compile cache under results/cache: Inductor's g++ command splits the path)."""
+    if " " in python:
+        raise ConfigError(
+            f"the Python that runs the jobs ({python}) has a space in its path: Snakemake's script: jobs run it "
+            "unquoted; make the virtual environment in a folder without one"
+        )
+    if " " in folder:
+        raise ConfigError(
+            f"the working folder ({folder}) has a space in its path: vLLM's compile cache under results/cache "
+            "breaks there (Inductor's g++ splits the path); run from a folder without one"
+        )
+
+
 def validate(config: dict) -> dict:
     """Resolve stacks that extend stacks, fill defaults, check the schema and cross-references;
     return the filled config."""

@@ -104,3 +104,28 @@ def test_a_cluster_run_plans_the_profiles_platform_not_the_submitting_hosts(tmp_
     tp2 = [b for b in bench if "topology=tp2" in b]
     assert tp2 and all("gpu=2" in b and "runtime=" in b for b in tp2)
     assert all("gpu=1" in b for b in bench if "topology=tp1" in b)
+
+
+@pytest.mark.snakemake
+def test_a_working_folder_with_a_space_is_refused_at_once_in_one_line(tmp_path):
+    """vLLM's compile cache under results/cache breaks in such a folder (Inductor's g++ splits
+    the path): refused before anything runs, in one line naming the space."""
+    spaced = tmp_path / "my project"
+    spaced.mkdir()
+    out = run_snakemake(["-n", "--cores", "1"], spaced, timeout=120)
+    said = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    assert out.returncode != 0
+    assert said[-1] == (
+        f"speedsplit: the working folder ({spaced}) has a space in its path: vLLM's compile cache under "
+        "results/cache breaks there (Inductor's g++ splits the path); run from a folder without one"
+    )
+    assert [s for s in said[:-1] if not s.startswith("Using workflow specific profile")] == []  # nothing else
+    assert not (spaced / "results").exists()
+
+
+def test_a_python_with_a_space_in_its_path_is_refused_in_one_line():
+    from speedsplit.planning.config import ConfigError, check_paths
+
+    with pytest.raises(ConfigError, match=r"the Python that runs the jobs \(/tmp/my env/bin/python\) has a space"):
+        check_paths("/work", "/tmp/my env/bin/python")
+    check_paths("/work", "/usr/bin/python3")  # neither: nothing to say

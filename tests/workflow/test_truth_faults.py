@@ -69,3 +69,24 @@ def test_each_fault_is_flagged_with_its_cause_and_kept_out_of_every_number(fault
     assert attribution.filter(pl.col("chain") == "faults")["value"].drop_nulls().is_empty()
     out = (wd / "snakemake.out").read_text()
     assert "had a request far slower than its length predicts" in out  # the terminal says so
+
+
+@pytest.mark.slow
+@pytest.mark.snakemake
+def test_a_run_that_fails_for_its_undecomposed_chain_ends_on_the_reason_not_a_traceback(faults_run):
+    """The same finished run, with benchmark.fail_on_undecomposed on: nothing reruns, the run
+    fails, and its terminal's last line is the reason (not Snakemake's trace of an exception
+    raised in onsuccess)."""
+    wd, _ = faults_run
+    (wd / "strict.yaml").write_text("benchmark: {fail_on_undecomposed: true}\n")
+    before = {p: p.stat().st_mtime_ns for p in (wd / "results/bench").rglob("run*.json")}
+    out = run_snakemake(
+        ["--configfile", "faults.yaml", "strict.yaml", "--cores", "2", "--resources", "gpu=3"], wd, timeout=300
+    )
+    said = (out.stdout + out.stderr).strip().splitlines()
+    assert out.returncode == 1, said[-20:]
+    assert said[-1] == (
+        "speedsplit: not every chain could be decomposed (see above); benchmark.fail_on_undecomposed: false accepts that"
+    )
+    assert "Traceback" not in out.stderr and "WorkflowError" not in out.stderr
+    assert {p: p.stat().st_mtime_ns for p in (wd / "results/bench").rglob("run*.json")} == before  # none reran
