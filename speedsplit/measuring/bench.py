@@ -239,6 +239,12 @@ def _measure_on_session(
             # after the cell is judged: what the probe does to the server is the probe's alone
             if job.quality is not None and result.status in (None, "ok"):
                 result.quality = probe_quality(held.state, job, tokenizer_dir, held.api_key, progress)
+                why = checks.unhealthy(held.state, job.stack)
+                if why is not None:  # a probe never spoils a later cell: the next one starts its own server
+                    sessions.stop_daemon(held.sess, held.generation)
+                    said = f"the server was unhealthy after the probe ({why}): stopped, its next cell starts its own"
+                    q = result.quality
+                    q.error = f"{q.error}; {said}" if q.error else said
     except sessions.NotReady as no:
         result.status = no.status
         if no.state is None:

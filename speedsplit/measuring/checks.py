@@ -26,6 +26,18 @@ def health(url: str, path: str = "/health") -> int | None:
         return None
 
 
+def unhealthy(state: dict, stack: StackSpec) -> str | None:
+    """Why a session's servers can no longer be handed to another cell (None: they can): one
+    that no longer answers its health check, or whose process is gone, with what its log names."""
+    answers = [health(u, stack.ready_path) for u in state["urls"]]
+    servers = [procs.Proc.from_record(r) for r in state.get("servers") or []]
+    if all(a == 200 for a in answers) and all(p is not None and p.alive() for p in servers):
+        return None
+    said = next((f"HTTP {a}" for a in answers if a not in (None, 200)), "no answer")
+    cause = server_log_cause(state)
+    return f"its health check gave {said}" + (f"; its log: {cause}" if cause else "")
+
+
 def late_facts(result: RunResult, state: dict) -> None:
     """Engine facts logged after the server was ready fill the gaps of those read at ready
     (transformers' continuous batching sizes its KV cache at its first request)."""

@@ -20,6 +20,9 @@ start, warm-ups included):
     --short-every N       stream only --short-fraction of the tokens, and say so in usage
     --stall-every N       hold --stall-s silent after half the tokens
     --overclaim-every N   stream only --short-fraction of the tokens, and claim them all in usage
+    --dead-after-probe    its engine dies at a quality probe's first request: up, but HTTP 500 to
+                          everything from then on, /health too (as vLLM's API server over a dead
+                          engine); a probe must spoil no later cell
     --usage-factor F      report F x the streamed tokens in `usage` (every request)
 
 How it streams is set too: `--tokens-per-chunk K` writes the first token alone and then K a chunk
@@ -114,6 +117,7 @@ class Server:
     answers: Answers = field(default_factory=Answers)
     words: Words = field(default_factory=Words)  # an answer's token texts
     received: int = 0
+    dead: bool = False  # --dead-after-probe, once a probe came
     running: int = 0
     waiting: int = 0
     slots: asyncio.Semaphore | None = field(default=None, repr=False)
@@ -200,6 +204,11 @@ async def _answer(request: web.Request, kind: str) -> web.StreamResponse:
         prompt, n, stream, options, asked = _parse(body, kind == "chat")
     except (BadRequest, ValueError) as exc:
         return web.json_response({"error": {"message": str(exc), "type": "BadRequestError", "code": 400}}, status=400)
+    if asked.top is not None and state.faults.dead_after_probe and not state.dead:
+        print("reference fault: RuntimeError: the engine died serving a quality probe", flush=True)
+        state.dead = True
+    if state.dead:  # as vLLM's API server over an engine that died: up, answering 500
+        return web.json_response({"error": {"message": "EngineDeadError: the engine died", "code": 500}}, status=500)
     if asked.top is not None:  # a quality probe's: its answer, at once
         return await _answer_probe(request, state, kind, prompt, n, stream, asked)
     state.received += 1
@@ -371,6 +380,8 @@ def make_app(
         return await _answer(request, "chat")
 
     async def health(request: web.Request) -> web.Response:
+        if request.app[STATE].dead:
+            return web.json_response({"status": "engine dead"}, status=500)
         return web.json_response({"status": "ok"})
 
     async def models(request: web.Request) -> web.Response:

@@ -59,6 +59,7 @@ class Faults:
     stall_every: int = 0
     stall_s: float = 0.0
     overclaim_every: int = 0  # stream only short_fraction of the tokens, claim them all in usage
+    dead_after_probe: bool = False  # its engine dies at a quality probe's first request: HTTP 500 from then on
     usage_factor: float = 1.0
 
     def of(self, k: int) -> str | None:
@@ -188,6 +189,9 @@ def add_speed_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--short-fraction", type=float, default=0.5, help="share of the tokens a short answer streams")
     p.add_argument("--stall-s", type=float, default=0.0, help="how long a stalled request is silent")
     p.add_argument("--usage-factor", type=float, default=1.0, help="usage reports this times the streamed tokens")
+    p.add_argument(
+        "--dead-after-probe", action="store_true", help="its engine dies at a quality probe's first request (HTTP 500)"
+    )
     p.add_argument("--diverge-every", type=int, default=0, metavar="N", help="one prompt in N gets another answer")
     p.add_argument("--diverge-at", type=int, default=0, help="... from this output token on")
     p.add_argument("--nll", type=float, default=Answers.nll, help="every scored prompt token's -logprob")
@@ -213,6 +217,7 @@ def speed_of(args: argparse.Namespace) -> tuple[Speed, Faults]:
         stall_s=args.stall_s,
         overclaim_every=args.overclaim_every,
         usage_factor=args.usage_factor,
+        dead_after_probe=args.dead_after_probe,
     )
     return speed, faults
 

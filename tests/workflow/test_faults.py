@@ -849,3 +849,40 @@ def test_a_daemon_killed_mid_cell_is_said_so(cfg, tmp_path, tiny_model):
     assert seen["sessions"] == {os.getsid(0)}
     assert_gone(seen["tree"])
     assert card_is_free()
+
+
+def test_a_probe_that_kills_its_server_spoils_no_later_cell(cfg, tmp_path, tiny_model):
+    """The quality probe runs after its cell is judged, on the same server; a server it leaves
+    unhealthy (here: up, its engine dead, HTTP 500 to everything, as vLLM's API server over an
+    engine a probe's shape killed) is stopped, the quality record says so with the cause, and
+    the session's next cell starts a server of its own and is measured cleanly (it once failed
+    on the engine the probe had killed)."""
+    from speedsplit.core.quality import QualityProbe
+    from speedsplit.planning.quality_config import quality_config
+
+    stack = C.stack_params(cfg, "tiny", "reference", "tp1")
+    stack["args"] = [*stack["args"], "--dead-after-probe"]  # up, but HTTP 500 from the probe on
+    q = quality_config(cfg)
+    probe = {k: getattr(q, k) for k in QualityProbe.model_fields if k != "lm_eval"}
+    params = cell(
+        cfg, users=2, requests_per_user=2, output_tokens=8, prompt_tokens=8, warmup_requests=1, min_measured_s=0.0
+    )
+    key = "faults/probe/run0"
+    first = bench.measure(
+        job={"stack": stack, "cell": params, "run": 0, "quality": probe},
+        run=0,
+        session=session_plan(tmp_path, key, stack, params, last_in_session=False),
+        model_dir=tiny_model,
+        tokenizer_dir=tiny_model,
+        out_json=tmp_path / "first.json",
+        out_requests=tmp_path / "first.requests.jsonl",
+        owner=procs.me(),
+    )
+    assert first.status == "ok" and not first.flags, first.cause
+    assert first.quality.status == "error"
+    assert "the server was unhealthy after the probe" in first.quality.error
+    assert "the engine died serving a quality probe" in first.quality.error  # its log's own words
+    assert session.Session(key).state()["state"] in ("stopped", "died")
+    second = run_cell(tmp_path, stack, params, tiny_model, tiny_model, key)
+    assert second.status == "ok" and not second.flags and second.server.reused is False, second.cause
+    assert card_is_free()
