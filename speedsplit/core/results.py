@@ -148,7 +148,14 @@ def provenance(workdir: str | Path = ".") -> dict[str, Any]:
 
 # A name "looks secret" when one of its _/- separated words is one of these (HF_TOKEN,
 # OPENAI_API_KEY, --api-key, db-password); "tokenizer" or "output_tokens" do not.
-_SECRET_WORD = re.compile(r"(?:^|[_-])(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIALS?|APIKEY)(?:$|[_-])", re.I)
+_SECRET_WORD = re.compile(
+    r"(?:^|[_-])(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIALS?|APIKEY|AUTH|BEARER|COOKIE)(?:$|[_-])", re.I
+)
+# Values that are keys whatever their name: OpenAI- and Stripe-style (sk-..., sk_live_...), GitHub
+# (ghp_...), Slack (xoxb-...), AWS access key ids (AKIA...).
+_KEY_VALUE = re.compile(
+    r"\bsk[-_][A-Za-z0-9_-]{16,}|\bgh[pousr]_[A-Za-z0-9]{20,}|\bxox[abposr]-[A-Za-z0-9-]{10,}|\bAKIA[0-9A-Z]{16}\b"
+)
 _SECRET_OPTION = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)(=|\s+)(?!-)([^\s\"']+)")
 
 
@@ -167,10 +174,12 @@ def _secret_values() -> dict[str, str]:
 
 def redact_secrets(text: str) -> str:
     """Remove secrets: values of secret-looking environment variables and command-line options,
-    Hugging Face tokens, passwords in URLs."""
+    Hugging Face tokens and keys of the shapes other services give out (_KEY_VALUE), passwords
+    in URLs."""
     for name, value in _secret_values().items():
         text = text.replace(value, f"<{name}>")
     text = re.sub(r"hf_[A-Za-z0-9]{20,}", "<HF_TOKEN>", text)
+    text = _KEY_VALUE.sub("<redacted key>", text)
     text = re.sub(r"(\w+://[^/\s:@\"']+:)[^/\s@\"']+@", r"\1<redacted>@", text)
     return _SECRET_OPTION.sub(
         lambda m: m.group(0) if not looks_secret(m.group(1)) else f"{m.group(1)}{m.group(2)}<redacted>", text

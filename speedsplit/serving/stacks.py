@@ -14,6 +14,7 @@ import functools
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from speedsplit.core import apikey, procs
-from speedsplit.core.results import redact
+from speedsplit.core.results import redact, redact_secrets
 from speedsplit.core.specs import StackSpec
 from speedsplit.models.checkpoint import ModelError, is_dummy, read_model_config
 from speedsplit.serving import caches
@@ -184,14 +185,15 @@ def launch(
     log_offset = log.tell()  # this launch's own output starts here
     proc = subprocess.Popen(
         argv,
-        stdout=log,
+        stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         env=env,
         preexec_fn=functools.partial(_child_setup, tuple(cpus)),
         pass_fds=tuple(keep_fds),
     )
-    log.close()
+    # what the server says goes to its log with every known secret taken out, as it is written
+    threading.Thread(target=_copy_redacted, args=(proc.stdout, log), daemon=True).start()
     return Server(
         proc=proc,
         url=f"http://{HOST}:{port}",
@@ -206,6 +208,16 @@ def launch(
         host_memory=host_memory,
         api_key=api_key,
     )
+
+
+def _copy_redacted(out, log) -> None:
+    """A server's output, line by line, into its log with its secrets taken out
+    (core/results.redact_secrets: a server that prints the HF_TOKEN it inherited leaves
+    <HF_TOKEN> there), until the server closes it."""
+    with out, log:
+        for line in iter(out.readline, b""):
+            log.write(redact_secrets(line.decode(errors="replace")).encode())
+            log.flush()
 
 
 def _command(

@@ -73,6 +73,16 @@ def test_defaults_are_filled():
             .extend(["--hub", "https://me:pa55word@hub.example/x"]),
             "config error at stacks.vllm-fp16.args[",
         ),
+        (  # another service's key under a name that does not say so (#52: it reached job files and the report)
+            lambda c: c["stacks"]["vllm-fp16"]
+            .setdefault("env", {})
+            .update(OPENAI_ORG_HEADER="sk-live-0123456789abcdefXYZ"),
+            "config error at stacks.vllm-fp16.env.OPENAI_ORG_HEADER: a secret never goes into the config",
+        ),
+        (
+            lambda c: c["stacks"]["vllm-fp16"].setdefault("env", {}).update(OPENAI_AUTH="Bearer-style-value"),
+            "config error at stacks.vllm-fp16.env.OPENAI_AUTH: a secret never goes into the config",
+        ),
         (
             lambda c: c.update(analysis={"tolerate_flags": ["kernel_mismach"]}),
             "config error at analysis.tolerate_flags[0]",

@@ -340,3 +340,19 @@ def test_flags_that_only_size_memory_or_switch_prefix_caching_share_a_compile_ca
         assert link.is_symlink() and link.resolve().parent == (shared / "modelinfos").resolve()
     (held.instance(0) / "vllm" / "modelinfos" / "m.json").write_text("{}")
     assert (private.instance(1) / "vllm" / "modelinfos" / "m.json").read_text() == "{}"
+
+
+def test_a_server_that_prints_a_secret_leaves_none_in_its_log(tmp_path, tiny_model, monkeypatch):
+    """A server prints the HF_TOKEN it inherited, and a key of another service: its log holds
+    neither, as it is written (not only the log tail a result keeps)."""
+    token, key = "hf_PlantedSecretToken0123456789abcdef", "sk-live-0123456789abcdefABCDEF"
+    monkeypatch.setenv("HF_TOKEN", token)
+    script = f"import os; print('token', os.environ['HF_TOKEN'], flush=True); print('key {key}', flush=True)"
+    srv = stacks.launch(_stack(["{python}", "-c", script, "{host}"]), tiny_model, "m", 1, [], tmp_path / "s.log")
+    srv.proc.wait(10)
+    deadline = time.monotonic() + 10
+    while "key" not in (tmp_path / "s.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    log = (tmp_path / "s.log").read_text()
+    assert "token <HF_TOKEN>" in log and "key <redacted key>" in log
+    assert token not in log and key not in log
