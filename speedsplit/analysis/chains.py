@@ -89,6 +89,27 @@ def run_speeds(
     return out
 
 
+def attribute_runs(
+    chain: list[str],
+    clean: dict[str, pl.DataFrame],
+    metric: str,
+    higher_is_better: bool,
+    missing: dict[str, str],
+    paired: bool,
+) -> tuple[attr.Attribution, bool]:
+    """A chain's factors on a metric from each stack's clean runs, and whether the client's
+    offset was taken into them (every stack's runs calibrated): the values with it taken out,
+    the intervals spanning none to the largest calibrated (attribution.attribute)."""
+    speeds = {s: run_speeds(clean[s], metric, higher_is_better) for s in chain}
+    bound = {s: run_speeds(clean[s], metric, higher_is_better, without_client="bound") for s in chain}
+    client = all(bound.values())
+    value = {s: run_speeds(clean[s], metric, higher_is_better, without_client="value") for s in chain} if client else None
+    a = attr.attribute(
+        chain, speeds, missing=missing, paired=paired, without_client=bound if client else None, corrected=value
+    )
+    return a, client
+
+
 def attribution_frame(
     runs: pl.DataFrame, chains: dict[str, list[str]], tolerate_flags: Collection[str] = (), metric: str = "output_tok_s"
 ) -> pl.DataFrame:
@@ -105,17 +126,14 @@ def attribution_frame(
         paired = bool(OPEN_LOOP_CELL.match(base["cell"]))
         for chain_name, chain in chains.items():
             tp: dict[str, dict[int, float]] = {}
-            shifted: dict[str, dict[int, float]] = {}  # each run with the largest client offset out
-            freed: dict[str, dict[int, float]] = {}  # with the uncontended client's and its own records' out
+            clean_by: dict[str, pl.DataFrame] = {}
             missing: dict[str, str] = {}
             used: dict[str, int] = {}
             excluded: dict[str, list[str]] = {}
             for stack in chain:
                 sdf = df.filter(pl.col("stack") == stack)
                 clean, excluded[stack] = clean_runs(sdf, tolerate_flags)
-                tp[stack] = run_speeds(clean, metric)
-                shifted[stack] = run_speeds(clean, metric, without_client="bound")
-                freed[stack] = run_speeds(clean, metric, without_client="value")
+                tp[stack], clean_by[stack] = run_speeds(clean, metric), clean
                 used[stack] = len(tp[stack])
                 if sdf.height == 0:
                     missing[stack] = "not measured"
@@ -126,15 +144,7 @@ def attribution_frame(
                     missing[stack] = f"no clean run ({reasons})"
             if all(m == "not measured" for m in missing.values()) and len(missing) == len(chain):
                 continue
-            client = all(shifted[s] for s in chain)
-            a = attr.attribute(
-                chain,
-                tp,
-                missing=missing,
-                paired=paired,
-                without_client=shifted if client else None,
-                corrected=freed if client else None,
-            )
+            a, client = attribute_runs(chain, clean_by, metric, True, missing, paired)
             notes = [a.share_note] + [f"{s}: {why}" for s, why in a.missing.items()]
             if a.pairs is not None and any(len(tp[s]) > len(a.pairs) for s in chain):
                 notes.append(f"paired on runs {', '.join(map(str, a.pairs))} (the others lack a clean run of a stack)")

@@ -13,8 +13,7 @@ from collections.abc import Collection
 
 import polars as pl
 
-from speedsplit.analysis import attribution as attr
-from speedsplit.analysis.chains import clean_runs, covers, run_speeds
+from speedsplit.analysis.chains import attribute_runs, clean_runs, covers, run_speeds
 from speedsplit.analysis.frames import OPEN_LOOP_CELL
 
 # column: (label, higher is better)
@@ -95,22 +94,12 @@ def factors_frame(
             if all(c.height == 0 and not why for c, why in clean.values()):
                 continue  # no stack of this chain measured the cell
             for metric, (label, higher) in METRICS.items():
-                speed, shifted, freed, missing = {}, {}, {}, {}
+                speed, missing = {}, {}
                 for s, (c, why) in clean.items():
                     speed[s] = run_speeds(c, metric, higher)
-                    shifted[s] = run_speeds(c, metric, higher, without_client="bound")
-                    freed[s] = run_speeds(c, metric, higher, without_client="value")
                     if not speed[s]:
                         missing[s] = _why_none(c, why, metric, label)
-                client = all(shifted.values())
-                a = attr.attribute(
-                    chain,
-                    speed,
-                    missing=missing,
-                    paired=True,
-                    without_client=shifted if client else None,
-                    corrected=freed if client else None,
-                )
+                a, client = attribute_runs(chain, {s: c for s, (c, _) in clean.items()}, metric, higher, missing, True)
                 notes = [f"{s}: {w}" for s, w in a.missing.items()]
                 if a.pairs is not None and any(len(v) > len(a.pairs) for v in speed.values()):
                     notes.append(

@@ -287,18 +287,7 @@ def test_a_200_answer_that_is_not_an_event_stream_says_so():
     app = web.Application()
     app.router.add_post("/v1/completions", plain)
     url = reference.serve_in_thread(app)
-    s, records = loadgen.run(
-        loadgen.LoadSpec(
-            urls=[url],
-            model="m",
-            prompts=["a"],
-            users=1,
-            prompt_tokens=1,
-            output_tokens=3,
-            requests_per_user=1,
-            warmup_requests=0,
-        )  # fmt: skip
-    )
+    s, records = loadgen.run(spec(url, prompts=["a"], users=1, output_tokens=3, requests_per_user=1, warmup_requests=0))
     assert s.failures == {"not_a_stream": 1}
     assert records[0].detail.startswith("HTTP 200 with no 'data:' event (application/json")
     assert '"all at once"' in records[0].detail
