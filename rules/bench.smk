@@ -34,7 +34,7 @@ onstart:
             ss_config.check_cluster_platform(CFG)
         except ss_config.ConfigError as exc:
             raise SystemExit(f"speedsplit: {exc}")
-    ss_plan.write_plan(CFG, PLAN, lambda job: os.path.exists(job.result))
+    ss_plan.write_plan(CFG, PLAN, FINISHED)
     if PLATFORM == "cpu" and ss_config.has_int4_stack(CFG):
         from speedsplit.serving.vllm_cpu import cpu_int4_route
 

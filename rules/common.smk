@@ -19,7 +19,8 @@ try:
 except ss_config.ConfigError as exc:
     raise SystemExit(f"speedsplit: {exc}")
 
-PREV = ss_plan.predecessors(CFG, lambda job: os.path.exists(job.result))
+FINISHED = functools.cache(ss_plan.finished_as_planned(CFG))  # its result there, its params unchanged
+PREV = ss_plan.predecessors(CFG, FINISHED)
 JOBS = list(PREV)
 PLATFORM = ss_config.platform_of(CFG)
 PLAN = "results/plan.json"  # written when the workflow starts (rules/bench.smk)
@@ -145,7 +146,7 @@ def bench_runtime(wc):
 
 @functools.cache
 def _session_groups():
-    return ss_plan.session_groups(CFG, lambda job: os.path.exists(job.result))
+    return ss_plan.session_groups(CFG, FINISHED)
 
 
 def bench_group(wc):

@@ -103,7 +103,9 @@ def attribute_runs(
     speeds = {s: run_speeds(clean[s], metric, higher_is_better) for s in chain}
     bound = {s: run_speeds(clean[s], metric, higher_is_better, without_client="bound") for s in chain}
     client = all(bound.values())
-    value = {s: run_speeds(clean[s], metric, higher_is_better, without_client="value") for s in chain} if client else None
+    value = (
+        {s: run_speeds(clean[s], metric, higher_is_better, without_client="value") for s in chain} if client else None
+    )
     a = attr.attribute(
         chain, speeds, missing=missing, paired=paired, without_client=bound if client else None, corrected=value
     )

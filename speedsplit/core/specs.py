@@ -213,6 +213,11 @@ class BenchJob:
     def requests(self) -> str:
         return self.result.removesuffix(".json") + ".requests.jsonl"
 
+    @property
+    def job_file(self) -> str:
+        """What the job measures, as rule job_file writes it (its params: a change reruns it)."""
+        return f"results/jobs/{self.model}/{self.stack}/{self.topology}/{self.cell}/run{self.run}.json"
+
 
 @dataclass(frozen=True)
 class SessionPlan:

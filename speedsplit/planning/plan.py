@@ -198,6 +198,41 @@ def plan_json(config: dict, finished: Callable[[BenchJob], bool] | None = None) 
     }
 
 
+def job_spec(config: dict, job: BenchJob, carriers: Collection[BenchJob] | None = None):
+    """What the job measures as the config plans it now: the JobSpec rule job_file writes."""
+    from speedsplit.core.specs import JobSpec
+
+    return JobSpec(
+        stack=cfgmod.stack_params(config, job.model, job.stack, job.topology),
+        cell=cfgmod.cell_params(config, cfgmod.cell_by_name(config, job.cell)),
+        run=job.run,
+        quality=quality_probe(config, job, carriers),
+    )
+
+
+def finished_as_planned(config: dict) -> Callable[[BenchJob], bool]:
+    """Whether a job is finished and stays so this run: its result is there and its job file
+    holds what the config plans now (read as a JobSpec: a file an older version wrote, of
+    another shape but the same content, is the same job). A cell whose params changed is rerun
+    by Snakemake (its job file is rewritten), so the sessions and lanes plan it with the jobs
+    still to run: changed cells share a server as a fresh run's do (each once started its
+    own, in scrambled order)."""
+    from speedsplit.core.specs import parse_job
+
+    carriers = quality_carriers(config)
+
+    def finished(job: BenchJob) -> bool:
+        if not Path(job.result).exists():
+            return False
+        try:
+            written, _ = parse_job(json.loads(Path(job.job_file).read_text()), job.run)
+        except (OSError, ValueError):
+            return False
+        return written == job_spec(config, job, carriers)
+
+    return finished
+
+
 def write_plan(config: dict, path: str | Path, finished: Callable[[BenchJob], bool] | None = None) -> None:
     """Write results/plan.json if its content changed (a cluster job that re-reads the
     workflow never rewrites it)."""

@@ -313,6 +313,30 @@ def test_editing_one_cell_reruns_exactly_that_cell(workdir):
         ["-n", "--configfile", "ci.yaml", "--cores", "2", "--resources", "gpu=1"], workdir, timeout=300
     )
     assert "Nothing to be done" in unchanged.stdout + unchanged.stderr
+    # the changed cells are planned as a fresh run's: each stack's two share its server, one
+    # after the other in the lane, the second stopping it (each once started its own server)
+    from speedsplit.planning import config as C
+    from speedsplit.planning import plan as P
+
+    cwd = os.getcwd()
+    os.chdir(workdir)  # results/ paths are the workflow's own
+    try:
+        edited = C.load(workdir / "edited.yaml")
+        finished = P.finished_as_planned(edited)
+        prev = P.predecessors(edited, finished)
+        sessions = P.session_plans(edited, finished)
+        assert finished(P.BenchJob("tiny", "vllm-fp16", "tp1", "u4-ci-wide-greedy", 0))  # unchanged
+        assert P.finished_as_planned(C.load(workdir / "ci.yaml"))(
+            P.BenchJob("tiny", "vllm-fp16", "tp1", "u2-ci-narrow-greedy", 1)
+        )
+    finally:
+        os.chdir(cwd)
+    todo = [job for job in prev if not finished(job)]
+    assert sorted(job.result for job in todo) == planned_outputs(out.stdout)
+    for stack in ("hf-fp16", "vllm-fp16", "vllm-marlin"):
+        mine = [job for job in todo if job.stack == stack]
+        assert len(mine) == 2 and prev[mine[1]] == mine[0], (stack, mine)  # one after the other
+        assert sessions[f"tiny/{stack}/tp1/all"].last_job == mine[1].result  # the second stops the server
 
 
 @pytest.mark.slow
