@@ -60,8 +60,19 @@ def _ci(lo: float | None, hi: float | None) -> str:
     """The interval, and where it holds 1 that it shows no difference (a factor of 1.11x
     [0.81, 1.42] is not an answer that the step speeds anything up)."""
     if lo is None or hi is None:
-        return "[no interval]"
+        return "[no interval: one run]"
     return f"[{value_text(lo, 3)}, {value_text(hi, 3)}]" + (f" ({NO_DIFFERENCE})" if lo <= 1 <= hi else "")
+
+
+def _over(runs_used: int | None, stacks: int, said: str) -> str:
+    """What the sentence's intervals rest on, and what its words mean, in a closing bracket."""
+    if not runs_used:
+        return ""
+    each = f"{runs_used // stacks} runs a stack" if runs_used % stacks == 0 else f"{runs_used} runs of {stacks} stacks"
+    if runs_used <= stacks:  # one run a stack: no spread to make an interval of
+        return " (one run a stack: no interval; set grid.runs to 2 or more for one)"
+    meaning = f"; {NO_DIFFERENCE}: the interval holds 1" if NO_DIFFERENCE in said else ""
+    return f" (95% intervals over {each}{meaning})"
 
 
 # A stack's clean runs at a headline cell further apart than this (max / min) are said on the
@@ -80,9 +91,9 @@ def unmeasured(note: str | None) -> list[str]:
 
 def sentences(attribution: pl.DataFrame, chains: dict[str, list[str]]) -> pl.DataFrame:
     """One sentence per (chain, model, topology, headline cell), e.g. 'study (hf-fp16 -> vllm-
-    marlin) at 64 users x 512 in / 256 out tokens, greedy (llama-3.1-8b, tp1): runtime 11.4x
-    [11.2, 11.5] x INT4 weights + kernel 0.844x [0.839, 0.849] = 9.61x [9.49, 9.73].' (with
-    the arrow and multiplication signs)."""
+    fp16 -> vllm-marlin) at 64 users x 512 in / 256 out tokens, greedy (llama-3.1-8b, tp1):
+    runtime 11.4x [11.2, 11.5] x INT4 weights + kernel 0.844x [0.839, 0.849] = 9.61x [9.49,
+    9.73] (95% intervals over 2 runs a stack).' (with the arrow and multiplication signs)."""
     rows = []
     if not attribution.height:
         return pl.DataFrame(schema=SENTENCE_SCHEMA)
@@ -94,7 +105,7 @@ def sentences(attribution: pl.DataFrame, chains: dict[str, list[str]]) -> pl.Dat
         chain, model, topology, cell = key
         first = df.row(0, named=True)
         where = (
-            f"{chain} ({chains[chain][0]} → {chains[chain][-1]}) at {first['users']} users × "
+            f"{chain} ({' → '.join(chains[chain])}) at {first['users']} users × "
             f"{first['prompt_tokens']} in / {first['output_tokens']} out tokens, {first['sampling']} ({model}, {topology})"
         )
         factors = df.filter(pl.col("position") > 0).sort("position")
@@ -118,7 +129,8 @@ def sentences(attribution: pl.DataFrame, chains: dict[str, list[str]]) -> pl.Dat
                 f"{r['step'] or r['factor']} {_x(r['value'])} {_ci(r['lo'], r['hi'])}"
                 for r in factors.iter_rows(named=True)
             ]
-            text = f"{where}: {' × '.join(parts)} = {_x(total['value'])} {_ci(total['lo'], total['hi'])}."
+            text = f"{where}: {' × '.join(parts)} = {_x(total['value'])} {_ci(total['lo'], total['hi'])}"
+            text += _over(total["runs_used"], len(chains[chain]), text) + "."
         rows.append(
             {
                 "chain": chain,

@@ -38,11 +38,24 @@ def test_the_headline_is_the_most_users_by_default_or_the_configured_cells(frame
 
 def test_the_sentence_states_each_step_with_its_interval_and_the_total(frames):
     (sentence,) = frames["answer"]["sentence"].to_list()
-    assert sentence.startswith("study (hf-fp16 → vllm-marlin) at 8 users × 8 in / 16 out tokens, greedy (tiny, tp1): ")
+    assert sentence.startswith(
+        "study (hf-fp16 → vllm-fp16 → vllm-marlin) at 8 users × 8 in / 16 out tokens, greedy (tiny, tp1): "
+    )  # every stack of the chain named, its middle one too
     att = frames["attribution"]
     total = att.filter((att["position"] == 0) & att["headline"]).row(0, named=True)
     assert "runtime 12× [" in sentence and "× INT4 weights + kernel 0.833× [" in sentence
-    assert sentence.endswith(f"= 10× [{total['lo']:.3g}, {total['hi']:.3g}].")
+    assert sentence.endswith(f"= 10× [{total['lo']:.3g}, {total['hi']:.3g}] (95% intervals over 3 runs a stack).")
+
+
+def test_the_sentence_says_what_no_difference_means_and_why_one_run_has_no_interval(frames):
+    att = frames["attribution"]
+    holds_one = att.with_columns(lo=pl.col("value") * 0.5, hi=pl.col("value") * 2.0)
+    (said,) = A.sentences(holds_one, CHAINS)["sentence"].to_list()
+    assert said.endswith("(95% intervals over 3 runs a stack; no difference shown: the interval holds 1).")
+    one_run = att.with_columns(lo=None, hi=None, runs_used=pl.col("runs_used") // 3)
+    (said,) = A.sentences(one_run, CHAINS)["sentence"].to_list()
+    assert "[no interval: one run]" in said
+    assert said.endswith("(one run a stack: no interval; set grid.runs to 2 or more for one).")
 
 
 def test_the_waterfall_bars_add_up_to_the_total_on_the_log_axis(frames):

@@ -28,7 +28,11 @@ def test_a_decomposed_run_says_its_answer_and_passes(tmp_path, capsys):
     root = results_dir(tmp_path)
     assert summary.close_run(root) is None
     err = capsys.readouterr().err
-    assert "study (hf-fp16 → vllm-marlin)" in err and "NOT DECOMPOSED" not in err and "did not measure" not in err
+    assert (
+        "study (hf-fp16 → vllm-fp16 → vllm-marlin)" in err
+        and "NOT DECOMPOSED" not in err
+        and "did not measure" not in err
+    )
 
 
 def test_a_chain_with_a_failed_stack_names_the_cause_and_fails_the_run(tmp_path, capsys):

@@ -144,7 +144,7 @@ def test_the_terminal_says_what_each_cell_did_and_what_the_run_found(workdir):
     assert len(cells) == 3 * 2 * 2, out[-3000:]
     assert all("output tok/s, p99 TTFT" in ln for ln in cells)
     summary = out[out.index("speedsplit: what this run found") :]
-    assert "study (hf-fp16 → vllm-marlin)" in summary and "NOT DECOMPOSED" not in summary
+    assert "study (hf-fp16 → vllm-fp16 → vllm-marlin)" in summary and "NOT DECOMPOSED" not in summary
     assert f"report: {workdir / 'results/report.html'}" in summary
 
 
@@ -392,7 +392,7 @@ def test_report_answers_on_its_first_screen_in_a_browser(workdir, tmp_path):
     shot = tmp_path / "first-screen.png"
     seen = R.render(page, shot)
     sentences = pl.read_csv(workdir / "results/tables/answer.csv")["sentence"].to_list()
-    assert sentences and all(s.startswith("study (hf-fp16 → vllm-marlin) at ") for s in sentences)
+    assert sentences and all(s.startswith("study (hf-fp16 → vllm-fp16 → vllm-marlin) at ") for s in sentences)
     first = sentences[0]
     assert first in seen["dom"].replace("&gt;", ">") and "<h2>The answer</h2>" in seen["dom"]
     assert 0 < seen["headline_bottom"] <= seen["viewport"][1]  # the answer is on the first screen
