@@ -108,7 +108,7 @@ def test_a_chain_crosses_engines_and_is_decomposed(tmp_path):
     steps = dict(zip(att["step"], att["value"], strict=True))
     assert set(steps) == {"runtime", "GGUF Q8_0 weights", "total"}
     assert steps["runtime"] * steps["GGUF Q8_0 weights"] == pytest.approx(steps["total"], rel=1e-9)
-    assert "engines (hf-generate → llamacpp-q8_0)" in out.stdout + out.stderr
+    assert "engines (hf-generate → llamacpp-f16 → llamacpp-q8_0)" in out.stdout + out.stderr
 
 
 def test_the_converter_refuses_an_unknown_type(tmp_path):

@@ -329,9 +329,9 @@ def test_editing_one_cell_reruns_exactly_that_cell(workdir):
         assert P.finished_as_planned(C.load(workdir / "ci.yaml"))(
             P.BenchJob("tiny", "vllm-fp16", "tp1", "u2-ci-narrow-greedy", 1)
         )
+        todo = [job for job in prev if not finished(job)]
     finally:
         os.chdir(cwd)
-    todo = [job for job in prev if not finished(job)]
     assert sorted(job.result for job in todo) == planned_outputs(out.stdout)
     for stack in ("hf-fp16", "vllm-fp16", "vllm-marlin"):
         mine = [job for job in todo if job.stack == stack]
