@@ -69,14 +69,14 @@ def test_every_factor_within_one_percent_and_the_intervals_hold_the_truth(truth_
     # the study's chain as the config made it: at one user 2.0 x 1.25 = 2.5; at eight the users
     # join over 0.35 s (ramp 0.4 s, 50 ms apart), which no stack speeds up: each throughput
     # factor is (0.35 s + two requests on the slower) / (0.35 s + two on the faster)
-    e2e = {"ref-slow": 0.8 + 15 * 0.02, "ref-mid": 0.4 + 15 * 0.01, "ref-fast": 0.32 + 15 * 0.008}
+    e2e = {"ref-slow": 0.8 + 23 * 0.02, "ref-mid": 0.4 + 23 * 0.01, "ref-fast": 0.32 + 23 * 0.008}
     ramped = {s: 0.35 + 2 * t for s, t in e2e.items()}
     at_eight = [ramped["ref-slow"] / ramped["ref-mid"], ramped["ref-mid"] / ramped["ref-fast"]]
     at_eight.append(at_eight[0] * at_eight[1])
     for cell, want in (("u1-truth-greedy", [2.0, 1.25, 2.5]), ("u8-truth-greedy", at_eight)):
         rows = factors.filter(pl.col("what").str.starts_with(f"attribution study {cell}"))
         assert sorted(rows["truth"].to_list()) == pytest.approx(sorted(want), rel=1e-9), cell
-    # 0.85 s a request against 0.17 s: five-fold at one user, the fast side's requests short
+    # 1.5 s a request against 0.3 s: five-fold at one user, the fast side's requests short
     # enough that the client's milliseconds are a percent of them (taken out: within 0.5%)
     five = factors.filter(pl.col("what") == "attribution fivefold u1-truth-greedy total")
     assert five["truth"].to_list() == pytest.approx([5.0], rel=1e-9)
@@ -102,13 +102,13 @@ def test_tokens_are_counted_from_the_text_where_the_stream_has_no_running_count(
         seen.add(res.stack)
         records = [r for r in read_requests(requests_path(path)) if r.phase == "measured"]
         assert res.status == "ok" and not res.flags, (res.stack, res.cell, res.flags)
-        assert all(r.text_tokens == r.output_tokens == r.usage_tokens == 16 for r in records)
+        assert all(r.text_tokens == r.output_tokens == r.usage_tokens == 24 for r in records)
         if res.stack == "ref-quick":
             assert {r.stream_count for r in records} == {"chunks"} and res.summary.tokens_per_chunk == 1.0
         else:
             assert {r.stream_count for r in records} == {"running"}
-            assert res.summary.tokens_per_chunk == pytest.approx(16 / 5)  # 1, 4, 4, 4, 3
-            assert res.summary.itl_s.median == pytest.approx(4 * 0.003, abs=0.002)
+            assert res.summary.tokens_per_chunk == pytest.approx(24 / 7)  # 1, 4, 4, 4, 4, 4, 3
+            assert res.summary.itl_s.median == pytest.approx(4 * 0.008, abs=0.002)
     assert seen == {"ref-quick", "ref-chunky"}
 
 
