@@ -298,8 +298,10 @@ def _run_load(
     result: RunResult, state: dict, job: JobSpec, tokenizer_dir, progress, api_key: str | None
 ) -> list[RequestRecord]:
     cell = job.cell
-    if state.get("cpus"):  # the client runs on its servers' cores, off the other lanes'
-        os.sched_setaffinity(0, leases.parse_cpu_ranges(state["cpus"]))
+    # the client on its servers' cores, off the other lanes' (cards), or on the core left to it (no cards)
+    client = state.get("client_cpus") or state.get("cpus")
+    if client:
+        os.sched_setaffinity(0, leases.parse_cpu_ranges(client))
     warm = 0 if cell.warmup == "session_start" and state.get("cells_measured") else None
     load = cell_load(state, job.stack, cell, job.run, tokenizer_dir, warmup_requests=warm)
     result.job.cell.warmup_requests = load.warmup_requests

@@ -47,8 +47,10 @@ class BenchmarkConfig(Entry):
         description=(
             "On cuda, each card's servers, and the client of the cells they serve, run on their own share of "
             "the host's cores (the cores the workflow may use, split evenly over the visible cards in order; "
-            "a server on k cards gets k shares), so two lanes never compete for a core. false: every process "
-            "may use every core."
+            "a server on k cards gets k shares), so two lanes never compete for a core. On a CPU (two cores "
+            "or more), the load generator runs on the first core the workflow may use and the server on the "
+            "rest (its threads sized to them: {server_cpu_count}, {server_cpus} in a stack's env), so neither "
+            "takes the other's. false: every process may use every core."
         ),
     )
     idle_timeout_s: AtLeastOne = Field(120, description="A server no cell job has used for this long is stopped.")

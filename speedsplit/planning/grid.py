@@ -339,7 +339,7 @@ def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[st
         "tensor_parallel": topo.tensor_parallel,
         "instances": topo.instances,
         "max_model_len": model_config(config, model).max_model_len,
-        "cpu_isolation": plat == "cuda" and benchmark_config(config).cpu_isolation,
+        "cpu_isolation": benchmark_config(config).cpu_isolation,
         "card_memory_gib": entry.card_memory_gib or config["card_memory_gib"],
         "memory_cap_args": entry.memory_cap_args,
         "kv_cache_gib": entry.kv_cache_gib,

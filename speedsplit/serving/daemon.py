@@ -81,7 +81,17 @@ def _daemon(launch_path: Path) -> int:
             required = key_required(servers[0], stack) if stack.api_key else None
             cache.release()
             startup_s = time.monotonic() - t_start
-            ready = _ready_facts(sess, servers, cache, pinned, held, api_key_required=required)
+            # the cells' client: on a card's servers' cores, or (no cards) on the core the split left it
+            client = leases.cpu_split()[1] if pinned and platform_devices is not None else []
+            ready = _ready_facts(
+                sess,
+                servers,
+                cache,
+                pinned,
+                held,
+                api_key_required=required,
+                client_cpus=leases.cpu_ranges(client) or None,
+            )
             st = transition(
                 sess,
                 generation,
@@ -141,7 +151,10 @@ def _start(
     pinned: list[int] = []
     for i in range(stack.instances):
         devs = held.devices[i * stack.tensor_parallel : (i + 1) * stack.tensor_parallel] if on_cards else []
-        cpus = leases.cpu_share(devs) if stack.cpu_isolation else []
+        if not stack.cpu_isolation:
+            cpus = []
+        else:  # a card's share of the cores; without cards, all but the client's
+            cpus = leases.cpu_share(devs) if on_cards else leases.cpu_split()[0]
         pinned += cpus
         env_stack = stack.model_copy(update={"env": {**stack.env, "VLLM_PORT": str(held.port())}})
         total = card_total_gib(devs) if stack.card_memory_gib and devs else None

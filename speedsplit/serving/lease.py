@@ -105,6 +105,24 @@ def cpu_share(devices: list[str], visible: list[str] | None = None, cores: list[
     return sorted(c for d in devices for c in cores[visible.index(d) * per : (visible.index(d) + 1) * per])
 
 
+def cpu_split(cores: list[int] | None = None) -> tuple[list[int], list[int]]:
+    """On a host without cards: (the server's cores, the client's), the client on the first core
+    this process may use and the server on the rest; ([], []), unpinned, below two cores. Two
+    cores shared by a vLLM CPU server's threads and the load generator measured 8-user cells
+    27.6% apart (max/min of six; cv 8.0%); the server on one, the client on the other, 2.6% (cv
+    0.9%) at the same throughput (docs/how-it-works.md, "On a CPU")."""
+    cores = sorted(os.sched_getaffinity(0)) if cores is None else sorted(cores)
+    if len(cores) < 2 or os.environ.get(NO_CPU_SPLIT_ENV):
+        return [], []
+    return cores[1:], cores[:1]
+
+
+# Set where several workflows' servers share a host's few cores at once (the test suite's
+# parallel tier: three workers, each with its own lock folder): pinning every one of them to the
+# same core would starve them. A workflow on a host of its own never sets it.
+NO_CPU_SPLIT_ENV = "SPEEDSPLIT_NO_CPU_SPLIT"
+
+
 def cpu_ranges(cores: list[int]) -> str:
     """[0, 1, 2, 3, 8, 9] -> '0-3,8-9' (as taskset and cgroups write them)."""
     out: list[str] = []

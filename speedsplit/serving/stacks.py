@@ -26,6 +26,7 @@ from speedsplit.core.results import redact, redact_secrets
 from speedsplit.core.specs import StackSpec
 from speedsplit.models.checkpoint import ModelError, is_dummy, read_model_config
 from speedsplit.serving import caches
+from speedsplit.serving.lease import cpu_ranges
 from speedsplit.serving.serverlog import exit_cause, launch_output, log_cause
 
 # No vLLM server this project launches reports usage to vLLM's authors (sent from any host with
@@ -165,6 +166,9 @@ def launch(
         "tp": stack.tensor_parallel,
         "max_model_len": stack.max_model_len,
         "dtype": stack.dtype,
+        # the cores it may use: where it is pinned, those; else every core this process may use
+        "server_cpus": cpu_ranges(cpus) if cpus else "auto",
+        "server_cpu_count": len(cpus) if cpus else len(os.sched_getaffinity(0)),
     }
     if any("{llama_server}" in a for a in [*stack.args, *stack.env.values()]):  # llama.cpp's stacks alone
         from speedsplit.models import gguf

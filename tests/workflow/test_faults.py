@@ -886,3 +886,29 @@ def test_a_probe_that_kills_its_server_spoils_no_later_cell(cfg, tmp_path, tiny_
     second = run_cell(tmp_path, stack, params, tiny_model, tiny_model, key)
     assert second.status == "ok" and not second.flags and second.server.reused is False, second.cause
     assert card_is_free()
+
+
+def test_on_a_cpu_the_server_and_the_client_get_cores_of_their_own(cfg, tmp_path, tiny_model, monkeypatch):
+    """benchmark.cpu_isolation on a host without cards: the server (every process of it) on all
+    cores but the first, its threads sized to them, the cells' client on the first."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: nothing to split")
+    monkeypatch.delenv(lease.NO_CPU_SPLIT_ENV, raising=False)  # the parallel tier turns it off
+    server, client = lease.cpu_split()
+    stack = C.stack_params(cfg, "tiny", "reference", "tp1")
+    assert stack["cpu_isolation"] is True
+    stack["env"] = {**stack["env"], "SPLIT_THREADS": "{server_cpu_count}", "SPLIT_CORES": "{server_cpus}"}
+    params = cell(cfg, users=2, requests_per_user=2, output_tokens=8, prompt_tokens=8, min_measured_s=0.0)
+    key = "faults/split/run0"
+    res = run_cell(tmp_path, stack, params, tiny_model, tiny_model, key, last_in_session=False)
+    assert res.status == "ok" and res.server.cpus == lease.cpu_ranges(server), res.cause
+    st = session.Session(key).state()
+    assert st["client_cpus"] == lease.cpu_ranges(client)
+    pid = procs.Proc.from_record(st["servers"][0]).pid
+    assert os.sched_getaffinity(pid) == set(server)
+    env = dict(line.split("=", 1) for line in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in line)
+    assert env["SPLIT_THREADS"] == str(len(server)) and env["SPLIT_CORES"] == lease.cpu_ranges(server)
+    session.stop_daemon(session.Session(key))
+    assert lease.cpu_split([0]) == ([], []) and lease.cpu_split([3, 1]) == ([3], [1])
+    monkeypatch.setenv(lease.NO_CPU_SPLIT_ENV, "1")
+    assert lease.cpu_split([0, 1]) == ([], [])
