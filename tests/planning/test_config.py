@@ -148,9 +148,11 @@ def test_cells_and_params_are_plain_builtins():
     assert params["cell"] == cell.name == f"u{cell.users}-{cell.workload}-{cell.sampling}"
 
 
-def test_cpu_isolation_applies_on_cuda_only():
+def test_cpu_isolation_applies_on_cuda_and_on_a_cpu():
+    """On cuda a card's share of the cores; on a CPU the split between server and client."""
     cfg = C.load()
-    assert C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")["cpu_isolation"] is (C.platform_of(cfg) == "cuda")
+    for platform in ("cpu", "cuda"):
+        assert C.stack_params(C.merge(cfg, {"platform": platform}), "tiny", "vllm-fp16", "tp1")["cpu_isolation"]
     cuda = C.merge(cfg, {"platform": "cuda"})
     assert C.stack_params(cuda, "tiny", "vllm-fp16", "tp1")["cpu_isolation"] is True
     off = C.merge(cuda, {"benchmark": {"cpu_isolation": False}})

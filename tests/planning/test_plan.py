@@ -200,3 +200,17 @@ def test_a_cell_whose_params_changed_is_planned_with_the_jobs_still_to_run(tmp_p
     older["stack"] = dict(reversed(older["stack"].items()))  # the keys in another order
     Path(todo[0].job_file).write_text(json.dumps(older))
     assert P.finished_as_planned(cfg)(todo[0])
+
+
+def test_the_quality_probe_follows_every_cell_its_server_measures():
+    """The probe goes with the last job of the server a stack's first run-0 job is on: one server
+    a run (the demo), the last cell of run 0; one server for all runs, the stack's last cell;
+    one server a cell, the first cell of run 0 (its server measures nothing else)."""
+    cfg = C.load(REPO / "config/config.yaml")
+    for reuse, want in (("per_run", (0, -1)), ("per_stack", (1, -1)), ("per_cell", (0, 0))):
+        c = C.merge(cfg, {"benchmark": {"server_reuse": reuse}})
+        carriers = P.quality_carriers(c)
+        for stack in {j.stack for j in carriers}:
+            run, at = want
+            mine = [j for j in P.bench_jobs(c) if j.stack == stack and j.run == run]
+            assert [j for j in carriers if j.stack == stack] == [mine[at]], (reuse, stack)
