@@ -7,4 +7,4 @@ from speedsplit.measuring import calibrate
 
 sm = snakemake  # noqa: F821 (injected by Snakemake)
 to_log(sm)
-calibrate.run(sm.output[0], list(sm.params.users))
+calibrate.run(sm.output[0], list(sm.params.users), split=bool(sm.params.split))
