@@ -94,8 +94,6 @@ rule calibrate:
         ss_plan.CALIBRATION,
     params:
         users=CFG["benchmark"]["calibration_users"],
-        # on a CPU the cells' client and server sit on cores of their own (cpu_isolation): so here
-        split=PLATFORM == "cpu" and CFG["benchmark"]["cpu_isolation"],
     resources:
         gpu=1,
     log:

@@ -171,6 +171,15 @@ def lines(c: Calibration) -> list[str]:
     return out
 
 
+def splits(config: dict) -> bool:
+    """Whether a workflow's cells are measured with the CPU split (benchmark.cpu_isolation on a
+    CPU), so that its calibration must be too."""
+    from speedsplit.planning import config as cfgmod
+
+    cfg = cfgmod.validate(config)
+    return cfgmod.platform_of(cfg) == "cpu" and bool(cfg["benchmark"]["cpu_isolation"])
+
+
 def run(out: str | Path | None, users: list[int], split: bool = False) -> Calibration:
     """Calibrate, print what was found, and write it (atomically) where asked. split: as the
     cells will be measured on a CPU (benchmark.cpu_isolation), the client on its core and the
