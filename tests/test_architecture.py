@@ -12,7 +12,7 @@ FLOORS = ["core", "models", "planning", "probes", "serving", "measuring", "analy
 
 # What a closed-loop cell's bench job (workflow_scripts/bench.py) and its session's daemon
 # (python -m speedsplit.serving.daemon) import. What only some cells need is imported where it
-# acts: the quality probe (the last job of a stack's first server), traffic (open-loop and trace loads),
+# acts: the quality probe (a stack's last job of run 0), traffic (open-loop and trace loads),
 # gguf (llama.cpp's stacks). docs/architecture.md's "The path of one cell" walks through them.
 CELL_PATH = {
     "core": ["apikey", "awake", "errors", "facts", "loads", "numbers", "plausible", "procs", "quality", "record",

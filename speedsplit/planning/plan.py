@@ -55,22 +55,17 @@ def bench_jobs(config: dict) -> list[BenchJob]:
 
 
 def quality_carriers(config: dict) -> set[BenchJob]:
-    """The jobs that also run the quality probe (config quality): for each (model, stack,
-    topology), the last job of the server session its first job of run 0 is on, so that the
-    probe follows every cell its server measures and precedes none (after a probe, the demo's
-    vLLM CPU cells of the same server measured 5-17% slower than the same cells of run 1)."""
+    """The jobs that also run the quality probe (config quality): each (model, stack,
+    topology)'s last job of run 0 in lane order, so that the probe follows every run-0 cell of
+    its server (after a probe, the demo's vLLM CPU cells of the same server measured 5-17%
+    slower than the same cells of run 1). Run 0's last job, not the session's: a grown grid
+    (more runs) must not move it and rerun the old one."""
     if not quality_config(config).enabled:
         return set()
-    jobs = bench_jobs(config)
-    first: dict[tuple[str, str, str], str] = {}  # its run-0 session
-    for job in jobs:
-        if job.run == 0:
-            first.setdefault((job.model, job.stack, job.topology), session_key(config, job))
     last: dict[tuple[str, str, str], BenchJob] = {}
-    for job in jobs:
-        key = (job.model, job.stack, job.topology)
-        if first.get(key) == session_key(config, job):
-            last[key] = job
+    for job in bench_jobs(config):
+        if job.run == 0:
+            last[(job.model, job.stack, job.topology)] = job
     return set(last.values())
 
 

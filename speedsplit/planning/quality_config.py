@@ -64,8 +64,8 @@ class LmEvalConfig(Entry):
 
 
 class QualityConfig(Entry):
-    """Quality beside speed: on each stack, after the last cell of its first server (the one its first
-    cell of run 0 is on: the probe precedes no measured cell on a server), a probe asks the stack for greedy continuations of held-out text and for that text's own
+    """Quality beside speed: on each stack, after its last cell of run 0 (so that the probe precedes no
+    run-0 cell on its server), a probe asks the stack for greedy continuations of held-out text and for that text's own
     scores (prompt logprobs), and the tables set what each chain step costs in quality beside
     what it gains in speed: agreement with the step before, next-token agreement and perplexity
     (speedsplit/probes/quality.py, speedsplit/analysis/quality.py). A stack that serves no

@@ -25,15 +25,14 @@ def workdir(local_run):
 @pytest.mark.slow
 def test_each_step_says_its_quality_beside_its_speed(workdir):
     """The trained tiny model's quality through each stack of the chain (quality: on by default):
-    each stack probed once, after the last cell of its server (one per stack here: per_stack),
-    saying what it serves; each chain step
+    each stack probed once, after its last cell of run 0, saying what it serves; each chain step
     with its agreement, and the INT4 step with next-token agreement and a perplexity ratio."""
     import polars as pl
 
     probed = [read_result(p) for p in sorted((workdir / "results/bench").rglob("run*.json"))]
     probed = [r for r in probed if r.quality is not None]
     assert sorted((r.stack, r.cell, r.run) for r in probed) == [
-        (s, "u2-ci-narrow-greedy", 1) for s in ("hf-fp16", "vllm-fp16", "vllm-marlin")
+        (s, "u2-ci-narrow-greedy", 0) for s in ("hf-fp16", "vllm-fp16", "vllm-marlin")
     ]
     assert all(r.weights.weights == "trained" and r.quality.status == "ok" for r in probed)
     stacks = {r["stack"]: r for r in pl.read_csv(workdir / "results/tables/quality_stacks.csv").iter_rows(named=True)}
