@@ -19,6 +19,8 @@ CALIBRATION_SCHEMA = {
     "e2e_s": pl.Float64,
     "e2e_p90_s": pl.Float64,
     "throughput_error": pl.Float64,
+    "cycle_s": pl.Float64,
+    "wait_s": pl.Float64,
     "carried_ttft_s": pl.Float64,
     "carried_itl_s": pl.Float64,
     "carried_tpot_s": pl.Float64,

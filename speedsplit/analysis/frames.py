@@ -205,7 +205,7 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
                 row[f"{metric}_{q}"] = getattr(dist, q) if dist else None
         row.update(_slo_and_telemetry(res, ok))
         cal = res.calibration
-        least = cal.uncontended() if cal else {}
+        least = cal.uncontended(s.ttft_s.median if ok and s and s.ttft_s else None) if cal else {}
         row.update(
             client_ttft_s=cal.ttft_s if cal else None,
             client_itl_s=cal.itl_s if cal else None,

@@ -283,6 +283,16 @@ class CalibrationLevel(StrictRecord):
         description="a closed-loop user's time per request less the true one: the end-to-end offset and "
         "the gap from one answer's end to the user's next request (null: measured before it was)",
     )
+    wait_s: float | None = Field(
+        None,
+        description="the reference server's time to the first token at this level, seconds (null: 0.05, "
+        "measured before it was recorded)",
+    )
+
+    @property
+    def waited_s(self) -> float:
+        """wait_s, or the 0.05 s every level waited before it was recorded."""
+        return 0.05 if self.wait_s is None else self.wait_s
 
 
 class Calibration(StrictRecord):
@@ -305,16 +315,34 @@ class Calibration(StrictRecord):
     ceiling_tok_s: float | None = Field(description="output tok/s against a server that answers at once")
     ceiling_users: int = Field(description="users of the ceiling's load")
 
-    def uncontended(self) -> dict[str, float | None]:
-        """The offsets (ttft_s, itl_s, tpot_s, e2e_s, cycle_s; none below 0) of the level with
+    def uncontended(self, first_token_s: float | None = None) -> dict[str, float | None]:
+        """The offsets (ttft_s, itl_s, tpot_s, e2e_s, cycle_s; none below 0) of the levels with
         the fewest users: what every request carries at least, where nothing else competes for
         the client (more users at once add more: the largest level's bound the interval). A
-        factor's value takes these out (analysis/chains.client_free)."""
+        factor's value takes these out (analysis/chains.client_free). Where those levels waited
+        different times for their first tokens, the offsets at a run's own wait (first_token_s,
+        its TTFT) are read off the line between the nearest two (held at the ends): on one 2-core
+        host, 1-user cells waiting 320-350 ms for a first token read it 4-10 ms late, where the
+        calibration's 50 ms wait read 1.8 ms."""
         names = ("ttft_s", "itl_s", "tpot_s", "e2e_s", "cycle_s")
         if not self.levels:
             return {k: getattr(self, k) for k in names}
-        least = min(self.levels, key=lambda lv: lv.users)
-        return {k: None if getattr(least, k) is None else max(0.0, getattr(least, k)) for k in names}
+        fewest = min(lv.users for lv in self.levels)
+        least = sorted((lv for lv in self.levels if lv.users == fewest), key=lambda lv: lv.waited_s)
+        lo = hi = least[0]
+        if first_token_s is not None:
+            below = [lv for lv in least if lv.waited_s <= first_token_s]
+            above = [lv for lv in least if lv.waited_s >= first_token_s]
+            lo, hi = (below or least[:1])[-1], (above or least[-1:])[0]
+        w = 0.0 if hi.waited_s == lo.waited_s else (first_token_s - lo.waited_s) / (hi.waited_s - lo.waited_s)
+
+        def at(k: str) -> float | None:
+            a, b = getattr(lo, k), getattr(hi, k)
+            if a is None or b is None:
+                return None
+            return max(0.0, a + w * (b - a))
+
+        return {k: at(k) for k in names}
 
     @classmethod
     def read(cls, path: str | Path | None) -> Calibration | None:

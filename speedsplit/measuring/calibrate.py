@@ -34,6 +34,10 @@ SPEED = reference_speed.Speed(ttft_s=0.05, itl_s=0.005)
 PROMPT_TOKENS = 32
 OUTPUT_TOKENS = 32
 REQUESTS = 32  # measured requests per level, spread over its users
+# The uncontended client once more, waiting as long for each first token as a large model's
+# prefill makes it: a client idle that long may read it later (Calibration.uncontended).
+LONG_WAIT = reference_speed.Speed(ttft_s=0.4, itl_s=0.005)
+LONG_WAIT_REQUESTS = 8
 
 
 @contextmanager
@@ -85,9 +89,10 @@ def _load(url: str, users: int, per_user: int, output_tokens: int, warmup: int =
     )
 
 
-def level(url: str, users: int, speed: reference_speed.Speed = SPEED) -> CalibrationLevel:
-    """The client's offsets at one number of users against a server of this speed (no cap)."""
-    per_user = max(2, REQUESTS // users)
+def level(url: str, users: int, speed: reference_speed.Speed = SPEED, requests: int = REQUESTS) -> CalibrationLevel:
+    """The client's offsets at one number of users against a server of this speed (no cap),
+    over about `requests` measured requests (two a user at least)."""
+    per_user = max(2, requests // users)
     summary, records = loadgen.run(_load(url, users, per_user, OUTPUT_TOKENS))
     ok = [r for r in records if r.phase == "measured" and r.ok]
     if len(ok) < summary.requests:
@@ -114,6 +119,7 @@ def level(url: str, users: int, speed: reference_speed.Speed = SPEED) -> Calibra
         e2e_p90_s=e2e[int(0.9 * (len(e2e) - 1))],
         throughput_error=summary.output_tok_s / true_tok_s - 1.0,
         cycle_s=statistics.median(e2e) + (statistics.median(turns) if turns else 0.0),
+        wait_s=first,
     )
 
 
@@ -126,10 +132,13 @@ def ceiling(url: str, users: int, output_tokens: int, per_user: int = 2) -> floa
 def calibrate(
     users: list[int], ceiling_users: int = 64, ceiling_tokens: int = 256, server_cpus: list[int] = ()
 ) -> Calibration:
-    """Offsets at each number of users, then the ceiling; the offsets carried are the largest.
-    server_cpus: the cores the reference server runs on (the caller's client runs where it is)."""
+    """Offsets at each number of users, at the fewest once more with a long wait for each first
+    token (LONG_WAIT), then the ceiling; the offsets carried are the largest. server_cpus: the
+    cores the reference server runs on (the caller's client runs where it is)."""
     with reference_server(SPEED, cpus=server_cpus) as url:
         levels = [level(url, u) for u in users]
+    with reference_server(LONG_WAIT, cpus=server_cpus) as url:
+        levels.append(level(url, min(users), LONG_WAIT, LONG_WAIT_REQUESTS))
     with reference_server(reference_speed.Speed(ttft_s=0.0, itl_s=0.0), cpus=server_cpus) as url:
         top = ceiling(url, ceiling_users, ceiling_tokens)
     return Calibration(
@@ -156,7 +165,7 @@ def lines(c: Calibration) -> list[str]:
     out = [f"the load generator against a server of known speed ({c.reference}), {c.host_cpu}:"]
     for lv in c.levels:
         out.append(
-            f"  {lv.users:>3} users, {lv.requests} requests: TTFT {lv.ttft_s * 1e3:+.2f} ms, ITL "
+            f"  {lv.users:>3} users, {lv.requests} requests, first tokens {lv.waited_s * 1e3:.0f} ms away: TTFT {lv.ttft_s * 1e3:+.2f} ms, ITL "
             f"{lv.itl_s * 1e3:+.3f} ms, TPOT {lv.tpot_s * 1e3:+.3f} ms, E2E {lv.e2e_s * 1e3:+.2f} ms "
             f"(p90 {lv.e2e_p90_s * 1e3:+.2f}), cycle {_ms(lv.cycle_s, '+.2f')}, "
             f"throughput {lv.throughput_error * 100:+.2f}%"

@@ -147,3 +147,47 @@ def test_every_committed_result_conforms(path):
         validator = _validator("RequestRecord")
         for record in records[:3] + records[-3:]:  # and the schema itself agrees
             validator.validate(record.model_dump(mode="json"))
+
+
+def test_the_uncontended_offsets_are_read_at_the_runs_own_wait_for_a_first_token():
+    """Two 1-user levels, first tokens 50 ms and 400 ms away: a run's offsets are the line's
+    between them at its own TTFT, held at the ends; the 16-user level is no 1-user offset."""
+    from speedsplit.core.facts import Calibration, CalibrationLevel
+
+    def lv(users, wait, ttft, e2e):
+        return CalibrationLevel(
+            users=users,
+            requests=8,
+            ttft_s=ttft,
+            itl_s=0.0001,
+            tpot_s=0.0,
+            e2e_s=e2e,
+            e2e_p90_s=e2e,
+            throughput_error=0.0,
+            cycle_s=e2e + 0.001,
+            wait_s=wait,
+        )
+
+    levels = [lv(1, 0.05, 0.002, 0.003), lv(16, 0.05, 0.004, 0.005), lv(1, 0.4, 0.009, 0.010)]
+    cal = Calibration(
+        measured_at="now",
+        host_cpu="cpu",
+        reference="ref",
+        levels=levels,
+        ttft_s=0.009,
+        itl_s=0.0001,
+        tpot_s=0.0,
+        e2e_s=0.01,
+        cycle_s=0.011,
+        ceiling_tok_s=1e3,
+        ceiling_users=64,
+    )
+    assert cal.uncontended()["ttft_s"] == pytest.approx(0.002)  # no wait given: the short one's
+    assert cal.uncontended(0.02)["ttft_s"] == pytest.approx(0.002)
+    assert cal.uncontended(0.225)["ttft_s"] == pytest.approx(0.0055)  # half way
+    assert cal.uncontended(0.225)["e2e_s"] == pytest.approx(0.0065)
+    assert cal.uncontended(0.225)["cycle_s"] == pytest.approx(0.0075)
+    assert cal.uncontended(2.0)["ttft_s"] == pytest.approx(0.009)
+    # a calibration from before the wait was recorded: its one level waited 50 ms
+    old = cal.model_copy(update={"levels": [levels[0].model_copy(update={"wait_s": None})]})
+    assert old.uncontended(0.4)["ttft_s"] == pytest.approx(0.002)
