@@ -15,7 +15,7 @@ from speedsplit.core.formats import value_text
 from speedsplit.core.record import CLIENT_STALL_S
 
 GROUP = ["chain", "model", "topology", "cell"]
-SENTENCE_SCHEMA = {**{k: pl.Utf8 for k in GROUP}, "users": pl.Int64, "sentence": pl.Utf8}
+SENTENCE_SCHEMA = {**{k: pl.Utf8 for k in GROUP}, "users": pl.Int64, "sentence": pl.Utf8, "quality": pl.Utf8}
 
 
 def with_steps(attribution: pl.DataFrame, steps: dict[str, list[str]]) -> pl.DataFrame:
@@ -56,7 +56,7 @@ def _x(v: float | None) -> str:
     return f"{value_text(v, 3)}×"
 
 
-def _ci(lo: float | None, hi: float | None) -> str:
+def interval_words(lo: float | None, hi: float | None) -> str:
     """The interval, and where it holds 1 that it shows no difference (a factor of 1.11x
     [0.81, 1.42] is not an answer that the step speeds anything up)."""
     if lo is None or hi is None:
@@ -114,7 +114,7 @@ def sentences(attribution: pl.DataFrame, chains: dict[str, list[str]]) -> pl.Dat
             if unmeasured(total["note"]):
                 continue  # a chain these results do not cover: one line among the qualifiers
             known = [
-                f"{r['step'] or r['factor']} {_x(r['value'])} {_ci(r['lo'], r['hi'])}"
+                f"{r['step'] or r['factor']} {_x(r['value'])} {interval_words(r['lo'], r['hi'])}"
                 for r in factors.iter_rows(named=True)
                 if r["value"] is not None
             ]
@@ -126,10 +126,10 @@ def sentences(attribution: pl.DataFrame, chains: dict[str, list[str]]) -> pl.Dat
             )
         else:
             parts = [
-                f"{r['step'] or r['factor']} {_x(r['value'])} {_ci(r['lo'], r['hi'])}"
+                f"{r['step'] or r['factor']} {_x(r['value'])} {interval_words(r['lo'], r['hi'])}"
                 for r in factors.iter_rows(named=True)
             ]
-            text = f"{where}: {' × '.join(parts)} = {_x(total['value'])} {_ci(total['lo'], total['hi'])}"
+            text = f"{where}: {' × '.join(parts)} = {_x(total['value'])} {interval_words(total['lo'], total['hi'])}"
             text += _over(total["runs_used"], len(chains[chain]), text) + "."
         rows.append(
             {
@@ -142,6 +142,13 @@ def sentences(attribution: pl.DataFrame, chains: dict[str, list[str]]) -> pl.Dat
             }
         )
     return pl.DataFrame(rows, schema=SENTENCE_SCHEMA)
+
+
+def with_quality(sentences: pl.DataFrame, quality: dict[tuple[str, str, str], str]) -> pl.DataFrame:
+    """The answer's sentences with each chain's quality beside its speed (by (model, topology,
+    chain): output/analyses/quality.by_chain), null where its stacks were not probed."""
+    said = [quality.get((r["model"], r["topology"], r["chain"])) for r in sentences.iter_rows(named=True)]
+    return sentences.with_columns(pl.Series("quality", said, dtype=pl.Utf8))
 
 
 def waterfall_frame(attribution: pl.DataFrame) -> pl.DataFrame:

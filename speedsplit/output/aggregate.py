@@ -22,6 +22,7 @@ from speedsplit.core import formats, plausible
 from speedsplit.core.record import read_result
 from speedsplit.core.results import atomic_dir
 from speedsplit.output import analyses, plots, report
+from speedsplit.output.analyses import quality
 from speedsplit.planning import config as cfgmod
 
 
@@ -86,7 +87,9 @@ def build_frames(
         results=tuple(results),
         attribution=attribution,
     )
-    return frames | analyses.build(basis, specs or {})
+    frames |= analyses.build(basis, specs or {})
+    frames["answer"] = answer.with_quality(frames["answer"], quality.by_chain(frames))
+    return frames
 
 
 def write_tables(result_paths: list[str | Path], out_dir: str | Path, **kwargs) -> None:

@@ -82,9 +82,16 @@ def waterfall_chart(waterfall: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
         # the factor's 95% interval where the bar ends: from the running product before it
         (pl.col("start") * pl.col("lo")).alias("end_lo"),
         (pl.col("start") * pl.col("hi")).alias("end_hi"),
-    ).to_pandas()
+    )
     low = min(1.0, float(waterfall["end"].min())) / 1.2
     high = max(1.0, float(waterfall["end"].max()), float(waterfall["start"].max())) * 1.6
+    # an interval wider than the axis (two runs far apart) stops at its edge, marked with an arrow
+    df = df.with_columns(
+        pl.col("end_lo").clip(lower_bound=low).alias("shown_lo"),
+        pl.col("end_hi").clip(upper_bound=high).alias("shown_hi"),
+        pl.when(pl.col("end_hi") > high).then(pl.lit("▲")).alias("off_hi"),
+        pl.when(pl.col("end_lo") < low).then(pl.lit("▼")).alias("off_lo"),
+    ).to_pandas()
     base = alt.Chart().encode(
         x=alt.X("bar:N", sort=alt.EncodingSortField("order"), title=None, axis=alt.Axis(labelAngle=-20, labelLimit=200))
     )
@@ -105,10 +112,11 @@ def waterfall_chart(waterfall: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
     )
     text = base.mark_text(dy=-7, fontSize=12).encode(y=alt.Y("top:Q"), text="label:N")
     one = base.mark_rule(strokeDash=[3, 3], color="#999").encode(y=alt.datum(1))
-    # clipped at the frame: an interval wider than the axis (one run of two far apart) runs off it
-    whiskers = base.mark_rule(color="black", strokeWidth=1.5, clip=True).encode(y="end_lo:Q", y2="end_hi:Q")
+    whiskers = base.mark_rule(color="black", strokeWidth=1.5).encode(y="shown_lo:Q", y2="shown_hi:Q")
+    off_hi = base.mark_text(dy=4, fontSize=11).encode(y="shown_hi:Q", text="off_hi:N")
+    off_lo = base.mark_text(dy=-4, fontSize=11).encode(y="shown_lo:Q", text="off_lo:N")
     return (
-        alt.layer(bars, whiskers, text, one, data=df)
+        alt.layer(bars, whiskers, off_hi, off_lo, text, one, data=df)
         .properties(width=220, height=200)
         .facet(column=alt.Column("where:N", title=None), row=alt.Row("chain_model:N", title=None))
         .resolve_scale(x="independent")
@@ -117,7 +125,8 @@ def waterfall_chart(waterfall: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
                 "Where the speedup came from, at the headline cells (rows: chain: model)",
                 subtitle=[
                     f"hardware: {'; '.join(sorted(set(cells['hardware'].to_list())))}",
-                    "black whiskers: each factor's 95% interval where its bar ends (the numbers: the sentences above)",
+                    "black whiskers: each factor's 95% interval where its bar ends (the numbers: the sentences above); "
+                    "▲ ▼: it runs on past the axis",
                 ],
                 anchor="start",
             )

@@ -81,7 +81,7 @@ def test_an_undefined_decomposition_has_no_waterfall_and_is_said(tmp_path):
     frames = aggregate.build_frames(paths, CHAINS, steps=STEPS)
     assert A.waterfall_frame(frames["attribution"]).height == 0
     # a stack these results never measured: no sentence, one line among the qualifiers
-    assert frames["answer"].height == 0 and frames["answer"].columns[-1] == "sentence"
+    assert frames["answer"].height == 0 and frames["answer"].columns[-2:] == ["sentence", "quality"]
     (line,) = A.qualifiers(frames["runs"], frames["attribution"])
     assert line == "Chain study is not decomposed at 1 headline cell(s): vllm-marlin not measured here"
     # a stack measured, but with no run that counts: said in the sentence
@@ -183,7 +183,18 @@ def test_the_waterfall_draws_each_factors_interval_where_its_bar_ends(frames):
     row = w.filter(pl.col("bar") == "2. INT4 weights + kernel").row(0, named=True)
     assert (quant["end_lo"], quant["end_hi"]) == pytest.approx((row["start"] * row["lo"], row["start"] * row["hi"]))
     whiskers = [m for m in spec["spec"]["layer"] if m["mark"]["type"] == "rule" and "y2" in m["encoding"]]
-    assert [(m["encoding"]["y"]["field"], m["encoding"]["y2"]["field"]) for m in whiskers] == [("end_lo", "end_hi")]
+    assert [(m["encoding"]["y"]["field"], m["encoding"]["y2"]["field"]) for m in whiskers] == [("shown_lo", "shown_hi")]
+    assert (quant["shown_lo"], quant["shown_hi"]) == (quant["end_lo"], quant["end_hi"]) and not quant["off_hi"]
+    # an interval far wider than the axis (two runs far apart) stops at its edge with an arrow
+    wide = w.with_columns(pl.when(pl.col("factor") == "total").then(50.0).otherwise(pl.col("hi")).alias("hi"))
+    spec = plots.waterfall_chart(wide, frames["cells"]).to_dict()
+    (data,) = spec["datasets"].values()
+    total = next(r for r in data if r["bar"] == "= total")
+    axis = next(m for m in spec["spec"]["layer"] if m["mark"]["type"] == "bar")["encoding"]["y"]["scale"]["domain"]
+    assert total["end_hi"] > axis[1] and total["shown_hi"] == axis[1] and total["off_hi"] == "▲"
+    assert any(
+        m["mark"]["type"] == "text" and m["encoding"]["text"]["field"] == "off_hi" for m in spec["spec"]["layer"]
+    )
 
 
 def test_the_first_screen_names_the_kernel_each_stack_ran_beside_its_name(frames):

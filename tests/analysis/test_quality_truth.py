@@ -4,6 +4,7 @@ Each quality number of the chain comes out at its truth, through the real probe 
 
 import math
 
+import polars as pl
 import pytest
 
 from speedsplit.analysis import quality as Q
@@ -75,6 +76,25 @@ def test_every_step_of_the_chain_lands_on_its_truth(probed, tiny_model):
     assert gate["ref-c"]["quality_share"] == pytest.approx(math.exp(-0.5)) and not gate["ref-c"]["passes"]
     line = step_line(gate["ref-c"])
     assert line.startswith("c: ") and "perplexity +" in line and "FAILS the 99% gate" in line
+    # beside the speed, in the answer sentence's words: an interval holding 1 shows no difference
+    shown = step_line(gate["ref-c"] | {"speed_factor": 1.72, "speed_factor_lo": 0.808, "speed_factor_hi": 3.75})
+    assert shown.startswith("c: 1.72× throughput [0.808, 3.75] (no difference shown); agreement ")
+    one = step_line(gate["ref-c"] | {"speed_factor": 1.72, "speed_factor_lo": None, "speed_factor_hi": None})
+    assert one.startswith("c: 1.72× throughput [no interval: one run]; ")
+    # the answer table carries each chain's line beside its sentences
+    from speedsplit.analysis.answer import SENTENCE_SCHEMA, with_quality
+    from speedsplit.output.analyses.quality import by_chain
+
+    said = by_chain({"quality": steps})
+    assert list(said) == [("tiny", "tp1", "refs")] and said[("tiny", "tp1", "refs")].startswith("b: ")
+    sentences = pl.DataFrame(
+        [
+            {"chain": c, "model": "tiny", "topology": "tp1", "cell": "u8", "users": 8, "sentence": "s", "quality": None}
+            for c in ("refs", "other")
+        ],
+        schema=SENTENCE_SCHEMA,
+    )
+    assert with_quality(sentences, said)["quality"].to_list() == [said[("tiny", "tp1", "refs")], None]
 
 
 def test_a_stack_that_serves_no_logprobs_is_compared_by_its_text(probed):

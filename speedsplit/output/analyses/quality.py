@@ -7,6 +7,7 @@ from __future__ import annotations
 import altair as alt
 import polars as pl
 
+from speedsplit.analysis.answer import interval_words
 from speedsplit.core.formats import difference_text, html_table
 from speedsplit.output.analyses import Analysis, Basis, answer_block, html_section
 from speedsplit.planning.quality_config import quality_config
@@ -126,7 +127,9 @@ def step_line(r: dict) -> str:
     name = r["step"] or f"{r['from_stack']} → {r['to_stack']}"
     parts = []
     if r["speed_factor"] is not None:
-        parts.append(f"{r['speed_factor']:.3g}× throughput")
+        # in the answer's words: an interval holding 1 shows no difference (analysis/answer.py)
+        ci = interval_words(r["speed_factor_lo"], r["speed_factor_hi"])
+        parts.append(f"{r['speed_factor']:.3g}× throughput {ci}")
     q = []
     if r["prompts"] and r["same_weights"] and r["agree"] < r["prompts"]:
         # the same weights served another way should say the same: say by how much they do not
@@ -153,21 +156,26 @@ def step_line(r: dict) -> str:
     return f"{name}: {'; '.join(parts) or 'no quality measured'}"
 
 
-def answer_lines(frames: dict[str, pl.DataFrame]) -> list[str]:
-    """Per chain step, its speed and its quality in one line."""
+def by_chain(frames: dict[str, pl.DataFrame]) -> dict[tuple[str, str, str], str]:
+    """Per (model, topology, chain): its steps' speed and quality in one line (step_line's,
+    ' | ' between steps), in the order the quality table holds them."""
     steps = frames.get("quality")
     if steps is None or not steps.height:
-        return []
-    out = []
+        return {}
+    out = {}
+    tasks = frames.get("quality_tasks")
     for (model, topology, chain), df in steps.sort("position").group_by(
         ["model", "topology", "chain"], maintain_order=True
     ):
-        tasks = frames.get("quality_tasks")
         lines = [step_line(r) + _task_words(tasks, r) for r in df.iter_rows(named=True)]
         note = df["note"].drop_nulls().to_list()
-        tail = f" ({note[0]})" if note and note[0] else ""
-        out.append(f"{chain} ({model}, {topology}): " + " | ".join(lines) + tail)
+        out[(model, topology, chain)] = " | ".join(lines) + (f" ({note[0]})" if note and note[0] else "")
     return out
+
+
+def answer_lines(frames: dict[str, pl.DataFrame]) -> list[str]:
+    """Per chain, its steps' speed and quality in one line."""
+    return [f"{chain} ({model}, {topology}): {line}" for (model, topology, chain), line in by_chain(frames).items()]
 
 
 def _task_words(tasks: pl.DataFrame | None, step: dict) -> str:
