@@ -4,4 +4,14 @@ which speedsplit/output/analyses declares."""
 
 # The tables every run writes, in the order the report shows them (no imports here: the
 # Snakefile reads these names). The optional analyses add theirs (output/analyses).
-CORE_TABLES = ("runs", "cells", "attribution", "answer", "crossover", "stability", "timeline", "calibration")
+CORE_TABLES = (
+    "runs",
+    "cells",
+    "attribution",
+    "mechanism",
+    "answer",
+    "crossover",
+    "stability",
+    "timeline",
+    "calibration",
+)

@@ -15,7 +15,13 @@ from speedsplit.core.formats import value_text
 from speedsplit.core.record import CLIENT_STALL_S
 
 GROUP = ["chain", "model", "topology", "cell"]
-SENTENCE_SCHEMA = {**{k: pl.Utf8 for k in GROUP}, "users": pl.Int64, "sentence": pl.Utf8, "quality": pl.Utf8}
+SENTENCE_SCHEMA = {
+    **{k: pl.Utf8 for k in GROUP},
+    "users": pl.Int64,
+    "sentence": pl.Utf8,
+    "why": pl.Utf8,
+    "quality": pl.Utf8,
+}
 
 
 def with_steps(attribution: pl.DataFrame, steps: dict[str, list[str]]) -> pl.DataFrame:
@@ -142,6 +148,28 @@ def sentences(attribution: pl.DataFrame, chains: dict[str, list[str]]) -> pl.Dat
             }
         )
     return pl.DataFrame(rows, schema=SENTENCE_SCHEMA)
+
+
+def with_why(sentences: pl.DataFrame, mechanism: pl.DataFrame, attribution: pl.DataFrame) -> pl.DataFrame:
+    """The answer's sentences with each step's client-level mechanism beside them (analysis/
+    mechanism.why_words: how much quicker its requests were, which part of their latency moved,
+    how many were in flight), e.g. 'runtime: requests 11.8× quicker end to end (...) | ...';
+    null where no step has one."""
+    from speedsplit.analysis.mechanism import why_words
+
+    keys = ["chain", "model", "topology", "cell"]
+    named = {
+        (*(r[k] for k in keys), r["position"]): r["step"] or r["factor"]
+        for r in attribution.filter(pl.col("position") > 0).iter_rows(named=True)
+    }
+    said: dict[tuple, list[str]] = {}
+    for r in mechanism.sort("position").iter_rows(named=True):
+        words = why_words(r)
+        if words:
+            key = tuple(r[k] for k in keys)
+            said.setdefault(key, []).append(f"{named.get((*key, r['position']), r['factor'])}: {words}")
+    why = [" | ".join(said.get(tuple(r[k] for k in keys), [])) or None for r in sentences.iter_rows(named=True)]
+    return sentences.with_columns(pl.Series("why", why, dtype=pl.Utf8))
 
 
 def with_quality(sentences: pl.DataFrame, quality: dict[tuple[str, str, str], str]) -> pl.DataFrame:

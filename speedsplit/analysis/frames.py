@@ -35,7 +35,7 @@ def _gpu_name(res: RunResult) -> str:
     return f"CPU: {hw.host_cpu}"
 
 
-LATENCY_Q = ("median", "p90", "p99")
+LATENCY_Q = ("median", "p90", "p99", "mean")
 RUNS_SCHEMA = {
     "model": pl.Utf8,
     "stack": pl.Utf8,

@@ -18,6 +18,7 @@ from speedsplit.analysis import chains as ch
 from speedsplit.analysis import frames as f
 from speedsplit.analysis import timeline as tl
 from speedsplit.analysis.calibration import calibration_frame
+from speedsplit.analysis.mechanism import mechanism_frame
 from speedsplit.core import formats, plausible
 from speedsplit.core.record import read_result
 from speedsplit.core.results import atomic_dir
@@ -61,11 +62,13 @@ def build_frames(
     cells = f.with_mbu(f.cells_frame(runs, tolerate_flags), bandwidth_gb_s(bandwidth_json))
     by_throughput = ch.attribution_frame(runs, chains, tolerate_flags)
     attribution = answer.with_headline(answer.with_steps(by_throughput, steps or {}), list(headline))
+    why = mechanism_frame(runs, chains, tolerate_flags)
     frames = {
         "runs": runs,
         "cells": cells,
         "attribution": attribution,
-        "answer": answer.sentences(attribution, chains),
+        "mechanism": why,
+        "answer": answer.with_why(answer.sentences(attribution, chains), why, attribution),
         "crossover": ch.crossover_frame(attribution),
         "stability": ch.stability_frame(attribution),
         "calibration": calibration_frame(results),

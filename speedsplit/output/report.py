@@ -128,7 +128,11 @@ def answer_section(
     parts = ["<section id='answer'><h2>The answer</h2>", *answers]
     if sentences.height:
         parts += ["<h3>The chain</h3>"] if answers else []
-        parts += [f"<p class='headline'>{html.escape(t)}</p>" for t in sentences["sentence"].to_list()]
+        for row in sentences.iter_rows(named=True):
+            parts.append(f"<p class='headline'>{html.escape(row['sentence'])}</p>")
+            if row.get("why"):  # the step's mechanism as the client saw it (analysis/mechanism.py)
+                steps = "".join(f"<li>{html.escape(w)}</li>" for w in row["why"].split(" | "))
+                parts.append(f"<p class='note'>Why, as the client saw it:</p><ul>{steps}</ul>")
         if served is not None and served.height:
             parts.append("<p class='note'>What each stack served at those cells (medians over runs):</p>")
             parts.append(html_table(served))

@@ -94,8 +94,10 @@ def lines(results: str | Path = "results", run_args: list[str] | None = None) ->
     results = Path(results)
     out = ["", "speedsplit: what this run found"]
     answer = _frame(results / "tables" / "answer.parquet")
-    for sentence in [] if answer is None else answer["sentence"].to_list():
-        out.append(f"  {sentence}")
+    for row in [] if answer is None else answer.iter_rows(named=True):
+        out.append(f"  {row['sentence']}")
+        if row.get("why"):
+            out.append(f"    why, as the client saw it: {row['why']}")
     out += traffic_lines(_frame(results / "tables" / "traffic_factors.parquet"))
     out += quality_lines(
         _frame(results / "tables" / "quality.parquet"), _frame(results / "tables" / "quality_tasks.parquet")

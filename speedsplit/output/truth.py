@@ -40,6 +40,17 @@ FACTOR_TOLERANCE = 0.01
 # inside its interval, while every median and rate stayed within 1%).
 TAIL_FACTOR_TOLERANCE = 0.025
 COVERAGE = 0.95  # the truth inside at least 95% of factor intervals
+# A step's client-level mechanism (analysis/mechanism.py) within 2% of its truth, as measured
+# (the client's milliseconds are in it): its latency and in-flight factors, and the shares of
+# the time saved that the first token and the decode took (those of a tenth or more).
+MECHANISM_TOLERANCE = 0.02
+MECHANISM_METRICS = {
+    "latency_factor": "latency factor",
+    "in_flight_factor": "in-flight factor",
+    "ttft_share": "TTFT share",
+    "decode_share": "decode share",
+}
+MIN_SHARE = 0.1
 RUN_METRICS = {
     "output_tok_s": "throughput",
     "ttft_s_median": "TTFT p50",
@@ -189,6 +200,7 @@ def compare(result_paths: list[Path], **spec) -> pl.DataFrame:
     rows += _factor_rows(
         "attribution", got["attribution"], want["attribution"], ["chain", "model", "topology", "cell", "factor"]
     )
+    rows += _mechanism_rows(got["mechanism"], want["mechanism"])
     if "traffic_factors" in got:
         keys = ["chain", "model", "topology", "cell", "factor", "metric"]
         rows += _factor_rows("traffic", got["traffic_factors"], want["traffic_factors"], keys)
@@ -237,6 +249,22 @@ def _factor_rows(table: str, got: pl.DataFrame, want: pl.DataFrame, keys: list[s
     return rows
 
 
+def _mechanism_rows(got: pl.DataFrame, want: pl.DataFrame) -> list[dict]:
+    keys = ["chain", "model", "topology", "cell", "factor"]
+    truth = {tuple(r[k] for k in keys): r for r in want.iter_rows(named=True)}
+    rows = []
+    for g in got.iter_rows(named=True):
+        t = truth.get(tuple(g[k] for k in keys))
+        if t is None or not g["runs"]:
+            continue
+        for column, label in MECHANISM_METRICS.items():
+            if g[column] is None or t[column] is None or (column.endswith("share") and abs(t[column]) < MIN_SHARE):
+                continue
+            what = f"mechanism {g['chain']} {g['cell']} {g['factor']}"
+            rows.append(_row("mechanism", what, label, t[column], g[column], None, None, MECHANISM_TOLERANCE))
+    return rows
+
+
 def _row(kind, what, metric, truth, measured, lo, hi, tolerance, raw=None) -> dict:
     error = measured / truth - 1.0 if truth else None
     covered = None if lo is None or hi is None else bool(lo <= truth <= hi)
@@ -269,7 +297,7 @@ def compare_results(results_dir: str | Path, configfiles: list[str] = ()) -> pl.
 def summary(table: pl.DataFrame) -> dict:
     """How the table holds up: per kind, rows and rows within; the factors' coverage."""
     out = {}
-    for kind in ("run", "factor", "fault"):
+    for kind in ("run", "factor", "mechanism", "fault"):
         k = table.filter(pl.col("kind") == kind)
         out[kind] = (int(k["within"].sum()), k.height)
     judged = table.filter(pl.col("covered").is_not_null())
@@ -282,17 +310,19 @@ def holds(table: pl.DataFrame) -> bool:
     least 95% of factor intervals, every fault flagged and left out."""
     s = summary(table)
     covered, judged = s["covered"]
-    return all(ok == n for ok, n in (s["run"], s["factor"], s["fault"])) and covered >= COVERAGE * judged
+    return (
+        all(ok == n for ok, n in (s["run"], s["factor"], s["mechanism"], s["fault"])) and covered >= COVERAGE * judged
+    )
 
 
 def text(table: pl.DataFrame) -> str:
     """The table for people, and the verdict: each number's error with the client's calibrated
     offset taken out, and (raw) as measured."""
-    lines = [f"{'kind':<7}{'what':<58}{'metric':<10}{'truth':>11}{'measured':>11}{'error':>8}{'raw':>8}  interval"]
+    lines = [f"{'kind':<10}{'what':<58}{'metric':<17}{'truth':>11}{'measured':>11}{'error':>8}{'raw':>8}  interval"]
     for r in table.iter_rows(named=True):
         if r["kind"] == "fault":
             lines.append(
-                f"{'fault':<7}{r['what']:<58}{r['metric']:<10}  {'flagged' if r['within'] else 'NOT FLAGGED'}: {r['note']}"
+                f"{'fault':<10}{r['what']:<58}{r['metric']:<17}  {'flagged' if r['within'] else 'NOT FLAGGED'}: {r['note']}"
             )
             continue
         interval = (
@@ -301,13 +331,14 @@ def text(table: pl.DataFrame) -> str:
         mark = "" if r["within"] else "  OFF"
         raw = f"{(r['raw'] / r['truth'] - 1) * 100:>7.2f}%" if r["raw"] is not None and r["truth"] else f"{'':>8}"
         lines.append(
-            f"{r['kind']:<7}{r['what']:<58}{r['metric']:<10}{r['truth']:>11.5g}{r['measured']:>11.5g}"
+            f"{r['kind']:<10}{r['what']:<58}{r['metric']:<17}{r['truth']:>11.5g}{r['measured']:>11.5g}"
             f"{r['error'] * 100:>7.2f}%{raw}  {interval}{mark}"
         )
     s = summary(table)
     lines.append(
         f"runs within {RUN_TOLERANCE:.0%}: {s['run'][0]}/{s['run'][1]}; factors within {FACTOR_TOLERANCE:.1%} "
         f"(p99 {TAIL_FACTOR_TOLERANCE:.1%}): {s['factor'][0]}/{s['factor'][1]}; "
+        f"mechanisms within {MECHANISM_TOLERANCE:.0%}: {s['mechanism'][0]}/{s['mechanism'][1]}; "
         f"truth inside the interval: {s['covered'][0]}/{s['covered'][1]}; faults flagged and left out: "
         f"{s['fault'][0]}/{s['fault'][1]}"
     )

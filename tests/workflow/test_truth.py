@@ -109,6 +109,33 @@ def test_every_factor_within_one_percent_and_the_intervals_hold_the_truth(truth_
 @pytest.mark.slow
 @pytest.mark.snakemake
 @pytest.mark.serial
+def test_every_step_says_why_within_two_percent_of_its_truth(truth_run):
+    """The client-level mechanism (analysis/mechanism.py): a closed loop's factor is its
+    latency's (in flight unchanged), an open loop's latency moves what is in flight; the time
+    saved splits into the first token's and the decode's shares, each on its truth."""
+    wd, table = truth_run
+    why = table.filter(pl.col("kind") == "mechanism")
+    assert why["within"].all(), _why(wd, why)
+    study = why.filter(pl.col("what") == "mechanism study u1-alone-greedy ref-mid/ref-slow")
+    truths = dict(zip(study["metric"], study["truth"]))
+    # 1.26 s -> 0.63 s a request: 0.4 s of the 0.63 s saved before the first token, 0.23 s after
+    assert truths["latency factor"] == pytest.approx(2.0, rel=1e-9)
+    assert truths["TTFT share"] == pytest.approx(0.4 / 0.63, rel=1e-9)
+    assert truths["decode share"] == pytest.approx(0.23 / 0.63, rel=1e-9)
+    assert truths["in-flight factor"] == pytest.approx(1.0, abs=0.01)
+    # open loop: the arrivals set the throughput (but for the last answers' ends), so in flight
+    # falls nearly as the latency does: 1.16x the throughput for 2.0x the latency
+    open_loop = why.filter(pl.col("what") == "mechanism study r6-traffic-greedy ref-mid/ref-slow")
+    got = dict(zip(open_loop["metric"], open_loop["truth"]))
+    assert got["latency factor"] == pytest.approx(2.0, rel=1e-9) and got["in-flight factor"] < 0.7
+    # the answer says why beside every sentence, step by step
+    answer = read_frame(wd / "results/tables/answer.parquet")
+    assert answer.height and all(w and "quicker end to end" in w for w in answer["why"])
+
+
+@pytest.mark.slow
+@pytest.mark.snakemake
+@pytest.mark.serial
 def test_tokens_are_counted_from_the_text_where_the_stream_has_no_running_count(truth_run):
     """ref-quick sends usage in its last chunk only: every request's tokens are its text's,
     counted again with the model's tokenizer, and agree with usage; ref-chunky's four tokens a

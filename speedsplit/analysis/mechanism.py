@@ -1,0 +1,183 @@
+"""Why a step is worth what it is, as the client sees it: from what every run holds, for every
+stack and cell, with no support from the server (the engine and kernel levels go further).
+
+A run's throughput is, exactly (Little's law over its measured phase),
+
+    X = L × n / E
+
+L = Σ E2E / wall, the mean number of requests in flight; n, the mean output tokens a request;
+E, the mean end-to-end latency of a request. So a step's throughput factor is, exactly,
+
+    X_b / X_a = (L_b / L_a) × (n_b / n_a) × (E_a / E_b)
+                 in flight     tokens a request   latency
+
+(each a ratio of geometric means over runs, as every factor is: they multiply to the factor as
+measured, raw_value in the attribution). A closed loop keeps its users' requests in flight, so
+its factor is its latency's; an open loop below saturation keeps its throughput (the arrivals
+set it), and what the step changes is how long each request stays and so how many are in
+flight. The latency's change splits exactly into its two parts, the time to the first token
+(waiting and prefill) and the decode after it:
+
+    E_a - E_b = (T_a - T_b) + (D_a - D_b)      (means over runs of each run's mean)
+
+These are as measured: the client's own milliseconds are in every one of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import polars as pl
+
+from speedsplit.analysis import estimate as est
+from speedsplit.analysis.frames import CELL_KEYS, OPEN_LOOP_CELL, RUNS_SCHEMA, clean_runs
+
+# Below this share of the slower side's latency, a change is too small to split into parts.
+MIN_SAVED = 0.01
+
+SCHEMA = {
+    **{k: RUNS_SCHEMA[k] for k in CELL_KEYS},
+    "chain": pl.Utf8,
+    "position": pl.Int64,
+    "factor": pl.Utf8,
+    "loop": pl.Utf8,
+    "runs": pl.Int64,
+    "throughput_factor": pl.Float64,
+    "in_flight_factor": pl.Float64,
+    "in_flight_lo": pl.Float64,
+    "in_flight_hi": pl.Float64,
+    "tokens_factor": pl.Float64,
+    "latency_factor": pl.Float64,
+    "latency_lo": pl.Float64,
+    "latency_hi": pl.Float64,
+    "in_flight_from": pl.Float64,
+    "in_flight_to": pl.Float64,
+    "e2e_from_s": pl.Float64,
+    "e2e_to_s": pl.Float64,
+    "ttft_from_s": pl.Float64,
+    "ttft_to_s": pl.Float64,
+    "decode_from_s": pl.Float64,
+    "decode_to_s": pl.Float64,
+    "e2e_saved_s": pl.Float64,
+    "ttft_saved_s": pl.Float64,
+    "decode_saved_s": pl.Float64,
+    "ttft_share": pl.Float64,
+    "decode_share": pl.Float64,
+    "note": pl.Utf8,
+}
+
+
+def parts(row: dict) -> dict[str, float] | None:
+    """One run's parts: requests in flight (L), tokens a request (n), mean latency (E), its
+    mean time to the first token (T) and the decode after it (E - T); None where the run has
+    no completed request or no means (results from before they were kept)."""
+    x, wall, done = row["output_tok_s"], row["wall_s"], row["completed"]
+    e, t = row.get("e2e_s_mean"), row.get("ttft_s_mean")
+    if not (x and wall and done and e and t is not None):
+        return None
+    return {"L": done * e / wall, "n": x * wall / done, "E": e, "T": t, "D": e - t}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def step_row(a: dict[int, dict], b: dict[int, dict], paired: bool) -> dict:
+    """A step's client-level mechanism from each side's runs' parts (by run index)."""
+    if paired:
+        common = sorted(set(a) & set(b))
+        a, b = {r: a[r] for r in common}, {r: b[r] for r in common}
+    if not a or not b:
+        return {"runs": 0, "note": "a stack has no clean run with its latencies' means"}
+
+    def ratio(key: str, invert: bool = False) -> est.Estimate:
+        side = {
+            name: {r: (1.0 / p[key] if invert else p[key]) for r, p in runs.items()}
+            for name, runs in (("a", a), ("b", b))
+        }
+        return est.ratio(side["a"], side["b"], paired)
+
+    flight, tokens, latency = ratio("L"), ratio("n"), ratio("E", invert=True)
+    mean = {k: (_mean([p[k] for p in a.values()]), _mean([p[k] for p in b.values()])) for k in "LETD"}
+    saved = {k: mean[k][0] - mean[k][1] for k in "ETD"}
+    split = abs(saved["E"]) >= MIN_SAVED * max(mean["E"])
+    return {
+        "runs": min(len(a), len(b)),
+        "throughput_factor": flight.value * tokens.value * latency.value,
+        "in_flight_factor": flight.value,
+        "in_flight_lo": flight.lo,
+        "in_flight_hi": flight.hi,
+        "tokens_factor": tokens.value,
+        "latency_factor": latency.value,
+        "latency_lo": latency.lo,
+        "latency_hi": latency.hi,
+        "in_flight_from": mean["L"][0],
+        "in_flight_to": mean["L"][1],
+        "e2e_from_s": mean["E"][0],
+        "e2e_to_s": mean["E"][1],
+        "ttft_from_s": mean["T"][0],
+        "ttft_to_s": mean["T"][1],
+        "decode_from_s": mean["D"][0],
+        "decode_to_s": mean["D"][1],
+        "e2e_saved_s": saved["E"],
+        "ttft_saved_s": saved["T"],
+        "decode_saved_s": saved["D"],
+        "ttft_share": saved["T"] / saved["E"] if split else None,
+        "decode_share": saved["D"] / saved["E"] if split else None,
+        "note": None if split else f"latency changed by under {MIN_SAVED:.0%}: not split into parts",
+    }
+
+
+def mechanism_frame(
+    runs: pl.DataFrame, chains: dict[str, list[str]], tolerate_flags: Collection[str] = ()
+) -> pl.DataFrame:
+    """One row per (cell, chain, step): the client-level mechanism of the step's throughput
+    factor, from the clean runs of its two stacks (as the attribution's factors are)."""
+    rows = []
+    for group, df in runs.group_by(CELL_KEYS, maintain_order=True):
+        base = dict(zip(CELL_KEYS, group))
+        paired = bool(OPEN_LOOP_CELL.match(base["cell"]))
+        by_stack = {}
+        for stack in {s for chain in chains.values() for s in chain}:
+            clean, _ = clean_runs(df.filter(pl.col("stack") == stack), tolerate_flags)
+            by_stack[stack] = {r["run"]: p for r in clean.iter_rows(named=True) if (p := parts(r)) is not None}
+        for name, chain in chains.items():
+            if not any(by_stack[s] for s in chain):
+                continue  # a chain this cell did not measure
+            for i, (a, b) in enumerate(zip(chain, chain[1:])):
+                rows.append(
+                    {
+                        **base,
+                        "chain": name,
+                        "position": i + 1,
+                        "factor": f"{b}/{a}",
+                        "loop": "open" if paired else "closed",
+                        **step_row(by_stack[a], by_stack[b], paired),
+                    }
+                )
+    return pl.DataFrame(rows, schema=SCHEMA)
+
+
+def _pct(share: float) -> str:
+    return f"{share * 100:.0f}%"
+
+
+def why_words(row: dict) -> str | None:
+    """A step's mechanism in words, never claiming more than the row shows: e.g. 'requests
+    2.4× quicker end to end (1.26 s → 0.52 s: time to the first token 45% of the time saved,
+    decode 55%); in flight 1.00×'."""
+    if not row.get("runs"):
+        return None
+    e_from, e_to = row["e2e_from_s"], row["e2e_to_s"]
+    lat = row["latency_factor"]
+    said = f"requests {lat:.3g}× {'quicker' if lat >= 1 else 'slower'} end to end ({e_from:.3g} s → {e_to:.3g} s"
+    if row["ttft_share"] is not None:
+        said += f": time to the first token {_pct(row['ttft_share'])} of the time {'saved' if row['e2e_saved_s'] > 0 else 'added'}, decode {_pct(row['decode_share'])}"
+    flight = row["in_flight_factor"]
+    if abs(flight - 1.0) < 0.01:
+        said += f"); as many in flight ({row['in_flight_to']:.3g})"
+    else:
+        said += f"); {flight:.3g}× as many in flight ({row['in_flight_from']:.3g} → {row['in_flight_to']:.3g})"
+    if abs(row["tokens_factor"] - 1.0) > 1e-3:
+        said += f", {row['tokens_factor']:.3g}× the tokens a request"
+    return said

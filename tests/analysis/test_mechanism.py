@@ -1,0 +1,80 @@
+"""The client-level mechanism of a step: exact identities over made-up runs whose every
+request is known (analysis/mechanism.py). The truth tier proves it on real servers."""
+
+import math
+
+import polars as pl
+import pytest
+
+from speedsplit.analysis import mechanism as M
+from speedsplit.analysis.frames import RUNS_SCHEMA
+
+CELL = {"model": "m", "topology": "tp1", "users": 4, "workload": "w", "sampling": "greedy", "prompt_tokens": 8}
+
+
+def run(stack, r, *, tok_s, wall, done, e2e, ttft, cell="u4-w-greedy", out=16, flags=()):
+    return CELL | {
+        "cell": cell,
+        "output_tokens": out,
+        "stack": stack,
+        "run": r,
+        "status": "ok",
+        "flags": list(flags),
+        "output_tok_s": tok_s,
+        "wall_s": wall,
+        "completed": done,
+        "e2e_s_mean": e2e,
+        "ttft_s_mean": ttft,
+    }
+
+
+def frame(rows):
+    return pl.DataFrame(rows, schema=RUNS_SCHEMA)
+
+
+def test_the_factor_is_in_flight_times_tokens_times_latency_exactly():
+    # slow: 4 users, 8 requests of 16 tokens, each 1.0 s (0.6 s to the first token), wall 2.1 s
+    # fast: the same, each 0.5 s (0.2 s to the first token), wall 1.05 s; a second run a little off
+    rows = [
+        run("slow", 0, tok_s=128 / 2.1, wall=2.1, done=8, e2e=1.0, ttft=0.6),
+        run("slow", 1, tok_s=128 / 2.2, wall=2.2, done=8, e2e=1.05, ttft=0.62),
+        run("fast", 0, tok_s=128 / 1.05, wall=1.05, done=8, e2e=0.5, ttft=0.2),
+        run("fast", 1, tok_s=128 / 1.1, wall=1.1, done=8, e2e=0.52, ttft=0.21),
+    ]
+    row = M.mechanism_frame(frame(rows), {"c": ["slow", "fast"]}).row(0, named=True)
+    measured = math.sqrt((128 / 1.05) * (128 / 1.1)) / math.sqrt((128 / 2.1) * (128 / 2.2))
+    assert row["throughput_factor"] == pytest.approx(measured, rel=1e-12)
+    product = row["in_flight_factor"] * row["tokens_factor"] * row["latency_factor"]
+    assert product == pytest.approx(row["throughput_factor"], rel=1e-12)
+    assert row["tokens_factor"] == pytest.approx(1.0) and row["loop"] == "closed" and row["runs"] == 2
+    assert row["latency_factor"] == pytest.approx(math.sqrt(1.0 * 1.05) / math.sqrt(0.5 * 0.52), rel=1e-12)
+    assert row["latency_lo"] < row["latency_factor"] < row["latency_hi"]
+    # the time saved, exactly its two parts: (1.025 - 0.51) = (0.61 - 0.205) + (0.415 - 0.305)
+    assert row["e2e_saved_s"] == pytest.approx(0.515)
+    assert row["ttft_saved_s"] + row["decode_saved_s"] == pytest.approx(row["e2e_saved_s"], rel=1e-12)
+    assert row["ttft_share"] == pytest.approx(0.405 / 0.515) and row["decode_share"] == pytest.approx(0.11 / 0.515)
+    words = M.why_words(row)
+    assert words.startswith(
+        "requests 2.01× quicker end to end (1.02 s → 0.51 s: time to the first token 79% of the time saved, decode 21%)"
+    )
+
+
+def test_an_open_loop_pairs_its_runs_and_a_change_too_small_is_not_split():
+    cell = "r6-w-greedy"
+    rows = [
+        run("a", 0, tok_s=100.0, wall=2.0, done=10, e2e=0.40, ttft=0.1, cell=cell),
+        run("a", 1, tok_s=100.0, wall=2.0, done=10, e2e=0.40, ttft=0.1, cell=cell),
+        run("b", 0, tok_s=100.0, wall=2.0, done=10, e2e=0.399, ttft=0.1, cell=cell),
+        run("b", 2, tok_s=100.0, wall=2.0, done=10, e2e=0.399, ttft=0.1, cell=cell, flags=["kernel_mismatch"]),
+    ]
+    row = M.mechanism_frame(frame(rows), {"c": ["a", "b"]}).row(0, named=True)
+    assert row["loop"] == "open" and row["runs"] == 1  # run 0 alone is common (b's run 2 is not clean)
+    assert row["ttft_share"] is None and "not split" in row["note"]
+    assert "time to the first token" not in M.why_words(row)
+
+
+def test_a_stack_with_no_clean_run_says_so():
+    rows = [run("a", 0, tok_s=100.0, wall=2.0, done=10, e2e=0.4, ttft=0.1)]
+    out = M.mechanism_frame(frame(rows), {"c": ["a", "b"]})
+    assert out.height == 1 and out["runs"][0] == 0 and "no clean run" in out["note"][0]
+    assert M.why_words(out.row(0, named=True)) is None
