@@ -99,6 +99,9 @@ RUNS_SCHEMA = {
     "kv_cache_peak": pl.Float64,
     "kv_cache_mean": pl.Float64,
     "waiting_mean": pl.Float64,
+    "running_mean": pl.Float64,  # requests the engine was running, mean over readings
+    "engine_steps": pl.Float64,  # the engine's steps in the measured phase (vLLM's iteration counter)
+    "engine_tokens": pl.Float64,  # the tokens they carried, prefill and decode
     "preemptions": pl.Float64,
     "prefix_cache_hit_rate": pl.Float64,
     "prefix_cache_hits": pl.Float64,
@@ -239,6 +242,9 @@ def _slo_and_telemetry(res: RunResult, ok: bool) -> dict:
         "kv_cache_peak": server.kv_cache_usage_peak if server else None,
         "kv_cache_mean": server.kv_cache_usage_mean if server else None,
         "waiting_mean": server.waiting_mean if server else None,
+        "running_mean": server.running_mean if server else None,
+        "engine_steps": server.engine_steps if server else None,
+        "engine_tokens": server.engine_tokens if server else None,
         "preemptions": server.preemptions if server else None,
         "prefix_cache_hit_rate": server.prefix_cache_hit_rate if server else None,
         "prefix_cache_hits": server.prefix_cache_hits if server else None,

@@ -20,6 +20,17 @@ flight. The latency's change splits exactly into its two parts, the time to the 
 
     E_a - E_b = (T_a - T_b) + (D_a - D_b)      (means over runs of each run's mean)
 
+Where the server counts its engine's steps (vLLM's vllm:iteration_tokens_total, the reference
+server's engine clock), the same throughput is, exactly,
+
+    X = (steps / wall) × (output tokens / steps)
+         step rate         tokens a step
+
+so a step's factor is its step-rate factor × its tokens-a-step factor: a kernel that makes each
+step quicker shows in the first, a batch that grows (or a speculative step that accepts more
+tokens) in the second. Beside them: the mean running batch and the tokens a step carried in
+all (prefill and decode), as the server counted them.
+
 These are as measured: the client's own milliseconds are in every one of them.
 """
 
@@ -63,6 +74,19 @@ SCHEMA = {
     "decode_saved_s": pl.Float64,
     "ttft_share": pl.Float64,
     "decode_share": pl.Float64,
+    # the engine level (null: the server does not count its steps)
+    "step_rate_factor": pl.Float64,
+    "step_rate_lo": pl.Float64,
+    "step_rate_hi": pl.Float64,
+    "tokens_per_step_factor": pl.Float64,
+    "steps_per_s_from": pl.Float64,
+    "steps_per_s_to": pl.Float64,
+    "tokens_per_step_from": pl.Float64,  # output tokens a step
+    "tokens_per_step_to": pl.Float64,
+    "engine_tokens_per_step_from": pl.Float64,  # prefill and decode tokens a step, as the server counted
+    "engine_tokens_per_step_to": pl.Float64,
+    "running_from": pl.Float64,  # the engine's mean running batch
+    "running_to": pl.Float64,
     "note": pl.Utf8,
 }
 
@@ -75,7 +99,15 @@ def parts(row: dict) -> dict[str, float] | None:
     e, t = row.get("e2e_s_mean"), row.get("ttft_s_mean")
     if not (x and wall and done and e and t is not None):
         return None
-    return {"L": done * e / wall, "n": x * wall / done, "E": e, "T": t, "D": e - t}
+    out = {"L": done * e / wall, "n": x * wall / done, "E": e, "T": t, "D": e - t}
+    steps = row.get("engine_steps")
+    if steps:  # the engine level: X = (steps / wall) × (output tokens / steps)
+        out |= {"S": steps / wall, "K": x * wall / steps}
+        if row.get("engine_tokens") is not None:
+            out["Q"] = row["engine_tokens"] / steps
+        if row.get("running_mean") is not None:
+            out["B"] = row["running_mean"]
+    return out
 
 
 def _mean(values: list[float]) -> float:
@@ -101,7 +133,26 @@ def step_row(a: dict[int, dict], b: dict[int, dict], paired: bool) -> dict:
     mean = {k: (_mean([p[k] for p in a.values()]), _mean([p[k] for p in b.values()])) for k in "LETD"}
     saved = {k: mean[k][0] - mean[k][1] for k in "ETD"}
     split = abs(saved["E"]) >= MIN_SAVED * max(mean["E"])
-    return {
+    engine = {}
+    if all("S" in p for p in (*a.values(), *b.values())):
+        rate, per_step = ratio("S"), ratio("K")
+
+        def means(key: str) -> tuple[float | None, float | None]:
+            if not all(key in p for p in (*a.values(), *b.values())):
+                return None, None
+            return _mean([p[key] for p in a.values()]), _mean([p[key] for p in b.values()])
+
+        engine = {
+            "step_rate_factor": rate.value,
+            "step_rate_lo": rate.lo,
+            "step_rate_hi": rate.hi,
+            "tokens_per_step_factor": per_step.value,
+            **dict(zip(("steps_per_s_from", "steps_per_s_to"), means("S"))),
+            **dict(zip(("tokens_per_step_from", "tokens_per_step_to"), means("K"))),
+            **dict(zip(("engine_tokens_per_step_from", "engine_tokens_per_step_to"), means("Q"))),
+            **dict(zip(("running_from", "running_to"), means("B"))),
+        }
+    return engine | {
         "runs": min(len(a), len(b)),
         "throughput_factor": flight.value * tokens.value * latency.value,
         "in_flight_factor": flight.value,
@@ -180,4 +231,10 @@ def why_words(row: dict) -> str | None:
         said += f"); {flight:.3g}× as many in flight ({row['in_flight_from']:.3g} → {row['in_flight_to']:.3g})"
     if abs(row["tokens_factor"] - 1.0) > 1e-3:
         said += f", {row['tokens_factor']:.3g}× the tokens a request"
+    if row.get("step_rate_factor") is not None:
+        said += (
+            f"; the engine: {row['step_rate_factor']:.3g}× the steps a second ({row['steps_per_s_from']:.3g} → "
+            f"{row['steps_per_s_to']:.3g}), {row['tokens_per_step_factor']:.3g}× the output tokens a step "
+            f"({row['tokens_per_step_from']:.3g} → {row['tokens_per_step_to']:.3g})"
+        )
     return said

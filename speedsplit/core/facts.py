@@ -230,6 +230,14 @@ class ServerTelemetry(StrictRecord):
     prefix_cache_hits_flagged: bool = Field(
         description="hit rate above 5%: with distinct prompts the server should be reusing almost nothing"
     )
+    engine_steps: float | None = Field(
+        None,
+        description="the engine's steps during the phase (vLLM: vllm:iteration_tokens_total's count; null: not "
+        "exposed, or results from before)",
+    )
+    engine_tokens: float | None = Field(
+        None, description="the tokens those steps carried, prefill and decode (vllm:iteration_tokens_total's sum)"
+    )
     missed_readings: int = Field(0, description="readings the server did not answer during the phase")
     missed_why: list[str] = Field(default_factory=list, description="why they were missed")
     sparse: bool = Field(

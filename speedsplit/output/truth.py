@@ -49,6 +49,8 @@ MECHANISM_METRICS = {
     "in_flight_factor": "in-flight factor",
     "ttft_share": "TTFT share",
     "decode_share": "decode share",
+    "step_rate_factor": "step-rate factor",
+    "tokens_per_step_factor": "tokens-a-step factor",
 }
 MIN_SHARE = 0.1
 RUN_METRICS = {
@@ -162,6 +164,11 @@ def true_result(
     out = result.model_copy(deep=True)
     out.summary = summary
     out.calibration = None  # a perfect client carries no offset to take out
+    server = out.telemetry.server if out.telemetry else None
+    if server is not None and server.engine_steps is not None and speed.step_s() > 0:
+        # its engine's steps, as its clock counts them from the true requests' first and last tokens
+        server.engine_steps = reference_speed.engine_steps([(r.first_token, r.end) for r in truth], speed.step_s())
+        server.engine_tokens = float(sum(r.output_tokens for r in truth))
     out.slo = slo.assess(truth, summary, p.slo_ttft_p99_s, p.slo_tpot_p99_s)
     return out, truth
 

@@ -24,6 +24,10 @@ COUNTERS = {
     "preemptions": "vllm:num_preemptions_total",
     "prefix_hits": "vllm:prefix_cache_hits_total",
     "prefix_queries": "vllm:prefix_cache_queries_total",
+    # the engine's steps and the tokens they carried (prefill and decode): a histogram of the
+    # tokens of each step, observed once a step
+    "engine_steps": "vllm:iteration_tokens_total_count",
+    "engine_tokens": "vllm:iteration_tokens_total_sum",
 }
 # Above this prefix-cache hit rate with distinct prompts, something is reusing work it should not.
 PREFIX_HIT_FLAG = 0.05
@@ -218,6 +222,14 @@ def server_summary(
         a, b = _at(samples, name, start), _at(samples, name, end)
         return None if a is None or b is None else max(0.0, b - a)
 
+    def settled(name):
+        """A counter's change over a phase outside which the server serves none of this load: the
+        last reading at or before its start to the first at or after its end (interpolating
+        would count a step just before the end as half a step)."""
+        a = [s[name] for t, s in samples if t <= start and name in s]
+        b = [s[name] for t, s in samples if t >= end and name in s]
+        return max(0.0, b[0] - a[-1]) if a and b else None
+
     kv, running, waiting = gauge(GAUGES["kv_cache"]), gauge(GAUGES["running"]), gauge(GAUGES["waiting"])
     hits, queries = delta(COUNTERS["prefix_hits"]), delta(COUNTERS["prefix_queries"])
     rate = hits / queries if hits is not None and queries else None
@@ -233,6 +245,8 @@ def server_summary(
         prefix_cache_hits=hits,
         prefix_cache_queries=queries,
         prefix_cache_hits_flagged=rate is not None and rate > PREFIX_HIT_FLAG,
+        engine_steps=settled(COUNTERS["engine_steps"]),
+        engine_tokens=settled(COUNTERS["engine_tokens"]),
         missed_readings=len(missed),
         missed_why=sorted(set(missed))[:3],
         sparse=len(inside) < expected / 2,

@@ -60,7 +60,7 @@ from speedsplit.core import apikey
 from speedsplit.core.awake import Awake
 from speedsplit.serving import logprobs
 from speedsplit.serving.reference_answers import Answers
-from speedsplit.serving.reference_speed import Faults, Speed, add_speed_args, answers_of, speed_of
+from speedsplit.serving.reference_speed import EngineClock, Faults, Speed, add_speed_args, answers_of, speed_of
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default when a request names none
 STATE = web.AppKey("reference", object)
@@ -122,10 +122,13 @@ class Server:
     waiting: int = 0
     slots: asyncio.Semaphore | None = field(default=None, repr=False)
     awake: Awake = field(default_factory=Awake, repr=False)  # ticks while it serves (core/awake.py)
+    engine: EngineClock | None = None  # its step counter (none where tokens come at once)
 
     def __post_init__(self) -> None:
         if self.speed.max_concurrency:
             self.slots = asyncio.Semaphore(self.speed.max_concurrency)
+        if self.speed.step_s() > 0:
+            self.engine = EngineClock(self.speed.step_s())
 
 
 def token_ids(model_dir: str | None):
@@ -255,9 +258,19 @@ async def _serve_request(
     first = start + speed.first_token_s(prompt_tokens)
     half = streamed // 2
     rid = f"ref-{uuid.uuid4().hex[:12]}"
+    engine = state.engine
     if not stream:
         pause = state.faults.stall_s if fault == "stall" else 0.0
-        await _until(first + speed.itl_s * max(0, streamed - 1) + pause)
+        last = first + speed.itl_s * max(0, streamed - 1) + pause
+        await _until(first)
+        if engine:
+            engine.begin(first)
+        try:
+            await _until(last)
+        finally:
+            if engine:
+                engine.tokens += streamed
+                engine.end(max(first, min(last, time.perf_counter())))
         if fault == "drop":
             request.transport.abort()
             raise ConnectionResetError("reference fault: drop")
@@ -282,18 +295,32 @@ async def _serve_request(
     continuous = bool(options.get("continuous_usage_stats")) and not speed.no_running_count
     shift = 0.0
     begun = 0  # the first token the next chunk carries
-    for i in speed.chunk_ends(streamed):  # each chunk's last token
-        if begun <= half <= i and fault in ("drop", "stall"):
-            if fault == "drop":
-                request.transport.abort()
-                return resp
-            shift = state.faults.stall_s
-        await _until(first + speed.itl_s * i + shift)
-        finish = "length" if i == streamed - 1 else None
-        usage = _usage(prompt_tokens, i + 1) if continuous else None
-        text = "".join(state.words.text(j) for j in range(begun, i + 1))
-        await resp.write(_chunk(kind, rid, state.served_name, text, finish, usage))
-        begun = i + 1
+    decoding = False  # whether its engine counts it among the requests it decodes
+    try:
+        for i in speed.chunk_ends(streamed):  # each chunk's last token
+            if begun <= half <= i and fault in ("drop", "stall"):
+                if fault == "drop":
+                    request.transport.abort()
+                    return resp
+                shift = state.faults.stall_s
+            at = first + speed.itl_s * i + shift
+            await _until(at)
+            if engine and not decoding:
+                engine.begin(at)
+                decoding = True
+            finish = "length" if i == streamed - 1 else None
+            usage = _usage(prompt_tokens, i + 1) if continuous else None
+            text = "".join(state.words.text(j) for j in range(begun, i + 1))
+            if engine:
+                engine.tokens += i + 1 - begun
+            if finish and engine:
+                engine.end(at)
+                decoding = False
+            await resp.write(_chunk(kind, rid, state.served_name, text, finish, usage))
+            begun = i + 1
+    finally:
+        if decoding:  # it ended early (dropped, or its client went)
+            engine.end(time.perf_counter())
     if options.get("include_usage"):
         usage = {"id": rid, "object": "text_completion", "model": state.served_name, "choices": []}
         usage["usage"] = _usage(prompt_tokens, claimed)
@@ -396,6 +423,12 @@ def make_app(
             "# TYPE vllm:num_requests_waiting gauge",
             f"vllm:num_requests_waiting{label} {s.waiting}",
         ]
+        if s.engine is not None:  # as vLLM's histogram of the tokens of each step: its count and sum
+            lines += [
+                "# TYPE vllm:iteration_tokens_total histogram",
+                f"vllm:iteration_tokens_total_count{label} {s.engine.steps(time.perf_counter())}",
+                f"vllm:iteration_tokens_total_sum{label} {s.engine.tokens}",
+            ]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     app.on_startup.append(start)

@@ -39,6 +39,10 @@ class Speed:
         ends = self.chunk_ends(output_tokens)
         return [self.itl_s * (b - a) for a, b in zip(ends, ends[1:])]
 
+    def step_s(self) -> float:
+        """Its engine's step: a chunk's gap (EngineClock)."""
+        return self.itl_s * max(1, self.tokens_per_chunk)
+
     def first_token_s(self, prompt_tokens: int) -> float:
         """From a request's slot to its first token."""
         return self.ttft_s + (prompt_tokens / self.prefill_tok_s if self.prefill_tok_s else 0.0)
@@ -46,6 +50,50 @@ class Speed:
     def service_s(self, prompt_tokens: int, output_tokens: int) -> float:
         """From a request's slot to its last token."""
         return self.first_token_s(prompt_tokens) + self.itl_s * max(0, output_tokens - 1)
+
+
+@dataclass
+class EngineClock:
+    """The reference server's engine, for its step counter (vLLM's vllm:iteration_tokens_total):
+    while any request decodes (from its first token to its last), one step every `step_s` (a
+    chunk's gap), each carrying one chunk of every decoding request. A stretch in which some
+    request decodes makes length / step_s + 1 steps (a lone request of n chunks, n)."""
+
+    step_s: float
+    decoding: int = 0
+    start: float = 0.0
+    busy_s: float = 0.0
+    stretches: int = 0
+    tokens: int = 0
+
+    def begin(self, t: float) -> None:
+        """A request's first token, at t."""
+        if self.decoding == 0:
+            self.start = t
+        self.decoding += 1
+
+    def end(self, t: float) -> None:
+        """A request's last token (or its end, where it ended early), at t."""
+        self.decoding -= 1
+        if self.decoding == 0:
+            self.busy_s += max(0.0, t - self.start)
+            self.stretches += 1
+
+    def steps(self, now: float) -> float:
+        """The steps made until now."""
+        busy, stretches = self.busy_s, self.stretches
+        if self.decoding:
+            busy, stretches = busy + max(0.0, now - self.start), stretches + 1
+        return busy / self.step_s + stretches
+
+
+def engine_steps(decoding: list[tuple[float, float]], step_s: float) -> float:
+    """The steps of an EngineClock that saw these (first token, last token) spans."""
+    clock = EngineClock(step_s)
+    events = sorted([(a, 0) for a, _ in decoding] + [(b, 1) for _, b in decoding])  # a begin before an end at t
+    for t, kind in events:
+        clock.begin(t) if kind == 0 else clock.end(t)
+    return clock.steps(0.0)
 
 
 @dataclass(frozen=True)

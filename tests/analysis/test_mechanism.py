@@ -78,3 +78,22 @@ def test_a_stack_with_no_clean_run_says_so():
     out = M.mechanism_frame(frame(rows), {"c": ["a", "b"]})
     assert out.height == 1 and out["runs"][0] == 0 and "no clean run" in out["note"][0]
     assert M.why_words(out.row(0, named=True)) is None
+
+
+def test_where_the_server_counts_its_steps_the_factor_is_step_rate_times_tokens_a_step():
+    """A kernel that halves the step time: twice the steps a second, the same tokens a step."""
+    rows = [
+        run("slow", 0, tok_s=128 / 2.0, wall=2.0, done=8, e2e=1.0, ttft=0.2)
+        | {"engine_steps": 40.0, "running_mean": 4.0},
+        run("fast", 0, tok_s=128 / 1.0, wall=1.0, done=8, e2e=0.5, ttft=0.1)
+        | {"engine_steps": 40.0, "running_mean": 4.0},
+    ]
+    row = M.mechanism_frame(frame(rows), {"c": ["slow", "fast"]}).row(0, named=True)
+    assert row["step_rate_factor"] == pytest.approx(2.0) and row["tokens_per_step_factor"] == pytest.approx(1.0)
+    assert row["step_rate_factor"] * row["tokens_per_step_factor"] == pytest.approx(row["throughput_factor"])
+    assert (row["steps_per_s_from"], row["tokens_per_step_from"], row["running_from"]) == (20.0, 3.2, 4.0)
+    assert "the engine: 2× the steps a second (20 → 40), 1× the output tokens a step (3.2 → 3.2)" in M.why_words(row)
+    # a server that counts no steps: no engine level
+    plain = [{k: v for k, v in r.items() if k not in ("engine_steps", "running_mean")} for r in rows]
+    row = M.mechanism_frame(frame(plain), {"c": ["slow", "fast"]}).row(0, named=True)
+    assert row["step_rate_factor"] is None and "engine" not in M.why_words(row)

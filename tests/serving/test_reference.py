@@ -318,3 +318,38 @@ def test_with_an_api_key_it_refuses_a_request_without_it_and_the_load_generator_
     s, records = loadgen.run(spec)
     assert s.completed == 1 and s.failed == 0
     assert key not in repr(spec) and all(key not in r.model_dump_json() for r in records)
+
+
+def test_its_engine_counts_one_step_a_chunk_gap_while_any_request_decodes():
+    """The engine clock: a lone request of n chunks is n steps; two that overlap share steps."""
+    clock = RS.EngineClock(step_s=0.01)
+    clock.begin(0.0)
+    clock.end(0.09)  # 10 tokens, 10 ms apart: 10 steps
+    assert clock.steps(5.0) == pytest.approx(10.0)
+    clock.begin(1.0)
+    clock.begin(1.05)
+    assert clock.steps(1.02) == pytest.approx(10.0 + 3.0)  # under way: 2 gaps + its first step
+    clock.end(1.09)
+    clock.end(1.14)
+    assert clock.steps(9.0) == pytest.approx(10.0 + 15.0)  # one stretch of 140 ms: 15 steps, not 20
+    assert RS.engine_steps([(0.0, 0.09), (1.0, 1.09), (1.05, 1.14)], 0.01) == pytest.approx(25.0)
+
+
+def test_its_metrics_count_the_steps_and_tokens_of_what_it_served():
+    """/metrics as vLLM's: vllm:iteration_tokens_total's count (steps) and sum (tokens), as the
+    load generator's telemetry reads them; two users at once, a speculative server's 4 tokens a
+    step."""
+    from speedsplit.probes import telemetry
+
+    speed = Speed(ttft_s=0.02, itl_s=0.005, tokens_per_chunk=4)
+    url = R.serve_in_thread(R.make_app(speed))
+    names = {telemetry.COUNTERS["engine_steps"], telemetry.COUNTERS["engine_tokens"]}
+    probe = telemetry.ServerProbe([url])
+    before = probe.read()
+    assert names <= set(before) and before[telemetry.COUNTERS["engine_steps"]] == 0
+    _, records = loadgen.run(_spec(url, users=1, requests_per_user=2))
+    after = probe.read()
+    # one user: each request alone, 16 tokens in chunks of 1, 4, 4, 4, 3, the last 75 ms after the
+    # first: 1 + 75 / 20 steps of its 20 ms clock
+    assert after[telemetry.COUNTERS["engine_tokens"]] == 2 * 16 and all(r.ok for r in records)
+    assert after[telemetry.COUNTERS["engine_steps"]] == pytest.approx(2 * (1 + 75 / 20), rel=1e-9)

@@ -123,6 +123,9 @@ def test_every_step_says_why_within_two_percent_of_its_truth(truth_run):
     assert truths["TTFT share"] == pytest.approx(0.4 / 0.63, rel=1e-9)
     assert truths["decode share"] == pytest.approx(0.23 / 0.63, rel=1e-9)
     assert truths["in-flight factor"] == pytest.approx(1.0, abs=0.01)
+    # the engine level: each request alone, one step a token, twice the steps a second
+    assert truths["step-rate factor"] == pytest.approx(2.0, rel=1e-9)
+    assert truths["tokens-a-step factor"] == pytest.approx(1.0, rel=1e-9)
     # open loop: the arrivals set the throughput (but for the last answers' ends), so in flight
     # falls nearly as the latency does: 1.16x the throughput for 2.0x the latency
     open_loop = why.filter(pl.col("what") == "mechanism study r6-traffic-greedy ref-mid/ref-slow")
@@ -130,7 +133,7 @@ def test_every_step_says_why_within_two_percent_of_its_truth(truth_run):
     assert got["latency factor"] == pytest.approx(2.0, rel=1e-9) and got["in-flight factor"] < 0.7
     # the answer says why beside every sentence, step by step
     answer = read_frame(wd / "results/tables/answer.parquet")
-    assert answer.height and all(w and "quicker end to end" in w for w in answer["why"])
+    assert answer.height and all(w and " end to end (" in w for w in answer["why"])
 
 
 @pytest.mark.slow
