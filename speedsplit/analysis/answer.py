@@ -172,11 +172,12 @@ def with_why(sentences: pl.DataFrame, mechanism: pl.DataFrame, attribution: pl.D
     return sentences.with_columns(pl.Series("why", why, dtype=pl.Utf8))
 
 
-def with_quality(sentences: pl.DataFrame, quality: dict[tuple[str, str, str], str]) -> pl.DataFrame:
-    """The answer's sentences with each chain's quality beside its speed (by (model, topology,
-    chain): output/analyses/quality.by_chain), null where its stacks were not probed."""
-    said = [quality.get((r["model"], r["topology"], r["chain"])) for r in sentences.iter_rows(named=True)]
-    return sentences.with_columns(pl.Series("quality", said, dtype=pl.Utf8))
+def beside(sentences: pl.DataFrame, column: str, said: dict[tuple, str], keys: list[str]) -> pl.DataFrame:
+    """The answer's sentences with another analysis's line beside each, looked up by `keys`
+    (quality by model, topology and chain: output/analyses/quality.by_chain; cost by chain,
+    model, topology and cell: analysis/cost.by_chain); null where it has none."""
+    line = [said.get(tuple(r[k] for k in keys)) for r in sentences.iter_rows(named=True)]
+    return sentences.with_columns(pl.Series(column, line, dtype=pl.Utf8))
 
 
 def waterfall_frame(attribution: pl.DataFrame) -> pl.DataFrame:

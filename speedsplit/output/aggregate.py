@@ -13,7 +13,7 @@ from pathlib import Path
 
 import polars as pl
 
-from speedsplit.analysis import answer
+from speedsplit.analysis import answer, cost
 from speedsplit.analysis import chains as ch
 from speedsplit.analysis import frames as f
 from speedsplit.analysis import timeline as tl
@@ -91,7 +91,13 @@ def build_frames(
         attribution=attribution,
     )
     frames |= analyses.build(basis, specs or {})
-    frames["answer"] = answer.with_quality(frames["answer"], quality.by_chain(frames))
+    said = frames["answer"]
+    said = answer.beside(said, "quality", quality.by_chain(frames), ["model", "topology", "chain"])
+    if "cost" in frames:
+        said = answer.beside(
+            said, "cost", cost.by_chain(frames["cost"], chains), ["chain", "model", "topology", "cell"]
+        )
+    frames["answer"] = said
     return frames
 
 

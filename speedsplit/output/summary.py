@@ -98,6 +98,8 @@ def lines(results: str | Path = "results", run_args: list[str] | None = None) ->
         out.append(f"  {row['sentence']}")
         if row.get("why"):
             out.append(f"    why, as the client saw it: {row['why']}")
+        if row.get("cost"):
+            out.append(f"    cost: {row['cost']}")
     out += traffic_lines(_frame(results / "tables" / "traffic_factors.parquet"))
     out += quality_lines(
         _frame(results / "tables" / "quality.parquet"), _frame(results / "tables" / "quality_tasks.parquet")

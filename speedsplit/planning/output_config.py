@@ -22,8 +22,35 @@ from speedsplit.planning.typed_config import (
 )
 
 
+class CardPrices(Entry):
+    """US dollars an hour for one card, by platform (a CPU run: the whole host); null: not priced."""
+
+    cpu: Positive | None = None
+    cuda: Positive | None = None
+
+
+class CostConfig(Entry):
+    """What an hour of the hardware costs: each stack's dollars per million tokens at every cell,
+    and each step's cost factor (speedsplit/analysis/cost.py)."""
+
+    card_hour_usd: CardPrices = nested(CardPrices, "Dollars an hour for one card, by platform; null: no cost.")
+    stacks: dict[str, Positive] = Field(
+        {},
+        description=(
+            "A stack's own dollars per card-hour where it differs from its platform's (another cloud, a reserved card)."
+        ),
+    )
+
+    def priced(self) -> bool:
+        return bool(self.stacks) or self.card_hour_usd.cpu is not None or self.card_hour_usd.cuda is not None
+
+
 class AnalysisConfig(Entry):
     """How results become tables."""
+
+    cost: CostConfig = nested(
+        CostConfig, "Dollars per million tokens per stack and per step, from an hour's price (absent: no cost)."
+    )
 
     tolerate_flags: list[
         Literal[

@@ -82,19 +82,22 @@ def test_every_step_of_the_chain_lands_on_its_truth(probed, tiny_model):
     one = step_line(gate["ref-c"] | {"speed_factor": 1.72, "speed_factor_lo": None, "speed_factor_hi": None})
     assert one.startswith("c: 1.72× throughput [no interval: one run]; ")
     # the answer table carries each chain's line beside its sentences
-    from speedsplit.analysis.answer import SENTENCE_SCHEMA, with_quality
+    from speedsplit.analysis.answer import SENTENCE_SCHEMA, beside
     from speedsplit.output.analyses.quality import by_chain
 
     said = by_chain({"quality": steps})
     assert list(said) == [("tiny", "tp1", "refs")] and said[("tiny", "tp1", "refs")].startswith("b: ")
     sentences = pl.DataFrame(
         [
-            {"chain": c, "model": "tiny", "topology": "tp1", "cell": "u8", "users": 8, "sentence": "s", "quality": None}
+            {"chain": c, "model": "tiny", "topology": "tp1", "cell": "u8", "users": 8, "sentence": "s"}
             for c in ("refs", "other")
         ],
         schema=SENTENCE_SCHEMA,
     )
-    assert with_quality(sentences, said)["quality"].to_list() == [said[("tiny", "tp1", "refs")], None]
+    assert beside(sentences, "quality", said, ["model", "topology", "chain"])["quality"].to_list() == [
+        said[("tiny", "tp1", "refs")],
+        None,
+    ]
 
 
 def test_a_stack_that_serves_no_logprobs_is_compared_by_its_text(probed):
