@@ -95,12 +95,34 @@ def unmeasured(note: str | None) -> list[str]:
     return [stack for stack, _ in missing]
 
 
-def sentences(attribution: pl.DataFrame, chains: dict[str, list[str]]) -> pl.DataFrame:
+def _on_cpu(cells: pl.DataFrame | None) -> dict[tuple, str]:
+    """' (on the CPU: CPUWNA16LinearKernel)' by (model, stack, topology, cell), for the stacks that
+    ran on a CPU and reported their linear kernel: a step named for a GPU kernel (Marlin) ran
+    another there."""
+    if cells is None or not cells.height:
+        return {}
+    return {
+        (r["model"], r["stack"], r["topology"], r["cell"]): f" (on the CPU: {', '.join(r['linear_kernel'])})"
+        for r in cells.iter_rows(named=True)
+        if r["platform"] == "cpu" and r["linear_kernel"]
+    }
+
+
+def sentences(
+    attribution: pl.DataFrame, chains: dict[str, list[str]], cells: pl.DataFrame | None = None
+) -> pl.DataFrame:
     """One sentence per (chain, model, topology, headline cell), e.g. 'study (hf-fp16 -> vllm-
     fp16 -> vllm-marlin) at 64 users x 512 in / 256 out tokens, greedy (llama-3.1-8b, tp1):
     runtime 11.4x [11.2, 11.5] x INT4 weights + kernel 0.844x [0.839, 0.849] = 9.61x [9.49,
-    9.73] (95% intervals over 2 runs a stack).' (with the arrow and multiplication signs)."""
+    9.73] (95% intervals over 2 runs a stack).' (with the arrow and multiplication signs). cells:
+    where a step's stack ran on a CPU, its name says which kernel ran there."""
     rows = []
+    kernel = _on_cpu(cells)
+
+    def named(r: dict) -> str:
+        to = r["factor"].split("/")[0]
+        return (r["step"] or r["factor"]) + kernel.get((r["model"], to, r["topology"], r["cell"]), "")
+
     if not attribution.height:
         return pl.DataFrame(schema=SENTENCE_SCHEMA)
     order = {name: i for i, name in enumerate(chains)}
@@ -120,7 +142,7 @@ def sentences(attribution: pl.DataFrame, chains: dict[str, list[str]]) -> pl.Dat
             if unmeasured(total["note"]):
                 continue  # a chain these results do not cover: one line among the qualifiers
             known = [
-                f"{r['step'] or r['factor']} {_x(r['value'])} {interval_words(r['lo'], r['hi'])}"
+                f"{named(r)} {_x(r['value'])} {interval_words(r['lo'], r['hi'])}"
                 for r in factors.iter_rows(named=True)
                 if r["value"] is not None
             ]
@@ -132,8 +154,7 @@ def sentences(attribution: pl.DataFrame, chains: dict[str, list[str]]) -> pl.Dat
             )
         else:
             parts = [
-                f"{r['step'] or r['factor']} {_x(r['value'])} {interval_words(r['lo'], r['hi'])}"
-                for r in factors.iter_rows(named=True)
+                f"{named(r)} {_x(r['value'])} {interval_words(r['lo'], r['hi'])}" for r in factors.iter_rows(named=True)
             ]
             text = f"{where}: {' × '.join(parts)} = {_x(total['value'])} {interval_words(total['lo'], total['hi'])}"
             text += _over(total["runs_used"], len(chains[chain]), text) + "."

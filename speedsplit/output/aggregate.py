@@ -68,7 +68,7 @@ def build_frames(
         "cells": cells,
         "attribution": attribution,
         "mechanism": why,
-        "answer": answer.with_why(answer.sentences(attribution, chains), why, attribution),
+        "answer": answer.with_why(answer.sentences(attribution, chains, cells), why, attribution),
         "crossover": ch.crossover_frame(attribution),
         "stability": ch.stability_frame(attribution),
         "calibration": calibration_frame(results),
@@ -93,10 +93,8 @@ def build_frames(
     frames |= analyses.build(basis, specs or {})
     said = frames["answer"]
     said = answer.beside(said, "quality", quality.by_chain(frames), ["model", "topology", "chain"])
-    if "cost" in frames:
-        said = answer.beside(
-            said, "cost", cost.by_chain(frames["cost"], chains), ["chain", "model", "topology", "cell"]
-        )
+    priced = cost.by_chain(frames["cost"], chains) if "cost" in frames else {}
+    said = answer.beside(said, "cost", priced, ["chain", "model", "topology", "cell"])
     frames["answer"] = said
     return frames
 
