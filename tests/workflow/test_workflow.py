@@ -135,6 +135,27 @@ def test_every_stream_is_counted_again_from_its_text_and_real_servers_agree_with
 
 
 @pytest.mark.slow
+def test_vllm_counts_its_engine_steps_and_each_step_splits_at_the_engine(workdir):
+    """vLLM's /metrics histogram of the tokens of each engine step, read over the measured
+    phase: its steps and their tokens in every vLLM run (transformers serve has no /metrics), and
+    the mechanism table's engine level where both sides of a step counted them."""
+    import polars as pl
+
+    for path in sorted((workdir / "results/bench").rglob("run*.json")):
+        res = read_result(path)
+        server = res.telemetry.server if res.telemetry else None
+        if res.stack.startswith("vllm"):
+            assert server and server.engine_steps > 0 and server.engine_tokens >= res.summary.output_tokens, path
+        else:
+            assert server is None or server.engine_steps is None, path
+    why = pl.read_parquet(workdir / "results/tables/mechanism.parquet")
+    engine = why.filter(pl.col("factor") == "vllm-marlin/vllm-fp16")
+    assert engine.height and engine["step_rate_factor"].is_not_null().all()
+    product = engine["step_rate_factor"] * engine["tokens_per_step_factor"]
+    assert (product / engine["throughput_factor"] - 1).abs().max() < 1e-9
+
+
+@pytest.mark.slow
 def test_the_terminal_says_what_each_cell_did_and_what_the_run_found(workdir):
     """One line per finished cell, the CPU's INT4 route before the grid, and a closing summary
     with the answer and the report's path: nobody has to open a log."""
