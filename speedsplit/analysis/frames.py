@@ -102,6 +102,8 @@ RUNS_SCHEMA = {
     "running_mean": pl.Float64,  # requests the engine was running, mean over readings
     "engine_steps": pl.Float64,  # the engine's steps in the measured phase (vLLM's iteration counter)
     "engine_tokens": pl.Float64,  # the tokens they carried, prefill and decode
+    "spec_acceptance": pl.Float64,  # a speculative decoder's accepted / drafted tokens (null: not speculative)
+    "spec_accepted_per_draft": pl.Float64,  # its accepted tokens a draft
     "preemptions": pl.Float64,
     "prefix_cache_hit_rate": pl.Float64,
     "prefix_cache_hits": pl.Float64,
@@ -228,6 +230,10 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
     )
 
 
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
 def _slo_and_telemetry(res: RunResult, ok: bool) -> dict:
     """The run's objectives verdict and its telemetry summaries as flat columns."""
     slo, tel = res.slo, res.telemetry
@@ -245,6 +251,8 @@ def _slo_and_telemetry(res: RunResult, ok: bool) -> dict:
         "running_mean": server.running_mean if server else None,
         "engine_steps": server.engine_steps if server else None,
         "engine_tokens": server.engine_tokens if server else None,
+        "spec_acceptance": _ratio(server.spec_accepted_tokens, server.spec_draft_tokens) if server else None,
+        "spec_accepted_per_draft": _ratio(server.spec_accepted_tokens, server.spec_drafts) if server else None,
         "preemptions": server.preemptions if server else None,
         "prefix_cache_hit_rate": server.prefix_cache_hit_rate if server else None,
         "prefix_cache_hits": server.prefix_cache_hits if server else None,

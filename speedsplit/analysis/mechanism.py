@@ -87,6 +87,8 @@ SCHEMA = {
     "engine_tokens_per_step_to": pl.Float64,
     "running_from": pl.Float64,  # the engine's mean running batch
     "running_to": pl.Float64,
+    "acceptance_from": pl.Float64,  # a speculative decoder's accepted / drafted tokens (null: not one)
+    "acceptance_to": pl.Float64,
     "note": pl.Utf8,
 }
 
@@ -107,6 +109,8 @@ def parts(row: dict) -> dict[str, float] | None:
             out["Q"] = row["engine_tokens"] / steps
         if row.get("running_mean") is not None:
             out["B"] = row["running_mean"]
+    if row.get("spec_acceptance") is not None:
+        out["A"] = row["spec_acceptance"]
     return out
 
 
@@ -133,7 +137,11 @@ def step_row(a: dict[int, dict], b: dict[int, dict], paired: bool) -> dict:
     mean = {k: (_mean([p[k] for p in a.values()]), _mean([p[k] for p in b.values()])) for k in "LETD"}
     saved = {k: mean[k][0] - mean[k][1] for k in "ETD"}
     split = abs(saved["E"]) >= MIN_SAVED * max(mean["E"])
-    engine = {}
+
+    def side_mean(runs: dict[int, dict], key: str) -> float | None:
+        return _mean([p[key] for p in runs.values()]) if all(key in p for p in runs.values()) else None
+
+    engine = {"acceptance_from": side_mean(a, "A"), "acceptance_to": side_mean(b, "A")}
     if all("S" in p for p in (*a.values(), *b.values())):
         rate, per_step = ratio("S"), ratio("K")
 
@@ -142,7 +150,7 @@ def step_row(a: dict[int, dict], b: dict[int, dict], paired: bool) -> dict:
                 return None, None
             return _mean([p[key] for p in a.values()]), _mean([p[key] for p in b.values()])
 
-        engine = {
+        engine |= {
             "step_rate_factor": rate.value,
             "step_rate_lo": rate.lo,
             "step_rate_hi": rate.hi,
@@ -237,4 +245,10 @@ def why_words(row: dict) -> str | None:
             f"{row['steps_per_s_to']:.3g}), {row['tokens_per_step_factor']:.3g}× the output tokens a step "
             f"({row['tokens_per_step_from']:.3g} → {row['tokens_per_step_to']:.3g})"
         )
+    accepted = [(side, row.get(f"acceptance_{side}")) for side in ("from", "to")]
+    said += "".join(
+        f"; {'before' if side == 'from' else 'after'} the step, a speculative decoder accepted {_pct(v)} of its drafted tokens"
+        for side, v in accepted
+        if v is not None
+    )
     return said

@@ -238,6 +238,11 @@ class ServerTelemetry(StrictRecord):
     engine_tokens: float | None = Field(
         None, description="the tokens those steps carried, prefill and decode (vllm:iteration_tokens_total's sum)"
     )
+    spec_drafts: float | None = Field(
+        None, description="a speculative decoder's drafts during the phase (null: not speculative, or not exposed)"
+    )
+    spec_draft_tokens: float | None = Field(None, description="the tokens those drafts proposed")
+    spec_accepted_tokens: float | None = Field(None, description="the drafted tokens the target model accepted")
     missed_readings: int = Field(0, description="readings the server did not answer during the phase")
     missed_why: list[str] = Field(default_factory=list, description="why they were missed")
     sparse: bool = Field(

@@ -51,6 +51,7 @@ MECHANISM_METRICS = {
     "decode_share": "decode share",
     "step_rate_factor": "step-rate factor",
     "tokens_per_step_factor": "tokens-a-step factor",
+    "acceptance_to": "acceptance",
 }
 MIN_SHARE = 0.1
 RUN_METRICS = {
@@ -169,6 +170,9 @@ def true_result(
         # its engine's steps, as its clock counts them from the true requests' first and last tokens
         server.engine_steps = reference_speed.engine_steps([(r.first_token, r.end) for r in truth], speed.step_s())
         server.engine_tokens = float(sum(r.output_tokens for r in truth))
+    if server is not None and server.spec_drafts is not None and speed.spec_draft_tokens and truth:
+        drafts, drafted, accepted = (sum(c) for c in zip(*(speed.spec_counts(r.output_tokens) for r in truth)))
+        server.spec_drafts, server.spec_draft_tokens, server.spec_accepted_tokens = drafts, drafted, accepted
     out.slo = slo.assess(truth, summary, p.slo_ttft_p99_s, p.slo_tpot_p99_s)
     return out, truth
 

@@ -28,6 +28,10 @@ COUNTERS = {
     # tokens of each step, observed once a step
     "engine_steps": "vllm:iteration_tokens_total_count",
     "engine_tokens": "vllm:iteration_tokens_total_sum",
+    # a speculative decoder's drafts, the tokens they proposed and those accepted
+    "spec_drafts": "vllm:spec_decode_num_drafts_total",
+    "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "spec_accepted": "vllm:spec_decode_num_accepted_tokens_total",
 }
 # Above this prefix-cache hit rate with distinct prompts, something is reusing work it should not.
 PREFIX_HIT_FLAG = 0.05
@@ -247,6 +251,9 @@ def server_summary(
         prefix_cache_hits_flagged=rate is not None and rate > PREFIX_HIT_FLAG,
         engine_steps=settled(COUNTERS["engine_steps"]),
         engine_tokens=settled(COUNTERS["engine_tokens"]),
+        spec_drafts=settled(COUNTERS["spec_drafts"]),
+        spec_draft_tokens=settled(COUNTERS["spec_draft_tokens"]),
+        spec_accepted_tokens=settled(COUNTERS["spec_accepted"]),
         missed_readings=len(missed),
         missed_why=sorted(set(missed))[:3],
         sparse=len(inside) < expected / 2,

@@ -313,6 +313,10 @@ async def _serve_request(
             text = "".join(state.words.text(j) for j in range(begun, i + 1))
             if engine:
                 engine.tokens += i + 1 - begun
+                if speed.spec_draft_tokens and begun:  # a speculative step: its drafts, all but its last token accepted
+                    engine.drafts += 1
+                    engine.draft_tokens += speed.spec_draft_tokens
+                    engine.accepted += i - begun
             if finish and engine:
                 engine.end(at)
                 decoding = False
@@ -428,6 +432,12 @@ def make_app(
                 "# TYPE vllm:iteration_tokens_total histogram",
                 f"vllm:iteration_tokens_total_count{label} {s.engine.steps(time.perf_counter())}",
                 f"vllm:iteration_tokens_total_sum{label} {s.engine.tokens}",
+            ]
+        if s.engine is not None and s.speed.spec_draft_tokens:  # vLLM's spec-decode counters
+            lines += [
+                f"vllm:spec_decode_num_drafts_total{label} {s.engine.drafts}",
+                f"vllm:spec_decode_num_draft_tokens_total{label} {s.engine.draft_tokens}",
+                f"vllm:spec_decode_num_accepted_tokens_total{label} {s.engine.accepted}",
             ]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 

@@ -27,6 +27,10 @@ class Speed:
     # in the last chunk only, as transformers serve, TGI and many proxies send it)
     tokens_per_chunk: int = 1
     no_running_count: bool = False
+    # a speculative decoder: each step after the first token drafts this many tokens, and a
+    # chunk's tokens beyond its last (the target model's own) are the drafts it accepted; its
+    # counters are vLLM's spec-decode counters (0: not speculative)
+    spec_draft_tokens: int = 0
 
     def chunk_ends(self, output_tokens: int) -> list[int]:
         """The index of each chunk's last token: 0, then every tokens_per_chunk-th (the last
@@ -38,6 +42,15 @@ class Speed:
         """The gaps between a request's chunks, as a client sees them."""
         ends = self.chunk_ends(output_tokens)
         return [self.itl_s * (b - a) for a, b in zip(ends, ends[1:])]
+
+    def spec_counts(self, output_tokens: int) -> tuple[int, int, int]:
+        """A request's (drafts, drafted tokens, accepted tokens): each chunk after the first is a
+        step that drafted spec_draft_tokens and accepted all its tokens but the last."""
+        if not self.spec_draft_tokens:
+            return 0, 0, 0
+        ends = self.chunk_ends(output_tokens)
+        sizes = [b - a for a, b in zip(ends, ends[1:])]
+        return len(sizes), len(sizes) * self.spec_draft_tokens, sum(n - 1 for n in sizes)
 
     def step_s(self) -> float:
         """Its engine's step: a chunk's gap (EngineClock)."""
@@ -65,6 +78,9 @@ class EngineClock:
     busy_s: float = 0.0
     stretches: int = 0
     tokens: int = 0
+    drafts: int = 0  # a speculative engine's (Speed.spec_counts)
+    draft_tokens: int = 0
+    accepted: int = 0
 
     def begin(self, t: float) -> None:
         """A request's first token, at t."""
@@ -232,6 +248,9 @@ def add_speed_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-concurrency", type=int, default=0, help="requests served at once (0: no cap)")
     p.add_argument("--tokens-per-chunk", type=int, default=1, help="tokens a chunk carries after the first")
     p.add_argument("--no-running-count", action="store_true", help="usage in the last chunk only, even where asked")
+    p.add_argument(
+        "--spec-draft-tokens", type=int, default=0, help="speculative: tokens drafted a step (0: not speculative)"
+    )
     for name in ("error", "drop", "short", "stall", "overclaim"):
         p.add_argument(f"--{name}-every", type=int, default=0, metavar="N", help=f"{name} on every N-th request")
     p.add_argument("--short-fraction", type=float, default=0.5, help="share of the tokens a short answer streams")
@@ -253,8 +272,16 @@ def speed_of(args: argparse.Namespace) -> tuple[Speed, Faults]:
             raise SystemExit(f"--{name.replace('_', '-')} must not be negative")
     if args.tokens_per_chunk < 1:
         raise SystemExit("--tokens-per-chunk must be at least 1")
+    if args.spec_draft_tokens and args.spec_draft_tokens < args.tokens_per_chunk - 1:
+        raise SystemExit("--spec-draft-tokens must be at least --tokens-per-chunk - 1 (the drafts a chunk accepts)")
     speed = Speed(
-        args.ttft_s, args.itl_s, args.prefill_tok_s, args.max_concurrency, args.tokens_per_chunk, args.no_running_count
+        args.ttft_s,
+        args.itl_s,
+        args.prefill_tok_s,
+        args.max_concurrency,
+        args.tokens_per_chunk,
+        args.no_running_count,
+        args.spec_draft_tokens,
     )
     faults = Faults(
         error_every=args.error_every,

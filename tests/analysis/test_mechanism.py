@@ -97,3 +97,13 @@ def test_where_the_server_counts_its_steps_the_factor_is_step_rate_times_tokens_
     plain = [{k: v for k, v in r.items() if k not in ("engine_steps", "running_mean")} for r in rows]
     row = M.mechanism_frame(frame(plain), {"c": ["slow", "fast"]}).row(0, named=True)
     assert row["step_rate_factor"] is None and "engine" not in M.why_words(row)
+
+
+def test_a_speculative_stack_says_how_much_of_its_drafts_it_accepted():
+    rows = [
+        run("plain", 0, tok_s=64.0, wall=2.0, done=8, e2e=1.0, ttft=0.2),
+        run("spec", 0, tok_s=128.0, wall=1.0, done=8, e2e=0.5, ttft=0.2) | {"spec_acceptance": 0.7},
+    ]
+    row = M.mechanism_frame(frame(rows), {"c": ["plain", "spec"]}).row(0, named=True)
+    assert row["acceptance_from"] is None and row["acceptance_to"] == 0.7
+    assert M.why_words(row).endswith("after the step, a speculative decoder accepted 70% of its drafted tokens")

@@ -353,3 +353,22 @@ def test_its_metrics_count_the_steps_and_tokens_of_what_it_served():
     # first: 1 + 75 / 20 steps of its 20 ms clock
     assert after[telemetry.COUNTERS["engine_tokens"]] == 2 * 16 and all(r.ok for r in records)
     assert after[telemetry.COUNTERS["engine_steps"]] == pytest.approx(2 * (1 + 75 / 20), rel=1e-9)
+
+
+def test_a_speculative_server_counts_its_drafts_and_what_it_accepted_as_vllm_does():
+    """Four tokens drafted a step, a chunk's tokens but its last accepted: a 16-token answer in
+    chunks of 1, 4, 4, 4, 3 is 4 drafts, 16 drafted, 3 + 3 + 3 + 2 accepted."""
+    from speedsplit.probes import telemetry
+
+    speed = Speed(ttft_s=0.01, itl_s=0.002, tokens_per_chunk=4, spec_draft_tokens=4)
+    assert speed.spec_counts(16) == (4, 16, 11) and Speed().spec_counts(16) == (0, 0, 0)
+    url = R.serve_in_thread(R.make_app(speed))
+    probe = telemetry.ServerProbe([url])
+    _, records = loadgen.run(_spec(url, users=1, requests_per_user=2))
+    got = probe.read()
+    assert all(r.ok for r in records)
+    assert got[telemetry.COUNTERS["spec_drafts"]] == 2 * 4 and got[telemetry.COUNTERS["spec_draft_tokens"]] == 2 * 16
+    assert got[telemetry.COUNTERS["spec_accepted"]] == 2 * 11
+    assert RS.argv(speed)[-2:] == ["--spec-draft-tokens", "4"]  # its command line says so, for the truth
+    with pytest.raises(SystemExit, match="at least --tokens-per-chunk - 1"):
+        RS.parse_argv(["speedsplit.serving.reference", "--tokens-per-chunk", "4", "--spec-draft-tokens", "2"])

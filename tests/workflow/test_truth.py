@@ -131,6 +131,9 @@ def test_every_step_says_why_within_two_percent_of_its_truth(truth_run):
     open_loop = why.filter(pl.col("what") == "mechanism study r6-traffic-greedy ref-mid/ref-slow")
     got = dict(zip(open_loop["metric"], open_loop["truth"]))
     assert got["latency factor"] == pytest.approx(2.0, rel=1e-9) and got["in-flight factor"] < 0.7
+    # a speculative step's mechanism: ref-chunky drafts 4 tokens a step and accepts 17 of 24
+    spec = why.filter(pl.col("what").str.starts_with("mechanism coalesced") & (pl.col("metric") == "acceptance"))
+    assert spec.height and spec["truth"].to_list() == pytest.approx([17 / 24] * spec.height, rel=1e-9)
     # the answer says why beside every sentence, step by step
     answer = read_frame(wd / "results/tables/answer.parquet")
     assert answer.height and all(w and " end to end (" in w for w in answer["why"])
