@@ -15,17 +15,10 @@ from __future__ import annotations
 
 import polars as pl
 
-from speedsplit.analysis.frames import CELL_KEYS
+from speedsplit.analysis.frames import CELL_KEYS, RUNS_SCHEMA
 
 COST_SCHEMA = {
-    "model": pl.Utf8,
-    "stack": pl.Utf8,
-    "topology": pl.Utf8,
-    "cell": pl.Utf8,
-    "users": pl.Int64,
-    "workload": pl.Utf8,
-    "sampling": pl.Utf8,
-    "platform": pl.Utf8,
+    **{k: RUNS_SCHEMA[k] for k in ("model", "stack", "topology", "cell", "users", "workload", "sampling", "platform")},
     "cards": pl.Int64,
     "hour_usd": pl.Float64,
     "usd_per_m_output": pl.Float64,
