@@ -33,6 +33,9 @@ COUNTERS = {
     "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
     "spec_accepted": "vllm:spec_decode_num_accepted_tokens_total",
 }
+# The poke at a measured phase's start is stamped this soon after it, at most (a counter read
+# then is the phase's starting value: its requests' first steps come after their prefill).
+POKE_S = 0.05
 # Above this prefix-cache hit rate with distinct prompts, something is reusing work it should not.
 PREFIX_HIT_FLAG = 0.05
 
@@ -227,10 +230,12 @@ def server_summary(
         return None if a is None or b is None else max(0.0, b - a)
 
     def settled(name):
-        """A counter's change over a phase outside which the server serves none of this load: the
-        last reading at or before its start to the first at or after its end (interpolating
-        would count a step just before the end as half a step)."""
-        a = [s[name] for t, s in samples if t <= start and name in s]
+        """A counter's change over a phase outside which the server serves none of this load:
+        from the phase's own first reading (the poke as it starts, stamped as its request went
+        out: a few milliseconds after the start) or the last before it, to the first reading at
+        or after its end. Interpolating would count a step just before the end as half a step;
+        a reading from before the warm-up ended would count the warm-up's steps."""
+        a = [s[name] for t, s in samples if t <= start + POKE_S and name in s]
         b = [s[name] for t, s in samples if t >= end and name in s]
         return max(0.0, b[0] - a[-1]) if a and b else None
 
