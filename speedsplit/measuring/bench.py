@@ -314,7 +314,10 @@ def _run_load(
     shared = sessions.measuring_elsewhere()
     result.timing.load_start = time.time()
     with sampler:
-        result.summary, records = loadgen.run(load, progress=progress, on_measured=sampler.poke)
+        # the counters read once with nothing in flight, then poked as the measured phase starts
+        result.summary, records = loadgen.run(
+            load, progress=progress, on_measured=sampler.poke, before_measured=sampler.sample
+        )
     result.timing.load_end = time.time()
     shared += [s for s in sessions.measuring_elsewhere() if s not in shared]
     result.server.shared_with = shared or None

@@ -232,7 +232,10 @@ async def _phase(
 
 
 async def run_async(
-    spec: LoadSpec, progress: Callable[[str], None] | None = None, on_measured: Callable[[], None] | None = None
+    spec: LoadSpec,
+    progress: Callable[[str], None] | None = None,
+    on_measured: Callable[[], None] | None = None,
+    before_measured: Callable[[], None] | None = None,
 ) -> tuple[Summary, list[RequestRecord]]:
     warm: list[RequestRecord] = []
     warm_s = 0.0
@@ -252,6 +255,8 @@ async def run_async(
         if spec.warmup_requests:
             w0, w1 = await _phase(http, spec, "warmup", spec.warmup_requests, warm, progress)
             warm_s = w1 - w0
+        if before_measured:  # nothing in flight: the warm-up is over, the measured phase not begun
+            before_measured()
         measured: list[RequestRecord] = []
         t0, t1 = await _phase(http, spec, "measured", spec.requests_per_user, measured, progress, on_measured)
     count_text(warm + measured, spec.count_tokens)
@@ -262,11 +267,15 @@ async def run_async(
 
 
 def run(
-    spec: LoadSpec, progress: Callable[[str], None] | None = None, on_measured: Callable[[], None] | None = None
+    spec: LoadSpec,
+    progress: Callable[[str], None] | None = None,
+    on_measured: Callable[[], None] | None = None,
+    before_measured: Callable[[], None] | None = None,
 ) -> tuple[Summary, list[RequestRecord]]:
     """Run warm-up then the measured phase; returns the run summary and every request.
-    on_measured is called (it must not block) as the measured phase starts."""
-    return asyncio.run(run_async(spec, progress, on_measured))
+    on_measured is called (it must not block) as the measured phase starts; before_measured
+    (it may block, briefly) between the two phases, with nothing in flight."""
+    return asyncio.run(run_async(spec, progress, on_measured, before_measured))
 
 
 def _dist(values: list[float]) -> Distribution:

@@ -33,9 +33,6 @@ COUNTERS = {
     "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
     "spec_accepted": "vllm:spec_decode_num_accepted_tokens_total",
 }
-# The poke at a measured phase's start is stamped this soon after it, at most (a counter read
-# then is the phase's starting value: its requests' first steps come after their prefill).
-POKE_S = 0.05
 # Above this prefix-cache hit rate with distinct prompts, something is reusing work it should not.
 PREFIX_HIT_FLAG = 0.05
 
@@ -157,6 +154,10 @@ class Sampler:
         self._thread = threading.Thread(target=self._run, name="telemetry", daemon=True)
         self._pokes: list[threading.Thread] = []
 
+    def sample(self) -> None:
+        """Take a reading now, on the caller's thread."""
+        self._sample()
+
     def _sample(self) -> None:
         now = time.time()
         if not self.server.absent and (s := self.server.read()) is not None:
@@ -231,11 +232,11 @@ def server_summary(
 
     def settled(name):
         """A counter's change over a phase outside which the server serves none of this load:
-        from the phase's own first reading (the poke as it starts, stamped as its request went
-        out: a few milliseconds after the start) or the last before it, to the first reading at
-        or after its end. Interpolating would count a step just before the end as half a step;
-        a reading from before the warm-up ended would count the warm-up's steps."""
-        a = [s[name] for t, s in samples if t <= start + POKE_S and name in s]
+        from the last reading before its start (bench takes one between the warm-up and the
+        phase, nothing in flight: Sampler.sample) to the first at or after its end.
+        Interpolating would count a step just before the end as half a step; the poke as the
+        phase starts may already hold its first steps (vLLM on a CPU: 15 of 56)."""
+        a = [s[name] for t, s in samples if t < start and name in s]
         b = [s[name] for t, s in samples if t >= end and name in s]
         return max(0.0, b[0] - a[-1]) if a and b else None
 

@@ -207,19 +207,19 @@ def test_a_poke_is_not_held_back_by_a_slow_reading_in_flight():
     assert times == sorted(times) and times[0] < start < times[1] < end < times[2]
 
 
-def test_engine_steps_run_from_the_phases_own_poke_to_the_first_reading_after_it():
-    """The warm-up's 24 steps end before the phase; the poke reads the counter 3 ms after the
-    phase starts (stamped as its request went out), the phase's 120 steps follow, and the first
-    reading after its end holds them all: 120, neither the warm-up's nor an interpolated part."""
+def test_engine_steps_run_from_the_reading_between_the_phases_to_the_first_after_the_end():
+    """The warm-up's 24 steps end before the phase; bench reads the counter between the phases
+    (0.95 s); the poke as the phase starts (1.003 s) already holds 6 of its steps; the first
+    reading after its end holds all 120: 120, neither the warm-up's, nor less its first, nor an
+    interpolated part."""
     steps = "vllm:iteration_tokens_total_count"
     samples = [
         (0.0, {steps: 0.0}),
-        (0.4, {steps: 24.0}),
-        (1.003, {steps: 24.0}),
+        (0.4, {steps: 10.0}),
+        (0.95, {steps: 24.0}),
+        (1.003, {steps: 30.0}),
         (1.5, {steps: 80.0}),
         (3.2, {steps: 144.0}),
     ]
     s = T.server_summary(samples, 1.0, 3.0)
     assert s.engine_steps == 120.0 and s.engine_tokens is None  # the sum was not exposed
-    # without the poke, the last reading before the start: after the warm-up, still 120
-    assert T.server_summary([x for x in samples if x[0] != 1.003], 1.0, 3.0).engine_steps == 120.0
