@@ -138,27 +138,27 @@ def step_row(a: dict[int, dict], b: dict[int, dict], paired: bool) -> dict:
     saved = {k: mean[k][0] - mean[k][1] for k in "ETD"}
     split = abs(saved["E"]) >= MIN_SAVED * max(mean["E"])
 
-    def side_mean(runs: dict[int, dict], key: str) -> float | None:
-        return _mean([p[key] for p in runs.values()]) if all(key in p for p in runs.values()) else None
+    def sides(name: str, key: str, apart: bool = False) -> dict[str, float | None]:
+        """{name}_from and {name}_to: each side's mean of `key` over its runs; None where a run
+        lacks it (on either side, unless apart)."""
+        has = [all(key in p for p in side.values()) for side in (a, b)]
+        return {
+            f"{name}_{end}": _mean([p[key] for p in side.values()]) if (ok if apart else all(has)) else None
+            for end, side, ok in (("from", a, has[0]), ("to", b, has[1]))
+        }
 
-    engine = {"acceptance_from": side_mean(a, "A"), "acceptance_to": side_mean(b, "A")}
+    engine = sides("acceptance", "A", apart=True)
     if all("S" in p for p in (*a.values(), *b.values())):
         rate, per_step = ratio("S"), ratio("K")
-
-        def means(key: str) -> tuple[float | None, float | None]:
-            if not all(key in p for p in (*a.values(), *b.values())):
-                return None, None
-            return _mean([p[key] for p in a.values()]), _mean([p[key] for p in b.values()])
-
         engine |= {
             "step_rate_factor": rate.value,
             "step_rate_lo": rate.lo,
             "step_rate_hi": rate.hi,
             "tokens_per_step_factor": per_step.value,
-            **dict(zip(("steps_per_s_from", "steps_per_s_to"), means("S"))),
-            **dict(zip(("tokens_per_step_from", "tokens_per_step_to"), means("K"))),
-            **dict(zip(("engine_tokens_per_step_from", "engine_tokens_per_step_to"), means("Q"))),
-            **dict(zip(("running_from", "running_to"), means("B"))),
+            **sides("steps_per_s", "S"),
+            **sides("tokens_per_step", "K"),
+            **sides("engine_tokens_per_step", "Q"),
+            **sides("running", "B"),
         }
     return engine | {
         "runs": min(len(a), len(b)),

@@ -156,9 +156,6 @@ class Sampler:
 
     def sample(self) -> None:
         """Take a reading now, on the caller's thread."""
-        self._sample()
-
-    def _sample(self) -> None:
         now = time.time()
         if not self.server.absent and (s := self.server.read()) is not None:
             self.server_samples.append((now, s))
@@ -167,12 +164,12 @@ class Sampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._sample()
+            self.sample()
             self._stop.wait(self.interval_s)
 
     def poke(self) -> None:
         """Take a reading now (on a thread of its own: the caller does not wait)."""
-        self._pokes.append(threading.Thread(target=self._sample, name="telemetry-poke", daemon=True))
+        self._pokes.append(threading.Thread(target=self.sample, name="telemetry-poke", daemon=True))
         self._pokes[-1].start()
 
     def __enter__(self) -> Sampler:
@@ -184,7 +181,7 @@ class Sampler:
         self._thread.join(timeout=10)
         for poke in self._pokes:
             poke.join(timeout=10)
-        self._sample()  # one reading after the load, so the window's end is bracketed
+        self.sample()  # one reading after the load, so the window's end is bracketed
         for samples in (self.server_samples, self.gpu_samples):  # a poke's reading may land late
             samples.sort(key=lambda sample: sample[0])
 
