@@ -11,7 +11,7 @@ rule job_file:
         "results/jobs/{model}/{stack}/{topology}/{cell}/run{run}.json",
     params:
         stack=bench_stack,
-        cell=bench_cell,
+        cell=bench_job_cell,
         quality=bench_quality,
     log:
         "results/logs/jobs/{model}/{stack}/{topology}/{cell}/run{run}.log",

@@ -119,6 +119,11 @@ def bench_cell(wc):
     return ss_config.cell_params(CFG, ss_config.cell_by_name(CFG, wc.cell))
 
 
+def bench_job_cell(wc):
+    # the cell as its job file holds it (with the window it profiles, where it profiles one)
+    return ss_plan.job_cell(CFG, _job(wc))
+
+
 @functools.cache
 def _quality_carriers():
     return ss_plan.quality_carriers(CFG)

@@ -19,7 +19,8 @@ Version history:
   none; a version 3 file has none).
 - 5: the cell's load is one typed field, `job.cell.load` (a closed loop, an open loop or a
   trace's replay, told apart by `kind`: core/specs.Load), in place of the keys `users`,
-  `ramp_s`, `think_s`, `arrival`, `lengths`, `trace` and `max_client_lag_s`.
+  `ramp_s`, `think_s`, `arrival`, `lengths`, `trace` and `max_client_lag_s`. Added since, each
+  null where absent: `profile` (a window of decode steps split by kernel class).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from speedsplit.core.facts import (
     Timing,
 )
 from speedsplit.core.quality import QualityRecord
+from speedsplit.core.trace_split import ProfileRecord
 from speedsplit.core.specs import (  # noqa: F401 (re-exported: the record's cell)
     OUTLIER_FACTOR,
     OUTLIER_MIN_S,
@@ -218,6 +220,9 @@ class RunResult(StrictRecord):
     )
     calibration: Calibration | None = Field(
         default=None, description="the client's offsets on this host, measured before the run (null: none)"
+    )
+    profile: ProfileRecord | None = Field(
+        default=None, description="a window of decode steps split by kernel class (null: the job profiled none)"
     )
 
     @property

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from speedsplit.core.errors import ConfigError
 from speedsplit.core.loads import ClosedLoop, ClosedLoopSettings, OpenLoop, TraceReplay
 from speedsplit.core.quality import QualityProbe
+from speedsplit.core.trace_split import ProfileWindow
 
 # A request is a latency outlier when it took this many times what its length predicts, and at
 # least this many seconds more (speedsplit/probes/loadgen.py: latency_outliers).
@@ -121,6 +122,9 @@ class CellParams(BaseModel):
     seed: int
     request_timeout_s: float | None = Field(None, description="seconds one request may take (null: plan unreadable)")
     stall_timeout_s: float | None = Field(None, description="seconds without a token before a request stalls")
+    profile: ProfileWindow | None = Field(
+        None, description="after the cell's load, a window of decode steps profiled (mechanism.profile; null: none)"
+    )
     outlier_factor: float = Field(
         OUTLIER_FACTOR, description="a request this many times slower than its length predicts is a latency outlier"
     )
@@ -240,17 +244,27 @@ class SessionPlan:
     foreign_idle_s: float = 60.0  # another workflow's server idle this long may be stopped for our cards
     api_key: bool = False  # benchmark.api_key: its servers demand a key drawn for the session
     api_key_env: str | None = None  # the variable the stack's engine reads a key from (None: it has none)
+    # mechanism.profile: where its servers write torch traces, and the window they are armed
+    # for (None: not armed; only a session with a profiled cell is)
+    profiler_dir: str | None = None
+    profiler_window: dict | None = None
 
     # Timeouts change no measurement, so no job file holds them (a changed one reruns no
     # cell): a job's stack and cell get them here.
     def with_startup(self, stack: StackSpec) -> StackSpec:
-        """The job's stack with its start-up timeout and, with benchmark.api_key, the variable
-        its servers read their API key from (none: no key)."""
+        """The job's stack with its start-up timeout, with benchmark.api_key the variable its
+        servers read their API key from (none: no key), and where a cell of the session is
+        profiled, the profiler its servers are armed with."""
+        armed = []
+        if self.profiler_dir is not None:
+            window = ProfileWindow.model_validate(self.profiler_window or {})
+            armed = window.server_args(str(Path(self.profiler_dir).resolve()))
         return stack.model_copy(
             update={
                 "startup_timeout_s": self.startup_timeout_s,
                 "api_key": self.api_key,
                 "api_key_env": self.api_key_env if self.api_key else None,
+                "args": [*stack.args, *armed],
             }
         )
 

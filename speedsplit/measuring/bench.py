@@ -33,6 +33,7 @@ from speedsplit.core.record import (
 )
 from speedsplit.core.facts import QuantConfig
 from speedsplit.core.quality import QualityRecord
+from speedsplit.core.trace_split import ProfileRecord
 from speedsplit.core.requestlog import RequestRecord
 from speedsplit.core.specs import JobSpec, parse_job
 from speedsplit.core.results import provenance, redact, write_json_atomic, write_lines_atomic
@@ -129,6 +130,10 @@ def measure(
             raise
         except Exception as exc:  # anything unforeseen: recorded, and the lane goes on
             _record_error(result, exc, workdir)
+        if job.cell.profile is not None and result.profile is None:  # its window says why there is none
+            result.profile = ProfileRecord(
+                status="error", window=job.cell.profile, error=f"not profiled: the cell is {result.status}"
+            )
         if job.quality is not None and result.quality is None:  # its stack's quality says why there is none
             why = f"not probed: the cell is {result.status}" + (
                 f" ({result.cause.splitlines()[0][:300]})" if result.cause else ""
@@ -236,7 +241,9 @@ def _measure_on_session(
                 last_used=time.time(),  # another workflow waits foreign_idle_s from here (evict_idle)
             )
             checks.check_servers(result, records, held.sess, held.generation, held.state, job.stack)
-            # after the cell is judged: what the probe does to the server is the probe's alone
+            # after the cell is judged: what a probe does to the server is the probe's alone
+            if job.cell.profile is not None and result.status in (None, "ok"):
+                result.profile = profile_decode(held, plan, job, tokenizer_dir, progress)
             if job.quality is not None and result.status in (None, "ok"):
                 result.quality = probe_quality(held.state, job, tokenizer_dir, held.api_key, progress)
                 why = checks.unhealthy(held.state, job.stack)
@@ -255,6 +262,28 @@ def _measure_on_session(
         return []
     result.flags = checks.honesty_flags(result, job.stack, job.cell)
     return records
+
+
+def profile_decode(held, plan: SessionPlan, job: JobSpec, tokenizer_dir, progress) -> ProfileRecord:
+    """A window of the cell's decode under the profiler its servers were armed with (one request
+    per user, prompts no earlier request sent); its split in the record, never an exception."""
+    from speedsplit.probes import profiler  # the jobs that profile alone
+
+    window = job.cell.profile
+    if plan.profiler_dir is None:
+        return ProfileRecord(status="error", window=window, error="the session's servers were not armed (plan)")
+    if progress:
+        progress(f"profiling {window.iterations} decode steps")
+    keep = Path(plan.profiler_dir) / f"{job.cell.cell}-run{job.run}"
+
+    def run_load() -> int:
+        spec = cell_load(held.state, job.stack, job.cell, 1000 + job.run, tokenizer_dir, 1, 0)
+        spec.api_key = held.api_key
+        summary, _ = loadgen.run(spec)
+        return summary.completed
+
+    ranks = job.stack.tensor_parallel * job.stack.instances
+    return profiler.profile_window(held.state["urls"], held.api_key, window, plan.profiler_dir, keep, ranks, run_load)
 
 
 def probe_quality(state: dict, job: JobSpec, tokenizer_dir, api_key: str | None, progress) -> QualityRecord:

@@ -13,14 +13,10 @@ are kept (gzip, as vLLM writes them) beside the breakdown.
 from __future__ import annotations
 
 import json
-import re
-import time
-import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
-from speedsplit.core import apikey, procs
-from speedsplit.core.intervals import length, overlap, union
+from speedsplit.core import procs
 from speedsplit.core.record import CellParams
 from speedsplit.core.results import provenance, redact, write_json_atomic
 from speedsplit.core.specs import StackSpec
@@ -28,95 +24,9 @@ from speedsplit.probes.loadspec import cell_load
 from speedsplit.models.checkpoint import model_identity
 from speedsplit.core.specs import SessionPlan
 from speedsplit.probes import loadgen
+from speedsplit.core.trace_split import split_trace
+from speedsplit.probes.profiler import post, profiler_args, read_trace, trace_files, wait_for_traces
 from speedsplit.serving import session as sessions
-
-# Kernels that move data between the cards: NCCL's, and vLLM's custom all-reduce (one- and
-# two-shot, cross_device_reduce) and its quick/symmetric-memory variants.
-COMMUNICATION = re.compile(r"nccl|all_?reduce|allreduce|cross_device_reduce|all_?gather|reduce_?scatter", re.I)
-COPY_CATEGORIES = ("gpu_memcpy", "gpu_memset")
-
-
-def profiler_args(trace_dir: Path, delay_iterations: int, iterations: int) -> list[str]:
-    """Server arguments that arm vLLM's torch profiler (braces doubled: args are templates)."""
-    cfg = {
-        "profiler": "torch",
-        "torch_profiler_dir": str(trace_dir),
-        "torch_profiler_with_stack": False,
-        "ignore_frontend": True,
-        "delay_iterations": delay_iterations,
-        "max_iterations": iterations,
-    }
-    return ["--profiler-config", json.dumps(cfg).replace("{", "{{").replace("}", "}}")]
-
-
-def _post(url: str, timeout_s: float, api_key: str | None = None) -> None:
-    req = urllib.request.Request(url, data=b"", method="POST", headers=apikey.headers(api_key))
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        if resp.status != 200:
-            raise RuntimeError(f"{url} answered {resp.status}")
-
-
-def split_trace(events: list[dict], steps: int) -> dict | None:
-    """Per decode step on one GPU (ms): window, communication, compute, copies, idle gaps.
-
-    The window runs from the first GPU event's start to the last one's end. Time when a
-    communication kernel runs counts as communication (whatever else overlaps it), other busy
-    time as compute or copies, the rest as gaps; the four add up to the window. None when
-    the trace holds no GPU event (a CPU)."""
-    comm, compute, copy = [], [], []
-    for e in events:
-        if e.get("ph") != "X" or "dur" not in e:
-            continue
-        cat = e.get("cat", "")
-        span = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
-        if cat == "kernel":
-            (comm if COMMUNICATION.search(e.get("name", "")) else compute).append(span)
-        elif cat in COPY_CATEGORIES:
-            copy.append(span)
-    if not (comm or compute or copy):
-        return None
-    comm_u, compute_u, copy_u = union(comm), union(compute), union(copy)
-    busy = union(comm_u + compute_u + copy_u)
-    window = busy[-1][1] - busy[0][0]
-    comm_t = length(comm_u)
-    compute_t = length(compute_u) - overlap(compute_u, comm_u)
-    copy_t = length(busy) - comm_t - compute_t
-    per_step = 1e-3 / steps  # µs over the window -> ms per step
-    return {
-        "step_ms": window * per_step,
-        "communication_ms": comm_t * per_step,
-        "compute_ms": compute_t * per_step,
-        "copy_ms": copy_t * per_step,
-        "gap_ms": (window - length(busy)) * per_step,
-        "kernels": len(comm) + len(compute),
-        "communication_kernels": len(comm),
-    }
-
-
-def read_trace(path: Path) -> list[dict]:
-    import gzip
-
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return json.load(f).get("traceEvents", [])
-
-
-def trace_files(trace_dir: Path) -> list[Path]:
-    return sorted(p for p in trace_dir.rglob("*") if p.is_file() and ".json" in p.name)
-
-
-def wait_for_traces(trace_dir: Path, ranks: int, timeout_s: float) -> list[Path]:
-    """Trace files, once `ranks` of them exist and stopped growing (the profiler flushes late)."""
-    deadline = time.monotonic() + timeout_s
-    sizes: dict = {}
-    while time.monotonic() < deadline:
-        files = trace_files(trace_dir)
-        now = {p: p.stat().st_size for p in files}
-        if len(files) >= ranks and now == sizes and all(now.values()):
-            return files
-        sizes = now
-        time.sleep(2.0)
-    return trace_files(trace_dir)
 
 
 def profile_cell(
@@ -202,19 +112,27 @@ def _profile_load(
         why = f"{first.error}: {first.detail}" if first and first.detail else (first.error if first else "none sent")
         raise RuntimeError(f"the profiled server answered none of the warm-up requests ({why})")
     for url in held["urls"]:
-        _post(url + "/start_profile", 60.0, api_key)
+        post(url + "/start_profile", 60.0, api_key)
     summary, _ = loadgen.run(load(1001))
     for url in held["urls"]:
-        _post(url + "/stop_profile", 900.0, api_key)  # flushes the traces; ignored if already stopped
+        post(url + "/stop_profile", 900.0, api_key)  # flushes the traces; ignored if already stopped
     result["load"] = {"output_tok_s": summary.output_tok_s, "completed": summary.completed, "failed": summary.failed}
 
 
 def _breakdown(result: dict, files: list[Path], iterations: int) -> None:
-    ranks = []
-    for path in files:
-        split = split_trace(read_trace(path), iterations)
-        if split is not None:
-            ranks.append({"trace": path.name, **split})
+    ranks = [
+        {
+            "trace": path.name,
+            "step_ms": sp.step_ms,
+            "communication_ms": sp.communication_ms,
+            "compute_ms": sp.compute_ms,
+            "copy_ms": sp.copy_ms,
+            "gap_ms": sp.idle_ms,
+            "kernels": sp.kernels,
+        }
+        for path in files
+        if (sp := split_trace(read_trace(path), iterations)) is not None and sp.device == "gpu"
+    ]
     result["ranks"] = ranks
     if not files:
         result.update(status="error", error="the profiler wrote no trace")

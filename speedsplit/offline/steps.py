@@ -49,7 +49,10 @@ from speedsplit.core.errors import UserError
 from speedsplit.core.results import write_json_atomic
 
 RECORDS = Path("results/host")
-LEFT_BEHIND = ("results/cache",)  # compile caches: large, and rebuilt by any server
+LEFT_BEHIND = (
+    "results/cache",
+    "results/traces",
+)  # compile caches (large, rebuilt by any server) and raw profiler traces (their splits are in the results)
 
 
 class StepsError(UserError, ValueError):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import polars as pl
 
-from speedsplit.analysis import answer, cost
+from speedsplit.analysis import answer, cost, step_time
 from speedsplit.analysis import chains as ch
 from speedsplit.analysis import frames as f
 from speedsplit.analysis import timeline as tl
@@ -95,6 +95,8 @@ def build_frames(
     said = answer.beside(said, "quality", quality.by_chain(frames), ["model", "topology", "chain"])
     priced = cost.by_chain(frames["cost"], chains) if "cost" in frames else {}
     said = answer.beside(said, "cost", priced, ["chain", "model", "topology", "cell"])
+    kernel_why = step_time.by_chain(frames["step_time_changes"]) if "step_time_changes" in frames else {}
+    said = answer.beside(said, "why_kernels", kernel_why, ["chain", "model", "topology", "cell"])
     frames["answer"] = said
     return frames
 

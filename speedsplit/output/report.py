@@ -133,6 +133,9 @@ def answer_section(
             if row.get("why"):  # the step's mechanism as the client saw it (analysis/mechanism.py)
                 steps = "".join(f"<li>{html.escape(w)}</li>" for w in row["why"].split(" | "))
                 parts.append(f"<p class='note'>Why, as the client saw it:</p><ul>{steps}</ul>")
+            if row.get("why_kernels"):  # the decode step by kernel class (analysis/step_time.py)
+                steps = "".join(f"<li>{html.escape(w)}</li>" for w in row["why_kernels"].split(" | "))
+                parts.append(f"<p class='note'>Why, kernel by kernel:</p><ul>{steps}</ul>")
         if served is not None and served.height:
             parts.append("<p class='note'>What each stack served at those cells (medians over runs):</p>")
             parts.append(html_table(served))

@@ -98,6 +98,8 @@ def lines(results: str | Path = "results", run_args: list[str] | None = None) ->
         out.append(f"  {row['sentence']}")
         if row.get("why"):
             out.append(f"    why, as the client saw it: {row['why']}")
+        if row.get("why_kernels"):
+            out.append(f"    why, kernel by kernel: {row['why_kernels']}")
         if row.get("cost"):
             out.append(f"    cost: {row['cost']}")
     out += traffic_lines(_frame(results / "tables" / "traffic_factors.parquet"))

@@ -276,6 +276,7 @@ def _check_references(config: dict) -> None:
     _check_quality(config["quality"])
     _check_traffic(config)
     _check_coordination(config)
+    _check_mechanism(config)
     _check_factorial(config)
     _check_report(config)
     _check_capacity(config)
@@ -322,6 +323,20 @@ def _check_coordination(config: dict) -> None:
             )
     if co.cell is not None and co.cell not in {c.name for c in cells(config)}:
         raise ConfigError(f"config error at coordination.cell: unknown cell {co.cell!r}")
+
+
+def _check_mechanism(config: dict) -> None:
+    pr = studies_config.mechanism_config(config).profile
+    known = {c.name for c in cells(config)}
+    for i, name in enumerate(pr.cells):
+        if name not in known:
+            raise ConfigError(f"config error at mechanism.profile.cells[{i}]: unknown cell {name!r}")
+    for i, name in enumerate(pr.stacks or []):
+        if name not in config["stacks"] or stack_config.stack_config(config, name).dialect != "vllm":
+            raise ConfigError(
+                f"config error at mechanism.profile.stacks[{i}]: {name!r} is not a vLLM stack of this config "
+                "(the profiler is vLLM's)"
+            )
 
 
 def _check_factorial(config: dict) -> None:

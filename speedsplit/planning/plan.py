@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from speedsplit.core.specs import BenchJob, SessionPlan, session_of  # noqa: F401 (re-exported)
@@ -20,6 +20,7 @@ from speedsplit.planning.benchmark_config import benchmark_config
 from speedsplit.planning.grid_config import grid_config
 from speedsplit.planning.quality_config import quality_config, quantization_config
 from speedsplit.planning.stack_config import stack_config
+from speedsplit.planning.studies_config import mechanism_config
 from speedsplit.planning.workload_config import workload_config
 
 
@@ -82,6 +83,31 @@ def quality_probe(config: dict, job: BenchJob, carriers: Collection[BenchJob] | 
     if q.lm_eval.tasks:  # only then in the job file: a config without tasks keeps its cells
         probe["lm_eval"] = {k: getattr(q.lm_eval, k) for k in LmEval.model_fields}
     return probe
+
+
+def profiled_stacks(config: dict) -> list[str]:
+    """The stacks mechanism.profile profiles: those it names, else every vLLM stack benchmarked."""
+    pr = mechanism_config(config).profile
+    if pr.stacks is not None:
+        return list(pr.stacks)
+    return [s for s in cfgmod.bench_stacks(config) if stack_config(config, s).dialect == "vllm"]
+
+
+def profile_window(config: dict, job: BenchJob) -> dict | None:
+    """The window of decode steps a job profiles after its load (mechanism.profile: run 0 of a
+    named cell on a profiled stack), as plain builtins, or None."""
+    pr = mechanism_config(config).profile
+    if job.run != 0 or job.cell not in pr.cells or job.stack not in profiled_stacks(config):
+        return None
+    return {"delay_iterations": pr.delay_iterations, "iterations": pr.iterations}
+
+
+def job_cell(config: dict, job: BenchJob) -> dict:
+    """A job's cell as its job file holds it: the cell's params, and the window it profiles
+    where it profiles one (only then: a cell without keeps the params it had)."""
+    cell = cfgmod.cell_params(config, cfgmod.cell_by_name(config, job.cell))
+    window = profile_window(config, job)
+    return {**cell, "profile": window} if window else cell
 
 
 def lane_count(config: dict, topology: str) -> int:
@@ -151,15 +177,16 @@ def session_plans(config: dict, finished: Callable[[BenchJob], bool] | None = No
     for job in bench_jobs(config):
         members.setdefault(session_key(config, job), []).append(job)
     in_flight = {c.name: _in_flight(config, c) for c in cfgmod.cells(config)}
-    return {
-        key: _session_plan(
-            config,
-            key,
-            ([j for j in jobs if not finished(j)] or jobs)[-1].result,
-            max(in_flight[j.cell] for j in jobs),
+    plans = {}
+    for key, jobs in members.items():
+        plan = _session_plan(
+            config, key, ([j for j in jobs if not finished(j)] or jobs)[-1].result, max(in_flight[j.cell] for j in jobs)
         )
-        for key, jobs in members.items()
-    }
+        window = next((w for j in jobs if (w := profile_window(config, j))), None)
+        if window:  # its servers are armed for the profiled cells' window (its traces go here)
+            plan = replace(plan, profiler_dir=f"results/traces/{key.replace('/', '__')}", profiler_window=window)
+        plans[key] = plan
+    return plans
 
 
 def _in_flight(config: dict, cell: cfgmod.Cell) -> int:
@@ -207,7 +234,7 @@ def job_spec(config: dict, job: BenchJob, carriers: Collection[BenchJob] | None 
 
     return JobSpec(
         stack=cfgmod.stack_params(config, job.model, job.stack, job.topology),
-        cell=cfgmod.cell_params(config, cfgmod.cell_by_name(config, job.cell)),
+        cell=job_cell(config, job),
         run=job.run,
         quality=quality_probe(config, job, carriers),
     )

@@ -1,7 +1,7 @@
 """The studies beside the grid a config may ask for, typed: the capacity sweep (`capacity`), the
 latency objectives every run is judged by (`slo`), the factorial of the study's confounds
-(`factorial`), where tensor parallelism loses time (`coordination`) and the interconnect control
-(`link_control`). Their schema entries are generated from these types (planning/config.load_schema).
+(`factorial`), where tensor parallelism loses time (`coordination`), the interconnect control
+(`link_control`) and why a step is worth what it is, kernel by kernel (`mechanism`). Their schema entries are generated from these types (planning/config.load_schema).
 """
 
 from __future__ import annotations
@@ -89,12 +89,34 @@ class LinkControlConfig(Entry):
     max_mib: int = Field(256, ge=1, description="Largest payload in MiB.")
 
 
+class ProfileConfig(Entry):
+    """Why a step's decode is faster, kernel by kernel: at each cell named, run 0 of every vLLM
+    stack profiled (or those in `stacks`) ends with a window of decode steps under vLLM's torch
+    profiler (one request per user, on the server that measured the cell, armed at its start),
+    each step's time split into dense GEMM, quantized GEMM (with its dequantisation),
+    attention, communication, other kernels, copies and GPU idle (tables/step_time.*); a chain
+    step's change of step time is split into those classes (tables/step_time_changes.*)."""
+
+    cells: list[str] = Field([], description="Cells whose run 0 is profiled (empty: none).")
+    stacks: list[str] | None = absent("The vLLM stacks profiled (null: every vLLM stack benchmarked).")
+    delay_iterations: int = Field(16, ge=0, description="Engine steps skipped once the load starts (the prefill).")
+    iterations: int = Field(32, ge=1, description="Engine steps recorded.")
+
+
+class MechanismConfig(Entry):
+    """Why each step is worth what it is, beyond what the client and the engine's counters tell
+    (those come with every run): the kernel level (`profile`)."""
+
+    profile: ProfileConfig = Field(default_factory=ProfileConfig)
+
+
 SECTIONS = {
     "capacity": CapacityConfig,
     "slo": SloConfig,
     "factorial": FactorialConfig,
     "coordination": CoordinationConfig,
     "link_control": LinkControlConfig,
+    "mechanism": MechanismConfig,
 }
 
 
@@ -117,6 +139,10 @@ def factorial_config(config: dict) -> FactorialConfig:
 
 def coordination_config(config: dict) -> CoordinationConfig:
     return CoordinationConfig.model_validate(config["coordination"])
+
+
+def mechanism_config(config: dict) -> MechanismConfig:
+    return MechanismConfig.model_validate(config["mechanism"])
 
 
 def link_control_config(config: dict) -> LinkControlConfig:

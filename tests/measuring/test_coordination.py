@@ -3,7 +3,8 @@
 import pytest
 
 from speedsplit.analysis.topology import coordination_frame
-from speedsplit.measuring.coordination import profiler_args, split_trace
+from speedsplit.core.trace_split import split_trace
+from speedsplit.probes.profiler import profiler_args
 
 
 def k(name, ts, dur, cat="kernel", tid=7):
@@ -25,14 +26,15 @@ def test_a_step_splits_into_compute_communication_copies_and_gaps():
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5000},  # CPU side: ignored
     ]
     s = split_trace(events, steps=2)
-    assert s["step_ms"] == pytest.approx(1000 / 2 / 1e3)
-    assert s["communication_ms"] == pytest.approx(100 / 2 / 1e3)
-    assert s["compute_ms"] == pytest.approx((300 + 50 + 300) / 2 / 1e3)
-    assert s["copy_ms"] == pytest.approx(100 / 2 / 1e3)
-    assert s["gap_ms"] == pytest.approx((1000 - 850) / 2 / 1e3)
-    parts = s["communication_ms"] + s["compute_ms"] + s["copy_ms"] + s["gap_ms"]
-    assert parts == pytest.approx(s["step_ms"]) and s["communication_kernels"] == 2
-    assert split_trace([{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 0, "dur": 1}], 1) is None
+    assert s.device == "gpu" and s.step_ms == pytest.approx(1000 / 2 / 1e3)
+    assert s.communication_ms == pytest.approx(100 / 2 / 1e3)
+    assert s.compute_ms == pytest.approx((300 + 50 + 300) / 2 / 1e3)
+    assert s.attention_ms == pytest.approx(50 / 2 / 1e3)  # flash_fwd beyond the all-reduce
+    assert s.copy_ms == pytest.approx(100 / 2 / 1e3)
+    assert s.idle_ms == pytest.approx((1000 - 850) / 2 / 1e3)
+    parts = s.communication_ms + s.compute_ms + s.copy_ms + s.idle_ms
+    assert parts == pytest.approx(s.step_ms) and s.kernels == 5
+    assert split_trace([{"ph": "X", "cat": "python_function", "name": "x", "ts": 0, "dur": 1}], 1) is None
 
 
 def profile(topology, tp, step, comm, compute, gap, copy=0.0):

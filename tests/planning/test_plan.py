@@ -1,4 +1,5 @@
 import copy
+import re
 
 import pytest
 from conftest import REPO
@@ -213,3 +214,38 @@ def test_the_quality_probe_follows_every_cell_its_server_measures():
             run, at = want
             mine = [j for j in P.bench_jobs(c) if j.stack == stack and j.run == run]
             assert [j for j in carriers if j.stack == stack] == [mine[at]], (reuse, stack)
+
+
+def test_a_profiled_window_goes_with_run_0_of_each_named_cell_on_each_vllm_stack(cfg):
+    """mechanism.profile: only run 0 of a named cell on a vLLM stack profiles (transformers serve
+    has no profiler); only its sessions' servers are armed; a cell that profiles nothing keeps
+    its job-file params (no key added), so turning the profile on reruns only the profiled cells."""
+    cell = C.cells(cfg)[0].name
+    plain = {j: P.job_cell(cfg, j) for j in P.bench_jobs(cfg)}
+    c = C.merge(cfg, {"mechanism": {"profile": {"cells": [cell], "iterations": 8}}})
+    profiled = [j for j in P.bench_jobs(c) if P.profile_window(c, j)]
+    vllm = [s for s in C.bench_stacks(c) if s.startswith("vllm")]
+    assert sorted((j.stack, j.cell, j.run) for j in profiled) == sorted((s, cell, 0) for s in vllm)
+    assert P.job_spec(c, profiled[0]).cell.profile.iterations == 8
+    for job, before in plain.items():
+        after = P.job_cell(c, job)
+        assert after == (
+            {**before, "profile": {"delay_iterations": 16, "iterations": 8}} if job in profiled else before
+        )
+    armed = {k: p.profiler_dir for k, p in P.session_plans(c).items()}
+    assert {k.split("/")[1] for k, d in armed.items() if d} == set(vllm)
+    assert all(d is None for d in (p.profiler_dir for p in P.session_plans(cfg).values()))
+    only = C.merge(c, {"mechanism": {"profile": {"stacks": ["vllm-marlin"]}}})
+    assert {j.stack for j in P.bench_jobs(only) if P.profile_window(only, j)} == {"vllm-marlin"}
+
+
+@pytest.mark.parametrize(
+    "profile,said",
+    [
+        ({"cells": ["no-such-cell"]}, "mechanism.profile.cells[0]: unknown cell 'no-such-cell'"),
+        ({"cells": [], "stacks": ["hf-fp16"]}, "mechanism.profile.stacks[0]: 'hf-fp16' is not a vLLM stack"),
+    ],
+)
+def test_a_profile_of_an_unknown_cell_or_of_a_stack_without_the_profiler_is_refused(profile, said):
+    with pytest.raises(C.ConfigError, match=re.escape(said)):
+        C.validate(C.merge(C.load(REPO / "config/config.yaml"), {"mechanism": {"profile": profile}}))

@@ -156,6 +156,33 @@ def test_vllm_counts_its_engine_steps_and_each_step_splits_at_the_engine(workdir
 
 
 @pytest.mark.slow
+def test_each_vllm_stack_profiles_a_window_of_decode_and_the_step_splits_by_class(workdir):
+    """mechanism.profile: run 0 of the wide cell on each vLLM stack (not run 1, not the narrow
+    cell, not transformers serve) ends with its window profiled on the server that measured it;
+    the CPU's ops split into classes that add up to the step, and the chain step's change too."""
+    import polars as pl
+
+    from speedsplit.analysis.step_time import CLASS_MS
+
+    profiled = []
+    for path in sorted((workdir / "results/bench").rglob("run*.json")):
+        res = read_result(path)
+        if res.profile is not None:
+            profiled.append((res.stack, res.cell, res.run))
+            split = res.profile.split
+            assert res.profile.status == "ok" and split.device == "cpu", (path, res.profile.error)
+            assert split.steps >= 1 and sum(getattr(split, c) for c in CLASS_MS) == pytest.approx(split.step_ms)
+            keep = workdir / "results/traces" / res.session_key.replace("/", "__") / f"{res.cell}-run0"
+            assert sorted(p.name for p in keep.iterdir()) == res.profile.traces
+    assert sorted(profiled) == [("vllm-fp16", "u4-ci-wide-greedy", 0), ("vllm-marlin", "u4-ci-wide-greedy", 0)]
+    changes = pl.read_parquet(workdir / "results/tables/step_time_changes.parquet")
+    r = changes.filter(pl.col("step") == "vllm-fp16 → vllm-marlin").row(0, named=True)
+    assert sum(r[c.replace("_ms", "_delta_ms")] for c in CLASS_MS) == pytest.approx(r["delta_ms"])
+    answer = pl.read_parquet(workdir / "results/tables/answer.parquet").filter(pl.col("cell") == "u4-ci-wide-greedy")
+    assert any("vllm-fp16 → vllm-marlin: decode step" in (w or "") for w in answer["why_kernels"])
+
+
+@pytest.mark.slow
 def test_the_terminal_says_what_each_cell_did_and_what_the_run_found(workdir):
     """One line per finished cell, the CPU's INT4 route before the grid, and a closing summary
     with the answer and the report's path: nobody has to open a log."""
