@@ -18,6 +18,9 @@ CLASS_MS = [f"{c}_ms" for c in CLASSES]
 KEYS = ["model", "stack", "topology", "cell"]
 # a class whose change is under this share of the step's is "unchanged" in a sentence
 UNCHANGED_SHARE = 0.05
+# a profiled step this much slower than the measured phase's mean step (which holds prefill
+# steps too: a profiled decode step is normally quicker) was slowed by the profiler
+PROFILER_SLOWED = 0.10
 NAMES = {
     "communication": "communication",
     "attention": "attention",
@@ -29,8 +32,11 @@ NAMES = {
 }
 
 
-def step_time_frame(results) -> pl.DataFrame:
-    """One row per run that profiled a window (core/record.RunResult.profile)."""
+def step_time_frame(results, runs: pl.DataFrame | None = None) -> pl.DataFrame:
+    """One row per run that profiled a window (core/record.RunResult.profile), with the mean
+    step of that run's measured phase beside it where the engine counted its steps (`runs`, the
+    runs frame: wall / engine steps, prefill steps included): a profiled step much slower than
+    a measured one (no prefill in it) was slowed by the profiler."""
     rows = []
     for r in results:
         p = r.profile
@@ -58,6 +64,15 @@ def step_time_frame(results) -> pl.DataFrame:
             or None,
         }
         rows.append(row)
+    measured = {}
+    if runs is not None and runs.height and "engine_steps" in runs.columns:
+        for m in runs.iter_rows(named=True):
+            if m.get("engine_steps") and m.get("wall_s"):
+                measured[tuple(m[k] for k in (*KEYS, "run"))] = 1e3 * m["wall_s"] / m["engine_steps"]
+    for row in rows:
+        ms = measured.get(tuple(row[k] for k in (*KEYS, "run")))
+        row["measured_step_ms"] = ms
+        row["profiled_over_measured"] = row["step_ms"] / ms if ms and row["step_ms"] else None
     schema = {
         **dict.fromkeys(KEYS, pl.Utf8),
         "run": pl.Int64,
@@ -72,6 +87,8 @@ def step_time_frame(results) -> pl.DataFrame:
         "kernels": pl.Int64,
         "profile_s": pl.Float64,
         "top_kernels": pl.Utf8,
+        "measured_step_ms": pl.Float64,
+        "profiled_over_measured": pl.Float64,
     }
     return pl.DataFrame(rows, schema=schema, orient="row")
 
@@ -102,6 +119,10 @@ def step_time_changes(frame: pl.DataFrame, chains: dict[str, list[str]]) -> pl.D
                         "from_step_ms": fr["step_ms"],
                         "to_step_ms": to["step_ms"],
                         "step_speedup": fr["step_ms"] / to["step_ms"] if to["step_ms"] else None,
+                        "from_measured_step_ms": fr["measured_step_ms"],
+                        "to_measured_step_ms": to["measured_step_ms"],
+                        "from_profiled_over_measured": fr["profiled_over_measured"],
+                        "to_profiled_over_measured": to["profiled_over_measured"],
                         "delta_ms": delta,
                         **{f"{c}_delta_ms": to[f"{c}_ms"] - fr[f"{c}_ms"] for c in CLASSES},
                     }
@@ -118,6 +139,10 @@ def step_time_changes(frame: pl.DataFrame, chains: dict[str, list[str]]) -> pl.D
         "from_step_ms": pl.Float64,
         "to_step_ms": pl.Float64,
         "step_speedup": pl.Float64,
+        "from_measured_step_ms": pl.Float64,
+        "to_measured_step_ms": pl.Float64,
+        "from_profiled_over_measured": pl.Float64,
+        "to_profiled_over_measured": pl.Float64,
         "delta_ms": pl.Float64,
         **{f"{c}_delta_ms": pl.Float64 for c in CLASSES},
     }
@@ -143,7 +168,24 @@ def sentence(row: dict) -> str:
             still.append(NAMES[c])
     where = "on the CPU, by op" if row["device"] == "cpu" else f"by {unit} class"
     text = f"decode step {a:.3g} → {b:.3g} ms ({how}; {where}): " + ", ".join(moved[:4])
-    return text + (f"; {', '.join(still)} unchanged" if still else "")
+    text += f"; {', '.join(still)} unchanged" if still else ""
+    ma, mb = row.get("from_measured_step_ms"), row.get("to_measured_step_ms")
+    if ma and mb:  # the measured phase's steps, prefill included: what the profile leaves out
+        text += f"; the measured phase's steps (prefill in them) {ma:.3g} → {mb:.3g} ms"
+        slowed = [
+            (side, r)
+            for side, r in (
+                ("from", row.get("from_profiled_over_measured")),
+                ("to", row.get("to_profiled_over_measured")),
+            )
+            if r and r > 1 + PROFILER_SLOWED
+        ]
+        if slowed:
+            said = ", ".join(
+                f"{row['step'].split(' → ')[0 if side == 'from' else 1]}'s {r - 1:.0%}" for side, r in slowed
+            )
+            text += f" (the profiler slowed {said} beyond them: idle there is partly the profiler's)"
+    return text
 
 
 def by_chain(changes: pl.DataFrame) -> dict[tuple, str]:

@@ -48,8 +48,9 @@ PATTERNS: dict[str, re.Pattern] = {
         r"linear|onednn|mkldnn|dnnl",
         re.I,
     ),
-    # memcpy and memset (by their trace category) and the kernels and ops that copy tensors
-    "copy": re.compile(r"copy|aten::to\b|aten::contiguous|aten::clone|memset", re.I),
+    # memcpy and memset (by their trace category) and the kernels and ops that copy tensors (not
+    # Inductor's fused kernels, whose names list the ops fused: triton_red_fused__to_copy_embedding_...)
+    "copy": re.compile(r"^(?!triton_).*?(?:copy|aten::to\b|aten::contiguous|aten::clone|memset)", re.I),
 }
 KERNEL_CLASSES = ("communication", "attention", "quantized_gemm", "dense_gemm", "copy", "other")
 CLASSES = (*KERNEL_CLASSES, "idle")  # what a step's time splits into, in order

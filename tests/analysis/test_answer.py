@@ -84,7 +84,13 @@ def test_an_undefined_decomposition_has_no_waterfall_and_is_said(tmp_path):
     frames = aggregate.build_frames(paths, CHAINS, steps=STEPS)
     assert A.waterfall_frame(frames["attribution"]).height == 0
     # a stack these results never measured: no sentence, one line among the qualifiers
-    assert frames["answer"].height == 0 and frames["answer"].columns[-5:] == ["sentence", "why", "quality", "cost", "why_kernels"]
+    assert frames["answer"].height == 0 and frames["answer"].columns[-5:] == [
+        "sentence",
+        "why",
+        "quality",
+        "cost",
+        "why_kernels",
+    ]
     (line,) = A.qualifiers(frames["runs"], frames["attribution"])
     assert line == "Chain study is not decomposed at 1 headline cell(s): vllm-marlin not measured here"
     # a stack measured, but with no run that counts: said in the sentence

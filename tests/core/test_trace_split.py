@@ -22,6 +22,26 @@ HOPPER = [
     ("void vllm::rms_norm_kernel<c10::Half, 8>", "other"),
     ("void vllm::act_and_mul_kernel<c10::Half, &vllm::silu_kernel<c10::Half>, true>", "other"),
     ("void vllm::rotary_embedding_kernel<c10::Half, true>", "other"),
+    # as one H100 ran them (docs/evidence/h100-2026-12-06-why): cuBLAS, FlashAttention 3, Machete
+    # and FP8 scaled-mm in CUTLASS, Inductor's fused kernels (named after the ops they fuse)
+    ("nvjet_sm90_hsh_224x64_64x5_2x1_v_bz_TNN", "dense_gemm"),
+    ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<>>>", "attention"),
+    (
+        "void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int, int, int, int>, "
+        "machete::MacheteCollectiveMma<>>>",
+        "quantized_gemm",
+    ),
+    (
+        "triton_red_fused__to_copy_abs_clamp_cutlass_scaled_mm_div_max_mul_reciprocal_silu_slice_unsqueeze_2",
+        "quantized_gemm",
+    ),
+    ("triton_red_fused__to_copy_embedding_rms_norm_0", "other"),
+    ("triton_poi_fused_mul_silu_slice_1", "other"),
+    ("_gumbel_sample_kernel", "other"),
+    (
+        "void at::native::elementwise_kernel<128, 4, at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)>",
+        "copy",
+    ),
     # vLLM's CPU build
     ("_C::cpu_gemm_wna16", "quantized_gemm"),
     ("aten::_weight_int4pack_mm_for_cpu", "quantized_gemm"),

@@ -205,12 +205,12 @@ def tables(folder: Path) -> Tables:
     return _TABLES[folder]
 
 
-NAMED = re.compile(r"(comparisons/)?(h200[\w.-]*)/")
+NAMED = re.compile(r"(comparisons/)?(h[12]00[\w.-]*)/")
 BY_NAME = {(p.parent.name, p.name): p for p in FOLDERS}
 
 
 def named_folders(text: str) -> list[Path]:
-    """The evidence and comparison folders a text names (`../h200-.../`, `docs/evidence/h200-.../`,
+    """The evidence and comparison folders a text names (`../h200-.../`, `docs/evidence/h100-.../`,
     `../comparisons/h200-.../`)."""
     out = []
     for m in NAMED.finditer(text):

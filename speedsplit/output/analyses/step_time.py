@@ -16,7 +16,7 @@ from speedsplit.planning.studies_config import mechanism_config
 def build(b: Basis) -> dict[str, pl.DataFrame]:
     from speedsplit.analysis import step_time
 
-    frame = step_time.step_time_frame(b.results)
+    frame = step_time.step_time_frame(b.results, b.runs)
     if not frame.height:
         return {}
     return {"step_time": frame, "step_time_changes": step_time.step_time_changes(frame, b.chains)}
