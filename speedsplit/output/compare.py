@@ -48,10 +48,10 @@ LOAD = (
 )
 
 
-def side(folder: str | Path) -> tuple[pl.DataFrame, Provenance, dict[tuple, dict], dict[tuple, QualityRecord]]:
+def side(folder: str | Path) -> tuple[pl.DataFrame, Provenance, dict[tuple, dict], dict[tuple, QualityRecord], list]:
     """One side's runs (one machine: refused otherwise), the provenance of its first result,
-    each (model, stack, topology, cell)'s load (LOAD, from its first run), and each (model,
-    topology, stack)'s quality record."""
+    each (model, stack, topology, cell)'s load (LOAD, from its first run), each (model,
+    topology, stack)'s quality record, and the results themselves."""
     results = [read_result(p) for p in result_paths(folder)]
     runs = f.runs_frame(results)
     try:
@@ -64,7 +64,35 @@ def side(folder: str | Path) -> tuple[pl.DataFrame, Provenance, dict[tuple, dict
         loads.setdefault((r.model, r.stack, r.topology, r.cell), {k: cell[k] for k in LOAD})
         if r.quality is not None:
             quality.setdefault((r.model, r.topology, r.stack), r.quality)
-    return runs, results[0].provenance, loads, quality
+    return runs, results[0].provenance, loads, quality, results
+
+
+WHY_KEYS = ["model", "topology", "cell", "factor"]
+
+
+def why_frame(side_a: tuple, side_b: tuple, chains: dict[str, list[str]], tolerate_flags=()) -> pl.DataFrame:
+    """Each chain step's why on each side, where that side can say it: as the client and the
+    engine saw it (analysis/mechanism) and kernel by kernel (analysis/step_time, where the
+    side profiled both stacks)."""
+    from speedsplit.analysis import step_time
+    from speedsplit.analysis.mechanism import mechanism_frame, why_words
+
+    said: dict[tuple, dict] = {}
+    for name, (runs, results) in (("a", side_a), ("b", side_b)):
+        for r in mechanism_frame(runs, chains, tolerate_flags).iter_rows(named=True):
+            if words := why_words(r):
+                said.setdefault(tuple(r[k] for k in WHY_KEYS), {})[f"why_{name}"] = words
+        frame = step_time.step_time_frame(results, runs)
+        for r in step_time.step_time_changes(frame, chains).iter_rows(named=True):
+            frm, to = r["step"].split(" → ")
+            key = (r["model"], r["topology"], r["cell"], f"{to}/{frm}")
+            said.setdefault(key, {})[f"why_kernels_{name}"] = step_time.sentence(r)
+    rows = [{**dict(zip(WHY_KEYS, key)), **words} for key, words in said.items()]
+    schema = {
+        **dict.fromkeys(WHY_KEYS, pl.Utf8),
+        **dict.fromkeys(["why_a", "why_b", "why_kernels_a", "why_kernels_b"], pl.Utf8),
+    }
+    return pl.DataFrame(rows, schema=schema)
 
 
 def load_differences(a: dict[tuple, dict], b: dict[tuple, dict]) -> list[str]:
@@ -161,16 +189,27 @@ def tasks_frame(a: dict[tuple, QualityRecord], b: dict[tuple, QualityRecord]) ->
 
 
 def lines(
-    stacks: pl.DataFrame, factors: pl.DataFrame, quality: pl.DataFrame | None = None, tasks: pl.DataFrame | None = None
+    stacks: pl.DataFrame,
+    factors: pl.DataFrame,
+    quality: pl.DataFrame | None = None,
+    tasks: pl.DataFrame | None = None,
+    why: pl.DataFrame | None = None,
 ) -> list[str]:
-    """The comparison in words: each chain factor, then each stack's throughput, B / A, then
-    each stack's quality and task scores."""
+    """The comparison in words: each chain factor with its why on each side, then each stack's
+    throughput, B / A, then each stack's quality and task scores."""
     out = []
+    whys = {tuple(r[k] for k in WHY_KEYS): r for r in ([] if why is None else why.iter_rows(named=True))}
     for r in factors.iter_rows(named=True):
         out.append(
             f"{r['factor']} at {r['cell']} ({r['model']}, {r['topology']}): "
             f"A {value_text(r['a'], 3)}×, B {value_text(r['b'], 3)}×, B/A {_x(r['b_over_a'], r['lo'], r['hi'])}"
         )
+        w = whys.get(tuple(r[k] for k in WHY_KEYS), {})
+        for side in ("a", "b"):
+            if w.get(f"why_{side}"):
+                out.append(f"    why on {side.upper()}, as the client saw it: {w[f'why_{side}']}")
+            if w.get(f"why_kernels_{side}"):
+                out.append(f"    why on {side.upper()}, kernel by kernel: {w[f'why_kernels_{side}']}")
     for r in stacks.filter(pl.col("metric") == "output_tok_s").iter_rows(named=True):
         out.append(
             f"{r['stack']} at {r['cell']} ({r['model']}, {r['topology']}): output tok/s "
@@ -217,15 +256,22 @@ def compare(
     """Write the comparison under `out` (tables/, compare.html); its lines, for the terminal."""
     from speedsplit.output.report import CSS
 
-    (runs_a, prov_a, load_a, quality_a), (runs_b, prov_b, load_b, quality_b) = side(a), side(b)
+    (runs_a, prov_a, load_a, quality_a, res_a), (runs_b, prov_b, load_b, quality_b, res_b) = side(a), side(b)
     stacks = cmp.stacks_frame(runs_a, runs_b, tolerate_flags)
     factors = cmp.factors_frame(runs_a, runs_b, chains, tolerate_flags)
     quality, tasks = quality_frame(quality_a, quality_b), tasks_frame(quality_a, quality_b)
+    why = why_frame((runs_a, res_a), (runs_b, res_b), chains, tolerate_flags)
     out = Path(out)
-    frames = {"compare_stacks": stacks, "compare_factors": factors, "compare_quality": quality, "compare_tasks": tasks}
+    frames = {
+        "compare_stacks": stacks,
+        "compare_factors": factors,
+        "compare_quality": quality,
+        "compare_tasks": tasks,
+        "compare_why": why,
+    }
     write_frames(frames, out / "tables")
     head = [describe("A", a, prov_a, runs_a), describe("B", b, prov_b, runs_b)] + load_differences(load_a, load_b)
-    said = lines(stacks, factors, quality, tasks) or [nothing_to_compare(runs_a, runs_b)]
+    said = lines(stacks, factors, quality, tasks, why) or [nothing_to_compare(runs_a, runs_b)]
     page = "".join(
         [
             f"<!doctype html><html><head><meta charset='utf-8'><title>speedsplit compare</title>"
@@ -239,6 +285,10 @@ def compare(
             "nothing is pooled.</p>",
             "<h2>Chain factors</h2>",
             html_table(factors) if factors.height else "<p>—</p>",
+            "<h2>Why, on each side</h2><p class='note'>Each chain step as each side's client and engine saw "
+            "it (requests in flight × tokens a request × latency; steps a second × tokens a step) and, where the "
+            "side profiled both stacks, kernel by kernel (mechanism.profile).</p>",
+            html_table(why) if why.height else "<p>—</p>",
             "<h2>Stacks</h2>",
             html_table(stacks) if stacks.height else "<p>—</p>",
             "<h2>Quality</h2><p class='note'>Each stack probed on both sides: its perplexity (B / A paired by "

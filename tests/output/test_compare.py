@@ -60,6 +60,25 @@ def test_a_side_mixing_machines_or_holding_no_result_is_one_line(tmp_path):
         compare.compare(tmp_path / "empty", a, CHAINS, tmp_path / "out")
 
 
+def test_each_step_says_its_why_on_each_side(tmp_path):
+    """Under each factor, each side's why: as its client and engine saw it, and kernel by kernel
+    where that side profiled both stacks (here the same H100 folder on both sides)."""
+    import polars as pl
+
+    ev = REPO / "docs/evidence/h100-2026-12-06-why"
+    said = compare.compare(ev, ev, {"study": ["vllm-fp16", "vllm-marlin"]}, tmp_path / "out")
+    at = next(i for i, s in enumerate(said) if s.startswith("vllm-marlin/vllm-fp16 at u64-h200-wide-greedy"))
+    assert [s.split(":")[0] for s in said[at + 1 : at + 5]] == [
+        "    why on A, as the client saw it",
+        "    why on A, kernel by kernel",
+        "    why on B, as the client saw it",
+        "    why on B, kernel by kernel",
+    ]
+    assert "decode step 8.39 → 7.36 ms" in said[at + 2] and said[at + 2].endswith(said[at + 4].split(": ", 1)[1])
+    why = pl.read_csv(tmp_path / "out/tables/compare_why.csv")
+    assert why.height == 2 and (why["why_kernels_a"] == why["why_kernels_b"]).all()
+
+
 COMMITTED = {
     # folder under docs/comparisons: (A, B, config files), as each folder's README builds it
     "h200-chain-11-29-vs-11-30": ("h200-2026-11-29-remeasured", "h200-2026-11-30-chain", ["config/h200-smoke.yaml"]),
