@@ -15,8 +15,8 @@ FLOORS = ["core", "models", "planning", "probes", "serving", "measuring", "analy
 # acts: the quality probe (a stack's last job of run 0), the profiler (a profiled cell's run 0),
 # traffic (open-loop and trace loads), gguf (llama.cpp's stacks). docs/architecture.md's "The path of one cell" walks through them.
 CELL_PATH = {
-    "core": ["apikey", "awake", "errors", "facts", "intervals", "loads", "numbers", "plausible", "procs", "quality",
-             "record", "requestlog", "results", "specs", "trace_split"],
+    "core": ["apikey", "awake", "errors", "facts", "loads", "numbers", "plausible", "procs", "quality",
+             "record", "requestlog", "results", "spans", "specs", "trace_split"],
     "models": ["checkpoint", "prompts"],
     "probes": ["loadgen", "loadspec", "slo", "telemetry"],
     "serving": ["caches", "daemon", "lease", "serverlog", "session", "session_state", "stacks"],

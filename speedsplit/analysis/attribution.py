@@ -1,5 +1,5 @@
 """Decompose an end-to-end speedup along a chain of stacks into factors that multiply exactly,
-with 95% intervals (speedsplit/analysis/estimate.py), log shares, the runtime-share crossover
+with 95% intervals (speedsplit/analysis/run_estimates.py), log shares, the runtime-share crossover
 and cross-model spread.
 
 Pure functions over plain numbers: a speed per stack and run (higher is faster).
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from speedsplit.analysis import estimate as est
+from speedsplit.analysis import run_estimates as est
 
 # Below this |ln total| (a total within about 5% of 1) log shares divide by almost zero.
 MIN_ABS_LOG_TOTAL = math.log(1.05)

@@ -2,7 +2,7 @@
 for every stack and cell both measured, its throughput and latency on each side and the ratio
 B / A; for every chain factor both sides defined, the factor on each side and its ratio B / A.
 Values over runs are geometric means; intervals are 95% t over each side's runs apart
-(speedsplit/analysis/estimate.py).
+(speedsplit/analysis/run_estimates.py).
 The two sides may come from different hardware: nothing is pooled, only ratios are taken.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from speedsplit.analysis import estimate as est
+from speedsplit.analysis import run_estimates as est
 from speedsplit.analysis.chains import clean_runs
 
 STACK_KEYS = ["model", "stack", "topology", "cell"]

@@ -18,7 +18,7 @@ and the operational number telescopes exactly into the matched one and two confo
      operational     =      matched       x   batch ceiling   x      sampling
 
 Values are over each group's runs (geometric means); intervals 95% t over each (stack,
-sampling) group's runs apart (speedsplit/analysis/estimate.py: a log-linear contrast).
+sampling) group's runs apart (speedsplit/analysis/run_estimates.py: a log-linear contrast).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Collection
 
 import polars as pl
 
-from speedsplit.analysis import estimate as est
+from speedsplit.analysis import run_estimates as est
 from speedsplit.analysis.chains import clean_runs
 
 FACTORIAL_SCHEMA = {

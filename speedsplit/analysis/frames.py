@@ -14,7 +14,7 @@ import re
 import numpy as np
 import polars as pl
 
-from speedsplit.analysis import estimate as est
+from speedsplit.analysis import run_estimates as est
 from speedsplit.core import plausible
 from speedsplit.core.errors import UserError
 from speedsplit.core.record import RunResult
@@ -330,7 +330,7 @@ def clean_runs(df: pl.DataFrame, tolerate_flags: Collection[str] = ()) -> tuple[
 
 def cells_frame(runs: pl.DataFrame, tolerate_flags: Collection[str] = ()) -> pl.DataFrame:
     """One row per (model, stack, topology, cell): each measured value over runs (the geometric
-    mean, with its 95% t interval: speedsplit/analysis/estimate.py) from the runs a factor may
+    mean, with its 95% t interval: speedsplit/analysis/run_estimates.py) from the runs a factor may
     use (clean_runs), else, where none is clean, from the flagged ones (values_from says which);
     telemetry as medians over those runs."""
     rows = []

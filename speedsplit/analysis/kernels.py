@@ -1,6 +1,6 @@
 """The INT4 kernel sweep: every GPTQ stack's throughput over the FP16 reference's at each cell
 (the same checkpoint on another kernel is another stack), with the kernel its engine reported
-and a 95% t interval over both stacks' clean runs (speedsplit/analysis/estimate.py)."""
+and a 95% t interval over both stacks' clean runs (speedsplit/analysis/run_estimates.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Collection
 
 import polars as pl
 
-from speedsplit.analysis import estimate as est
+from speedsplit.analysis import run_estimates as est
 from speedsplit.analysis.chains import clean_runs
 from speedsplit.models.checkpoint import INT4_FORMATS
 

@@ -40,7 +40,7 @@ from collections.abc import Collection
 
 import polars as pl
 
-from speedsplit.analysis import estimate as est
+from speedsplit.analysis import run_estimates as est
 from speedsplit.analysis.frames import CELL_KEYS, OPEN_LOOP_CELL, RUNS_SCHEMA, clean_runs
 
 # Below this share of the slower side's latency, a change is too small to split into parts.

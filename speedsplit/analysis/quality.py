@@ -24,7 +24,7 @@ import math
 
 import polars as pl
 
-from speedsplit.analysis.estimate import LEVEL, t_quantile
+from speedsplit.analysis.run_estimates import LEVEL, t_quantile
 from speedsplit.core.quality import QualityRecord
 
 STACK_SCHEMA = {

@@ -17,7 +17,7 @@ import polars as pl
 
 from speedsplit.analysis import attribution as attr
 from speedsplit.analysis.chains import clean_runs
-from speedsplit.core.intervals import length, union
+from speedsplit.core.spans import length, union
 
 KEYS = ["model", "stack", "cell", "users", "workload", "sampling", "prompt_tokens", "output_tokens"]
 

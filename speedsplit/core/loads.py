@@ -110,8 +110,9 @@ class TraceReplay(_Load):
 
 
 @dataclass(frozen=True)
-class Arrival:
-    """One request of an open loop's or a trace's measured phase (made by core/traffic.py)."""
+class DueRequest:
+    """One request of an open loop's or a trace's measured phase and when it is due (made by
+    core/traffic.py; the workload's arrival process is planning/workload_config.Arrival)."""
 
     due_s: float  # seconds after the phase's start
     prompt_tokens: int

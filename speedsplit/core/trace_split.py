@@ -23,7 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from speedsplit.core.intervals import length, union
+from speedsplit.core.spans import length, union
 
 # In order of precedence: an event matching several patterns goes to the first.
 PATTERNS: dict[str, re.Pattern] = {

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speedsplit.core.errors import UserError
-from speedsplit.core.loads import Arrival
+from speedsplit.core.loads import DueRequest
 
 PATTERNS = ("poisson", "gamma", "constant")
 
@@ -122,7 +122,7 @@ def lengths(mix: dict, prompt_tokens: int, output_tokens: int, n: int, rng: rand
 
 def schedule(
     arrival: dict, mix: dict, prompt_tokens: int, output_tokens: int, seed: int, max_model_len: int
-) -> list[Arrival]:
+) -> list[DueRequest]:
     """The measured phase of an open-loop cell: every request's due time and lengths, from the
     seed alone. A lognormal draw is capped to fit the model's context; a fixed or listed
     length beyond it is an error naming it."""
@@ -143,7 +143,7 @@ def schedule(
             raise TrafficError(
                 f"request {i} of the length mix needs {p} + {o} tokens, beyond the model's context ({max_model_len})"
             )
-    return [Arrival(t, p, o) for t, (p, o) in zip(due, sizes)]
+    return [DueRequest(t, p, o) for t, (p, o) in zip(due, sizes)]
 
 
 # --- trace replay -----------------------------------------------------------------------------
@@ -180,7 +180,7 @@ def _trace_lines(path: Path):
         raise TrafficError(f"trace {path}: unreadable after line {n} ({what}: {exc})") from None
 
 
-def read_trace(w: TraceWindow, max_model_len: int) -> tuple[list[Arrival], dict[str, int]]:
+def read_trace(w: TraceWindow, max_model_len: int) -> tuple[list[DueRequest], dict[str, int]]:
     """A window of a Mooncake-format trace (JSON lines: timestamp ms, input_length,
     output_length, hash_ids of block_tokens-token prompt blocks; plain or gzipped) as a
     schedule, and what fitting it did: {"skipped": n, "capped": n} (requests beyond the
@@ -197,7 +197,7 @@ def read_trace(w: TraceWindow, max_model_len: int) -> tuple[list[Arrival], dict[
     if w.over_context not in ("skip", "cap"):
         raise TrafficError(f"trace {path.name}: over_context is skip or cap, not {w.over_context!r}")
     block = max(1, round(w.block_tokens * w.length_scale))
-    out: list[Arrival] = []
+    out: list[DueRequest] = []
     counts = {"skipped": 0, "capped": 0}
     t_first = None
     for n, line in _trace_lines(path):
@@ -227,8 +227,8 @@ def read_trace(w: TraceWindow, max_model_len: int) -> tuple[list[Arrival], dict[
                 continue
             prompt = max_model_len - output
             counts["capped"] += 1
-        out.append(Arrival(at / w.speedup, prompt, output, tuple(int(i) for i in ids[: math.ceil(prompt / block)])))
+        out.append(DueRequest(at / w.speedup, prompt, output, tuple(int(i) for i in ids[: math.ceil(prompt / block)])))
     if not out:
         raise TrafficError(f"trace {path.name}: no request in the window")
     t0 = out[0].due_s
-    return [Arrival(a.due_s - t0, a.prompt_tokens, a.output_tokens, a.blocks) for a in out], counts
+    return [DueRequest(a.due_s - t0, a.prompt_tokens, a.output_tokens, a.blocks) for a in out], counts

@@ -23,7 +23,7 @@ from typing import Callable
 import aiohttp
 
 from speedsplit.core import apikey, awake
-from speedsplit.core.loads import Arrival, ClosedLoopSettings
+from speedsplit.core.loads import DueRequest, ClosedLoopSettings
 from speedsplit.core.record import Distribution, InstanceLoad, Summary
 from speedsplit.core.requestlog import RequestRecord
 from speedsplit.probes import slo
@@ -191,7 +191,7 @@ async def _phase(
         """Each scheduled request sent when due, however many are in flight."""
         sent = []
 
-        async def one(i: int, a: Arrival) -> None:
+        async def one(i: int, a: DueRequest) -> None:
             nonlocal done
             url = spec.urls[i % len(spec.urls)]
             rec = RequestRecord(user=0, index=i, phase=phase, url=url, sent=time.perf_counter() - t0, due=a.due_s)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from speedsplit.core.loads import Arrival, ClosedLoop, ClosedLoopSettings, OpenLoop, TraceReplay
+from speedsplit.core.loads import DueRequest, ClosedLoop, ClosedLoopSettings, OpenLoop, TraceReplay
 from speedsplit.core.record import OUTLIER_FACTOR, OUTLIER_MIN_S
 from speedsplit.core.specs import CellParams, StackSpec
 from speedsplit.models.prompts import block_prompts, load_tokenizer, prompts_of, token_counter
@@ -48,7 +48,7 @@ class LoadSpec:
     outlier_factor: float = OUTLIER_FACTOR  # a latency outlier: see latency_outliers
     outlier_min_s: float = OUTLIER_MIN_S
     closed: ClosedLoopSettings = field(default_factory=ClosedLoopSettings)  # how the users behave (closed loop)
-    schedule: list[Arrival] | None = None  # measured phase open loop: these requests, when due
+    schedule: list[DueRequest] | None = None  # measured phase open loop: these requests, when due
     fitted: dict | None = None  # trace replay: {"skipped": n, "capped": n} (read_trace)
     api_key: str | None = field(default=None, repr=False)  # sent with every request (core/apikey.py)
     # the model's tokenizer as a count of a text's tokens (no special tokens): a stream's text

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from speedsplit.analysis import estimate as E
+from speedsplit.analysis import run_estimates as E
 
 
 @pytest.mark.parametrize(("df", "q"), [(1, 12.7062), (2, 4.3027), (5, 2.5706), (30, 2.0423), (1000, 1.9623)])

@@ -174,9 +174,9 @@ def test_open_loop_sends_each_request_when_due_with_its_own_lengths(server_url):
     """A schedule: requests go out at their due times whatever is in flight (every one here
     takes longer than the gap to the next), each with its own prompt and output length, all
     verified; the client's lag and the offered rate are in the summary."""
-    from speedsplit.core.loads import Arrival
+    from speedsplit.core.loads import DueRequest
 
-    sched = [Arrival(i * 0.01, 3 + i % 4, 20 + i % 7) for i in range(40)]  # 100 requests/s
+    sched = [DueRequest(i * 0.01, 3 + i % 4, 20 + i % 7) for i in range(40)]  # 100 requests/s
     prompts = ["w1"] + [" ".join(["w"] * a.prompt_tokens) for a in sched]  # the warm-up's, then each one's
     s, records = loadgen.run(
         spec(server_url, users=1, warmup_requests=1, prompts=prompts, schedule=sched, prompt_tokens=1)

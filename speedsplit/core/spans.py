@@ -1,4 +1,4 @@
-"""Time intervals (start, end): merged, measured, intersected. For GPU trace events and for
+"""Time spans (start, end): merged, measured, intersected. For GPU trace events and for
 how long each card was busy."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-from speedsplit.core.intervals import length, overlap, union
+from speedsplit.core.spans import length, overlap, union
 
 
 def test_union_length_and_overlap():
