@@ -107,3 +107,22 @@ def test_a_speculative_stack_says_how_much_of_its_drafts_it_accepted():
     row = M.mechanism_frame(frame(rows), {"c": ["plain", "spec"]}).row(0, named=True)
     assert row["acceptance_from"] is None and row["acceptance_to"] == 0.7
     assert M.why_words(row).endswith("after the step, a speculative decoder accepted 70% of its drafted tokens")
+
+
+def test_the_time_saved_splits_with_the_clients_offsets_taken_out():
+    """Two stacks whose first tokens come alike (70 ms) but whose client read one 2 ms late: the
+    first token's share of the 46 ms saved is its truth, 0, not 2/46, once the calibrated
+    offsets are out; the factors stay as measured."""
+    offsets = [(0.0005, 0.0007), (0.0025, 0.0027)]  # (ttft, e2e): the uncontended client's, per stack
+    rows = []
+    for stack, e2e, off in (("lazy", 0.3, offsets[0]), ("quick", 0.254, offsets[1])):
+        for r in (0, 1):
+            ttft, e = 0.07 + off[0], e2e + off[1]
+            rows.append(
+                run(stack, r, tok_s=6 * 24 / e, wall=e * 4, done=24, e2e=e, ttft=ttft)
+                | {"client_least_ttft_s": off[0], "client_least_e2e_s": off[1]}
+            )
+    row = M.mechanism_frame(frame(rows), {"c": ["lazy", "quick"]}).row(0, named=True)
+    assert row["e2e_saved_s"] == pytest.approx(0.046) and row["ttft_saved_s"] == pytest.approx(0.0, abs=1e-12)
+    assert row["decode_share"] == pytest.approx(1.0) and row["ttft_share"] == pytest.approx(0.0, abs=1e-9)
+    assert row["latency_factor"] == pytest.approx((0.3 + 0.0007) / (0.254 + 0.0027), rel=1e-12)
