@@ -327,10 +327,15 @@ def _check_coordination(config: dict) -> None:
 
 def _check_mechanism(config: dict) -> None:
     pr = studies_config.mechanism_config(config).profile
-    known = {c.name for c in cells(config)}
+    known = {c.name: c for c in cells(config)}
     for i, name in enumerate(pr.cells):
         if name not in known:
             raise ConfigError(f"config error at mechanism.profile.cells[{i}]: unknown cell {name!r}")
+        if not known[name].users:  # the window is one request per user, all decoding together
+            raise ConfigError(
+                f"config error at mechanism.profile.cells[{i}]: {name!r} is an open-loop or trace cell "
+                "(a profiled window is one request per user of a closed-loop cell)"
+            )
     for i, name in enumerate(pr.stacks or []):
         if name not in config["stacks"] or stack_config.stack_config(config, name).dialect != "vllm":
             raise ConfigError(

@@ -247,8 +247,18 @@ def test_a_profiled_window_goes_with_run_0_of_each_named_cell_on_each_vllm_stack
     [
         ({"cells": ["no-such-cell"]}, "mechanism.profile.cells[0]: unknown cell 'no-such-cell'"),
         ({"cells": [], "stacks": ["hf-fp16"]}, "mechanism.profile.stacks[0]: 'hf-fp16' is not a vLLM stack"),
+        ({"cells": ["r4-mix-greedy"]}, "mechanism.profile.cells[0]: 'r4-mix-greedy' is an open-loop or trace cell"),
     ],
 )
 def test_a_profile_of_an_unknown_cell_or_of_a_stack_without_the_profiler_is_refused(profile, said):
+    mix = {
+        "workloads": {"mix": {"prompt_tokens": 16, "output_tokens": 16, "arrival": {"rates": [4], "requests": 8}}},
+        "grid": {
+            "cells": [
+                {"users": 2, "workload": "wide", "sampling": "greedy"},
+                {"users": 1, "workload": "mix", "sampling": "greedy"},
+            ]
+        },
+    }
     with pytest.raises(C.ConfigError, match=re.escape(said)):
-        C.validate(C.merge(C.load(REPO / "config/config.yaml"), {"mechanism": {"profile": profile}}))
+        C.validate(C.merge(C.load(REPO / "config/config.yaml"), {**mix, "mechanism": {"profile": profile}}))
