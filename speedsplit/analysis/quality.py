@@ -21,6 +21,7 @@ On random or dummy weights every row says that its figures say nothing.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import polars as pl
 
@@ -84,6 +85,7 @@ STEP_SCHEMA = STEP_KEYS | {
     "quality_share": pl.Float64,
     "gate": pl.Float64,
     "passes": pl.Boolean,
+    "lossless": pl.Boolean,
     "note": pl.String,
 }
 
@@ -266,9 +268,12 @@ def steps_frame(
     attribution: pl.DataFrame | None,
     gate: float,
     variants: dict[tuple[str, str, str], str] | None = None,
+    lossless: Collection[str] = (),
 ) -> pl.DataFrame:
     """One row per chain step whose two stacks were probed; `variants` (each stack's weights:
-    fp16, gptq ...) tells the steps that keep the weights and change only what serves them."""
+    fp16, gptq ...) tells the steps that keep the weights and change only what serves them; a
+    step to a `lossless` stack (speculative decoding) fails its gate where any of its greedy
+    continuations differs from the stack before's."""
     variants = variants or {}
     rows = []
     for model, topology in sorted({(m, t) for m, t, _ in records}):
@@ -308,6 +313,13 @@ def steps_frame(
                 ratio = perplexity_ratio(ra, rb)
                 row["perplexity_ratio"], row["perplexity_ratio_lo"], row["perplexity_ratio_hi"] = ratio
                 row |= _gate(rec, ref, members[0], b, gate)
+                if b in lossless and row.get("prompts"):  # greedy speculative decoding changes no token
+                    differ = row["prompts"] - row["agree"]
+                    row["lossless"] = differ == 0
+                    if differ:
+                        said = f"NOT LOSSLESS: {differ} of {row['prompts']} greedy continuations differ from {a}'s"
+                        row["note"] = "; ".join(n for n in (said, row["note"]) if n)
+                        row["passes"] = False
                 rows.append(row)
     return pl.DataFrame(rows, schema=STEP_SCHEMA)
 
@@ -343,7 +355,8 @@ def quality_frames(results, chains, steps, attribution, gate: float) -> dict[str
             variants[(r.model, r.topology, r.stack)] = r.job.stack.variant
     from speedsplit.analysis.quality_tasks import tasks_frame
 
-    step_rows = steps_frame(records, chains, steps, attribution, gate, variants)
+    lossless = {r.stack for r in results if getattr(r.job.stack, "lossless", False)}  # a StackDef (v2) has none
+    step_rows = steps_frame(records, chains, steps, attribution, gate, variants, lossless)
     return {
         "quality_stacks": stacks_frame(records),
         "quality": step_rows,

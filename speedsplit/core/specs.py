@@ -62,6 +62,9 @@ class StackSpec(BaseModel):
     kv_cache_gib: int | float | None = Field(None, description="the KV cache sized by hand (vLLM on a card)")
     host_cache_cap: bool = Field(False, description="a CPU server sizes its caches from its share of host memory")
     keep_alive: bool = Field(True, description="the client reuses a connection for the next request")
+    lossless: bool = Field(
+        False, description="its greedy answers must be the chain's stack before it's, token for token"
+    )
     # set by the session plan (planning/plan.SessionPlan.with_startup), not by the config's cell
     startup_timeout_s: float | None = Field(None, description="seconds the server may take to be ready")
     api_key: bool = Field(False, description="the server demands a key (benchmark.api_key)")

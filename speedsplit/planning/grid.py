@@ -6,6 +6,8 @@ resolved sections. Every function takes the validated config (speedsplit/plannin
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,14 +60,15 @@ def weights(entry: StackConfig) -> str:
 
 def chain_steps(config: dict) -> dict[str, list[str]]:
     """What each step of each chain changes, in words, from the two stacks' definitions:
-    'runtime' (HF to vLLM, same weights), 'INT4 weights + kernel' (FP16 to GPTQ or AWQ, when
-    the chain has no later kernel step), 'INT4 format' and 'kernel' (when it has: GPTQ to GPTQ
-    is a kernel change; GPTQ to AWQ is a format change), 'FP8 weights + activations' (to vLLM's
-    FP8), 'GGUF Q8_0 weights' (to a llama.cpp quantized file), 'batch ceiling' (HF to HF, stock
-    generate() at another --max-batch), 'scheduler' (HF to HF otherwise), 'prefix caching' (vLLM
-    to vLLM, its prefix-caching switch alone), 'configuration' (one engine otherwise, same
-    weights); 'runtime' also names a change of engine on the same 16-bit weights (vLLM FP16 to
-    llama.cpp F16). Two steps of one chain that would read alike each name their stacks."""
+        'runtime' (HF to vLLM, same weights), 'INT4 weights + kernel' (FP16 to GPTQ or AWQ, when
+        the chain has no later kernel step), 'INT4 format' and 'kernel' (when it has: GPTQ to GPTQ
+        is a kernel change; GPTQ to AWQ is a format change), 'FP8 weights + activations' (to vLLM's
+        FP8), 'GGUF Q8_0 weights' (to a llama.cpp quantized file), 'batch ceiling' (HF to HF, stock
+        generate() at another --max-batch), 'scheduler' (HF to HF otherwise), 'prefix caching' (vLLM
+        to vLLM, its prefix-caching switch alone), 'speculative decoding (ngram)' (to a vLLM stack
+    with a --speculative-config, its method named), 'configuration' (one engine otherwise, same
+        weights); 'runtime' also names a change of engine on the same 16-bit weights (vLLM FP16 to
+        llama.cpp F16). Two steps of one chain that would read alike each name their stacks."""
     out = {}
     for name, chain in config["chains"].items():
         entries = [stack_config(config, s) for s in chain]  # a stack may come twice
@@ -86,6 +89,8 @@ def chain_steps(config: dict) -> dict[str, list[str]]:
                 steps.append("runtime")
             elif family(b) == "hf":
                 steps.append("batch ceiling" if _only(a, b, "--max-batch") else "scheduler")
+            elif _speculative(b) and not _speculative(a):
+                steps.append(f"speculative decoding ({_speculative(b)})")
             else:
                 steps.append("prefix caching" if _only_prefix_caching(a, b) else "configuration")
         # one name, one step: where two steps of a chain would read alike, each names its stacks
@@ -101,6 +106,20 @@ def _only(a: StackConfig, b: StackConfig, flag: str) -> bool:
         return [x for i, x in enumerate(args) if x != flag and (i == 0 or args[i - 1] != flag)]
 
     return a.args != b.args and without(a.args) == without(b.args)
+
+
+def _speculative(s: StackConfig) -> str | None:
+    """The speculative method a stack's vLLM server is given (--speculative-config's method,
+    else its draft model's), or None."""
+    args = s.args
+    for i, arg in enumerate(args[:-1]):
+        if arg == "--speculative-config":
+            try:
+                spec = json.loads(args[i + 1].replace("{{", "{").replace("}}", "}"))
+            except ValueError:
+                return "speculative"
+            return str(spec.get("method") or ("draft model" if spec.get("model") else "speculative"))
+    return None
 
 
 def _only_prefix_caching(a: StackConfig, b: StackConfig) -> bool:
@@ -346,6 +365,7 @@ def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[st
         "host_cache_cap": plat == "cpu" and entry.on_cpu.host_cache_cap,
         # named only where it is off: every other stack's params (and finished cells) stay as they were
         **({} if entry.keep_alive else {"keep_alive": False}),
+        **({"lossless": True} if entry.lossless else {}),
     }
 
 

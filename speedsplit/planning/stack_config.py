@@ -109,6 +109,12 @@ class StackConfig(Entry):
         description="Regex the linear kernel reported in the engine log must match; a run whose kernel differs "
         "is flagged. Empty: no expectation.",
     )
+    lossless: bool = Field(
+        False,
+        description="Its greedy answers must be token for token those of the stack before it in a chain "
+        "(speculative decoding): a step to it whose quality probe's continuations differ fails its gate, "
+        "and says so.",
+    )
     card_memory_gib: Positive | None = Field(
         None, description="This stack's memory cap (see the top-level key); null - the top-level value."
     )

@@ -162,12 +162,14 @@ def test_step_names_follow_what_changes_between_the_stacks():
         "format": ["hf-fp16", "vllm-fp16", "vllm-gptq-triton", "vllm-marlin"],
         "hf": ["hf-generate", "hf-fp16", "vllm-fp16"],
         "prefix": ["vllm-fp16-noprefix", "vllm-fp16"],
+        "speculative": ["vllm-fp16", "vllm-fp16-ngram"],
     }
     assert C.chain_steps(cfg) == {
         "study": ["runtime", "INT4 weights + kernel"],
         "format": ["runtime", "INT4 format", "kernel"],
         "hf": ["scheduler", "runtime"],
         "prefix": ["prefix caching"],
+        "speculative": ["speculative decoding (ngram)"],
     }
     cfg["stacks"]["vllm-fp16-noprefix"]["args"] += ["--max-num-seqs", "8"]  # more than the switch: not that step
     assert C.chain_steps(cfg)["prefix"] == ["configuration"]

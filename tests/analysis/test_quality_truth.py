@@ -181,3 +181,23 @@ def test_a_stop_signal_ends_the_probe(tiny_model):
     with procs.stop_on_signals(), pytest.raises(procs.Stop):
         quality.run(url, "m", "vllm", PROBE, tiny_model)
     assert len(seen) == 3  # nothing asked after the stop
+
+
+def test_a_lossless_step_fails_its_gate_on_any_continuation_that_differs(probed):
+    """A speculative stack (lossless: true) must answer greedily as the stack before it: ref-b
+    diverges from ref-a on a known share of the prompts, a copy of ref-a on none."""
+    records = {**probed, ("tiny", "tp1", "ref-same"): probed[("tiny", "tp1", "ref-a")]}
+    steps = Q.steps_frame(
+        records,
+        {"spec": ["ref-a", "ref-b"], "same": ["ref-a", "ref-same"]},
+        {},
+        None,
+        gate=0.5,
+        lossless={"ref-b", "ref-same"},
+    )
+    rows = {r["to_stack"]: r for r in steps.iter_rows(named=True)}
+    b = rows["ref-b"]
+    differ = b["prompts"] - b["agree"]
+    assert differ > 0 and b["lossless"] is False and b["passes"] is False
+    assert b["note"].startswith(f"NOT LOSSLESS: {differ} of 16 greedy continuations differ from ref-a's")
+    assert rows["ref-same"]["lossless"] is True and rows["ref-same"]["passes"] is True
