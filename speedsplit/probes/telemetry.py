@@ -33,6 +33,9 @@ COUNTERS = {
     "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
     "spec_accepted": "vllm:spec_decode_num_accepted_tokens_total",
 }
+# Another engine's name for the same counter, read where vLLM's is absent: llama.cpp's server
+# counts its llama_decode() calls, one a step of its slots (a long prompt's batches several).
+ALSO = {"engine_steps": "llamacpp:n_decode_total"}
 # Above this prefix-cache hit rate with distinct prompts, something is reusing work it should not.
 PREFIX_HIT_FLAG = 0.05
 
@@ -62,7 +65,7 @@ class ServerProbe:
         self.urls, self.timeout_s, self.absent = urls, timeout_s, None
         self._headers = apikey.headers(api_key)  # llama.cpp asks /metrics for the key too
         self.misses: list[tuple[float, str]] = []
-        self.names = set(GAUGES.values()) | set(COUNTERS.values())
+        self.names = set(GAUGES.values()) | set(COUNTERS.values()) | set(ALSO.values())
 
     def read(self) -> dict[str, float] | None:
         total: dict[str, float] = {}
@@ -237,6 +240,9 @@ def server_summary(
         b = [s[name] for t, s in samples if t >= end and name in s]
         return max(0.0, b[0] - a[-1]) if a and b else None
 
+    def first(*values):
+        return next((v for v in values if v is not None), None)
+
     kv, running, waiting = gauge(GAUGES["kv_cache"]), gauge(GAUGES["running"]), gauge(GAUGES["waiting"])
     hits, queries = delta(COUNTERS["prefix_hits"]), delta(COUNTERS["prefix_queries"])
     rate = hits / queries if hits is not None and queries else None
@@ -252,7 +258,7 @@ def server_summary(
         prefix_cache_hits=hits,
         prefix_cache_queries=queries,
         prefix_cache_hits_flagged=rate is not None and rate > PREFIX_HIT_FLAG,
-        engine_steps=settled(COUNTERS["engine_steps"]),
+        engine_steps=first(settled(COUNTERS["engine_steps"]), settled(ALSO["engine_steps"])),
         engine_tokens=settled(COUNTERS["engine_tokens"]),
         spec_drafts=settled(COUNTERS["spec_drafts"]),
         spec_draft_tokens=settled(COUNTERS["spec_draft_tokens"]),

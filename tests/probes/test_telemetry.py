@@ -223,3 +223,11 @@ def test_engine_steps_run_from_the_reading_between_the_phases_to_the_first_after
     ]
     s = T.server_summary(samples, 1.0, 3.0)
     assert s.engine_steps == 120.0 and s.engine_tokens is None  # the sum was not exposed
+
+
+def test_llama_cpp_counts_its_steps_as_its_decode_calls():
+    """llama.cpp's server has no vLLM step histogram; its llama_decode() calls are its steps."""
+    steps = "llamacpp:n_decode_total"
+    samples = [(0.9, {steps: 40.0}), (2.0, {steps: 90.0}), (3.1, {steps: 140.0})]
+    s = T.server_summary(samples, 1.0, 3.0)
+    assert s.engine_steps == 100.0 and s.engine_tokens is None

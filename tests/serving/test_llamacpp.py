@@ -98,6 +98,8 @@ def test_a_chain_crosses_engines_and_is_decomposed(tmp_path):
         assert s["wrong_prompt_length"] == 0 and s["wrong_output_length"] == 0, path
         if "/llamacpp-" in str(path):
             assert r["weights"]["variant"] == "gguf"
+            # its engine's steps are its llama_decode() calls (llamacpp:n_decode_total)
+            assert r["telemetry"]["server"]["engine_steps"] > 0, path
     log = next((tmp_path / "results/logs/sessions").glob("tiny__llamacpp-q8_0__*.server0.log")).read_text()
     assert "llama-server" in log.splitlines()[0] and "--host 127.0.0.1" in log.splitlines()[0]
 
