@@ -94,6 +94,12 @@ SCHEMA = {
     "engine_tokens_per_step_to": pl.Float64,
     "running_from": pl.Float64,  # the engine's mean running batch
     "running_to": pl.Float64,
+    "kv_cache_peak_from": pl.Float64,  # the engine's KV cache at its fullest (share of it)
+    "kv_cache_peak_to": pl.Float64,
+    "preemptions_from": pl.Float64,  # requests the engine preempted (out of KV cache), a run's mean
+    "preemptions_to": pl.Float64,
+    "prefix_hit_rate_from": pl.Float64,  # the share of prompt tokens its prefix cache served
+    "prefix_hit_rate_to": pl.Float64,
     "acceptance_from": pl.Float64,  # a speculative decoder's accepted / drafted tokens (null: not one)
     "acceptance_to": pl.Float64,
     "note": pl.Utf8,
@@ -123,6 +129,9 @@ def parts(row: dict) -> dict[str, float] | None:
             out["B"] = row["running_mean"]
     if row.get("spec_acceptance") is not None:
         out["A"] = row["spec_acceptance"]
+    for key, column in (("V", "kv_cache_peak"), ("P", "preemptions"), ("H", "prefix_cache_hit_rate")):
+        if row.get(column) is not None:  # what the engine's memory did, where it said
+            out[key] = row[column]
     return out
 
 
@@ -160,6 +169,8 @@ def step_row(a: dict[int, dict], b: dict[int, dict], paired: bool) -> dict:
         }
 
     engine = sides("acceptance", "A", apart=True)
+    engine |= sides("kv_cache_peak", "V", apart=True) | sides("preemptions", "P", apart=True)
+    engine |= sides("prefix_hit_rate", "H", apart=True)
     if all("S" in p for p in (*a.values(), *b.values())):
         rate, per_step = ratio("S"), ratio("K")
         engine |= {
@@ -263,4 +274,8 @@ def why_words(row: dict) -> str | None:
         for side, v in accepted
         if v is not None
     )
+    pre = (row.get("preemptions_from"), row.get("preemptions_to"))
+    if any(pre) and None not in pre:  # the engine ran out of KV cache on a side
+        said += f"; preemptions {pre[0]:.3g} → {pre[1]:.3g} a run (KV cache at its fullest "
+        said += f"{_pct(row['kv_cache_peak_from'] or 0)} → {_pct(row['kv_cache_peak_to'] or 0)})"
     return said

@@ -126,3 +126,21 @@ def test_the_time_saved_splits_with_the_clients_offsets_taken_out():
     assert row["e2e_saved_s"] == pytest.approx(0.046) and row["ttft_saved_s"] == pytest.approx(0.0, abs=1e-12)
     assert row["decode_share"] == pytest.approx(1.0) and row["ttft_share"] == pytest.approx(0.0, abs=1e-9)
     assert row["latency_factor"] == pytest.approx((0.3 + 0.0007) / (0.254 + 0.0027), rel=1e-12)
+
+
+def test_what_the_engines_memory_did_stands_beside_the_step_and_preemptions_are_said():
+    rows = [
+        run("fp16", r, tok_s=100.0, wall=2.0, done=8, e2e=1.0, ttft=0.5)
+        | {"kv_cache_peak": 1.0, "preemptions": 6.0 + 2 * r, "prefix_cache_hit_rate": 0.0}
+        for r in (0, 1)
+    ] + [
+        run("int4", r, tok_s=150.0, wall=2.0, done=12, e2e=0.66, ttft=0.3)
+        | {"kv_cache_peak": 0.5, "preemptions": 0.0, "prefix_cache_hit_rate": 0.0}
+        for r in (0, 1)
+    ]
+    row = M.mechanism_frame(frame(rows), {"c": ["fp16", "int4"]}).row(0, named=True)
+    assert (row["kv_cache_peak_from"], row["kv_cache_peak_to"]) == (1.0, 0.5)
+    assert (row["preemptions_from"], row["preemptions_to"]) == (7.0, 0.0) and row["prefix_hit_rate_to"] == 0.0
+    assert M.why_words(row).endswith("; preemptions 7 → 0 a run (KV cache at its fullest 100% → 50%)")
+    quiet = [r | {"preemptions": 0.0} for r in rows]
+    assert "preemptions" not in M.why_words(M.mechanism_frame(frame(quiet), {"c": ["fp16", "int4"]}).row(0, named=True))
