@@ -2,9 +2,8 @@
 belongs to, and the lane order that lets consecutive jobs reuse one running server.
 
 Jobs of one session run back to back in one lane; lanes run in parallel up to the GPUs
-available. Sessions are ordered run-major (run 0 of every stack, then run 1, ...), the stacks'
-order reversed on every other run, so slow drift of the machine spreads over all stacks
-instead of biasing one.
+available. Sessions are ordered run-major (run 0 of every stack, then run 1, ...) so slow
+drift of the machine spreads over all stacks instead of biasing one.
 """
 
 from __future__ import annotations
@@ -31,9 +30,7 @@ def session_key(config: dict, job: BenchJob) -> str:
 
 
 def bench_jobs(config: dict) -> list[BenchJob]:
-    """Every benchmark job, in lane order (sessions run-major, cells in config order). Run by
-    run the stacks alternate their order (A B C, then C B A, ...): a drift of the machine over
-    the workflow then falls on every stack alike instead of always on the last."""
+    """Every benchmark job, in lane order (sessions run-major, cells in config order)."""
     cells = cfgmod.cells(config)
     jobs = []
 
@@ -53,8 +50,7 @@ def bench_jobs(config: dict) -> list[BenchJob]:
                         jobs += of(model, stack, topology, run)
                 continue
             for run in range(grid_config(config).runs):
-                stacks = cfgmod.bench_stacks(config, topology)
-                for stack in stacks if run % 2 == 0 else stacks[::-1]:
+                for stack in cfgmod.bench_stacks(config, topology):
                     jobs += of(model, stack, topology, run)
     return jobs
 

@@ -19,9 +19,6 @@ def test_every_job_once_in_run_major_lane_order(cfg):
     assert [j.run for j in jobs[:12]] == [0] * 12  # run 0 of every stack first
     assert jobs[0].result == "results/bench/tiny/hf-fp16/tp1/u2-wide-greedy/run0.json"
     assert jobs[0].requests.endswith("run0.requests.jsonl")
-    # the stacks alternate their order run by run: a drift falls on every stack alike
-    order = [j.stack for j in jobs[::4]]
-    assert order == ["hf-fp16", "vllm-fp16", "vllm-marlin", "vllm-marlin", "vllm-fp16", "hf-fp16"]
 
 
 def test_one_lane_on_cpu_chains_every_job(cfg):
