@@ -24,8 +24,8 @@ from speedsplit.probes.loadspec import cell_load
 from speedsplit.models.checkpoint import model_identity
 from speedsplit.core.specs import SessionPlan
 from speedsplit.probes import loadgen
-from speedsplit.core.trace_split import split_trace
-from speedsplit.probes.profiler import post, profiler_args, read_trace, trace_files, wait_for_traces
+from speedsplit.core.trace_split import ProfileWindow, split_trace
+from speedsplit.probes.profiler import post, read_trace, trace_files, wait_for_traces
 from speedsplit.serving import session as sessions
 
 
@@ -63,7 +63,14 @@ def profile_cell(
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "status": "error",
     }
-    profiled = stack.model_copy(update={"args": [*stack.args, *profiler_args(trace_dir, delay_iterations, iterations)]})
+    profiled = stack.model_copy(
+        update={
+            "args": [
+                *stack.args,
+                *ProfileWindow(delay_iterations=delay_iterations, iterations=iterations).server_args(str(trace_dir)),
+            ]
+        }
+    )
     launch = {
         "stack": profiled.model_dump(),
         "model_dir": str(Path(model_dir).resolve()),

@@ -1,7 +1,7 @@
 """A window of decode steps under vLLM's torch profiler, on a server that is already up: its
 trace split into kernel classes (speedsplit.core.trace_split.py).
 
-A server is armed at its start (`profiler_args`: where its traces go, how many engine steps to
+A server is armed at its start (`ProfileWindow.server_args`: where its traces go, how many engine steps to
 skip and to record); /start_profile starts the profiler, which skips `delay_iterations` engine
 steps (the prefill of the load's prompts), records `iterations` steps and stops itself;
 /stop_profile flushes the traces (each worker writes its own, gzipped, late). A bench job
@@ -20,11 +20,6 @@ from pathlib import Path
 
 from speedsplit.core import apikey
 from speedsplit.core.trace_split import ProfileRecord, ProfileWindow, split_trace
-
-
-def profiler_args(trace_dir: str | Path, delay_iterations: int, iterations: int) -> list[str]:
-    """Server arguments that arm vLLM's torch profiler."""
-    return ProfileWindow(delay_iterations=delay_iterations, iterations=iterations).server_args(str(trace_dir))
 
 
 def post(url: str, timeout_s: float, api_key: str | None = None) -> None:
@@ -74,7 +69,7 @@ def profile_window(
     run_load,
 ) -> ProfileRecord:
     """Profile `run_load()` (a load of one request per user) on servers armed with
-    `profiler_args(trace_dir, ...)`; the new traces move to keep_dir. Whatever fails is in the
+    `ProfileWindow.server_args(trace_dir)`; the new traces move to keep_dir. Whatever fails is in the
     record, never raised (but a stop signal)."""
     t0 = time.monotonic()
     trace_dir, keep_dir = Path(trace_dir), Path(keep_dir)

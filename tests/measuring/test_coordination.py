@@ -4,7 +4,7 @@ import pytest
 
 from speedsplit.analysis.topology import coordination_frame
 from speedsplit.core.trace_split import split_trace
-from speedsplit.probes.profiler import profiler_args
+from speedsplit.core.trace_split import ProfileWindow
 
 
 def k(name, ts, dur, cat="kernel", tid=7):
@@ -76,5 +76,5 @@ def test_a_missing_or_empty_profile_is_said():
 def test_profiler_arguments_survive_the_argument_templates():
     from speedsplit.serving.stacks import render_args
 
-    args = render_args(profiler_args("/t", 16, 32), {})
+    args = render_args(ProfileWindow(delay_iterations=16, iterations=32).server_args("/t"), {})
     assert args[0] == "--profiler-config" and '"max_iterations": 32' in args[1] and args[1].startswith("{")
