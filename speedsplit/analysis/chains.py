@@ -52,6 +52,9 @@ def client_free(row: dict, metric: str, bound: bool = False) -> float | None:
     if latency is not None:
         offset = row.get(prefix + latency)
         return None if offset is None else v - offset
+    if metric.startswith("session"):  # a session's time: each of its turns a request's end-to-end offset
+        offset = row.get(prefix + "e2e_s")
+        return None if offset is None else v - offset * (row.get("session_turns") or 1)
     e2e, cycle, wall = row.get(prefix + "e2e_s"), row.get(prefix + "cycle_s"), row["wall_s"]
     if e2e is None or not wall:
         return None

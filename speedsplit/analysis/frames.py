@@ -20,8 +20,9 @@ from speedsplit.core.errors import UserError
 from speedsplit.core.record import RunResult
 from speedsplit.planning import roofline
 
-# Cell.name of an open-loop cell: r{rate}-... (arrivals at a rate) or x{speedup}-... (a trace)
-OPEN_LOOP_CELL = re.compile(r"^[rx][0-9]")
+# Cell.name of an open-loop cell: r{rate}-... (arrivals at a rate), x{speedup}-... (a trace) or
+# s{rate}-... (multi-turn sessions begun at a rate)
+OPEN_LOOP_CELL = re.compile(r"^[rxs][0-9]")
 CELL_KEYS = ["model", "topology", "cell", "users", "workload", "sampling", "prompt_tokens", "output_tokens"]
 LATENCY = ["ttft_s", "tpot_s", "itl_s", "e2e_s"]
 
@@ -54,6 +55,11 @@ RUNS_SCHEMA = {
     "rate_rps": pl.Float64,  # open loop: the cell's arrival rate (null: closed loop)
     "offered_rps": pl.Float64,  # open loop: the rate the run's schedule asked for
     "lag_s_p99": pl.Float64,  # open loop: p99 of how late the client sent what was due
+    # sessions: the TTFT of first and of returning turns, and a session's time (null: other loads)
+    "ttft_first_s_median": pl.Float64,
+    "ttft_return_s_median": pl.Float64,
+    "session_s_median": pl.Float64,
+    "session_turns": pl.Int64,
     "completed": pl.Int64,
     "failed": pl.Int64,
     "failures": pl.Utf8,  # JSON object: failed requests by cause
@@ -168,6 +174,11 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
             "rate_rps": p.load.rate_rps,
             "offered_rps": s.offered_rps if s else None,
             "lag_s_p99": s.lag_s.p99 if s and s.lag_s else None,
+            **{
+                f"{m}_median": getattr(s, m).median if ok and s and getattr(s, m) else None
+                for m in ("ttft_first_s", "ttft_return_s", "session_s")
+            },
+            "session_turns": p.load.sessions.turns if p.load.kind == "sessions" else None,
             "completed": s.completed if s else 0,
             "failed": s.failed if s else 0,
             "failures": json.dumps(s.failures if s else {}, sort_keys=True),
@@ -284,6 +295,7 @@ def check_one_machine(runs: pl.DataFrame) -> None:
 
 _INTERVALS = ["output_tok_s", "ttft_s_p99", "tpot_s_p99", "e2e_s_p99"] + [f"{m}_median" for m in LATENCY]
 _INTERVALS += ["goodput_rps", "energy_per_token_j", "offered_rps"]
+_INTERVALS += ["ttft_first_s_median", "ttft_return_s_median", "session_s_median"]
 CELLS_TYPES = {
     "rate_rps": pl.Float64,
     "slo_met": pl.Boolean,

@@ -25,7 +25,12 @@ METRICS = {
     "tpot_s_median": ("TPOT p50", False),
     "tpot_s_p99": ("TPOT p99", False),
     "e2e_s_median": ("E2E p50", False),
+    # sessions only (a metric no run of a cell has is left out of its factors)
+    "ttft_first_s_median": ("first-turn TTFT p50", False),
+    "ttft_return_s_median": ("returning-turn TTFT p50", False),
+    "session_s_median": ("session p50", False),
 }
+SESSION_METRICS = ("ttft_first_s_median", "ttft_return_s_median", "session_s_median")
 KEYS = ["model", "topology", "cell", "workload", "sampling"]
 OPEN_LOOP = pl.col("cell").str.contains(OPEN_LOOP_CELL.pattern)
 
@@ -49,7 +54,8 @@ FACTORS_SCHEMA = {
 STACKS_COLUMNS = [
     "model", "topology", "cell", "workload", "sampling", "rate_rps", "stack", "runs_ok", "offered_rps",
     "output_tok_s", "goodput_rps", "slo_met", "ttft_s_median", "ttft_s_p99", "tpot_s_median", "tpot_s_p99",
-    "e2e_s_median", "prefix_cache_hit_rate", "kv_cache_peak", "preemptions", "failed_requests", "flags",
+    "e2e_s_median", "ttft_first_s_median", "ttft_return_s_median", "session_s_median", "prefix_cache_hit_rate",
+    "kv_cache_peak", "preemptions", "failed_requests", "flags",
 ]  # fmt: skip
 
 
@@ -94,6 +100,8 @@ def factors_frame(
             if all(c.height == 0 and not why for c, why in clean.values()):
                 continue  # no stack of this chain measured the cell
             for metric, (label, higher) in METRICS.items():
+                if metric in SESSION_METRICS and df[metric].drop_nulls().len() == 0:
+                    continue  # not a sessions cell
                 speed, missing = {}, {}
                 for s, (c, why) in clean.items():
                     speed[s] = run_speeds(c, metric, higher)

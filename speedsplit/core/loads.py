@@ -1,10 +1,13 @@
-"""The three kinds of load a cell puts on a stack, told apart by `kind`:
+"""The four kinds of load a cell puts on a stack, told apart by `kind`:
 
 - `ClosedLoop`: N users, each sending its next request when its last one is answered (the
   study's load), all starting at once or joining over a ramp;
 - `OpenLoop`: requests that arrive at a rate whatever is in flight (speedsplit/core/traffic.py:
   poisson, gamma or constant arrivals, a length mix);
-- `TraceReplay`: a window of a recorded trace's arrivals at a speedup.
+- `TraceReplay`: a window of a recorded trace's arrivals at a speedup;
+- `Sessions`: multi-turn sessions (an agent's or a chat's) that arrive at a rate; each turn
+  sends the whole conversation so far (its earlier prompts and the answers the server gave)
+  and new text, a think time after the last answer.
 
 A cell's job spec holds its load as one of these (core/specs.CellParams.load, told apart by
 `kind`; a config's workload says its own: planning/workload_config.WorkloadConfig.kind). Whoever
@@ -99,6 +102,22 @@ class OpenLoop(_Load):
         return float(a["duration_s"]) if "duration_s" in a else a["requests"] / a["rate_rps"]
 
 
+class Sessions(_Load):
+    kind: Literal["sessions"] = "sessions"
+    sessions: SessionSchedule
+    max_client_lag_s: float | None = None  # a larger p99 send lag (a turn late after its think time) is flagged
+
+    @property
+    def rate_rps(self) -> float | None:
+        return self.sessions.rate_rps
+
+    def schedule_s(self) -> float | None:
+        """At least: the sessions' arrivals, then the last one's think times (its serving is not
+        known before it runs)."""
+        s = self.sessions
+        return s.count / s.rate_rps + s.think_s * (s.turns - 1)
+
+
 class TraceReplay(_Load):
     kind: Literal["trace"] = "trace"
     trace: dict  # core/traffic.TraceWindow's fields
@@ -107,6 +126,29 @@ class TraceReplay(_Load):
     def schedule_s(self) -> float | None:
         span = self.trace.get("duration_s")
         return span / self.trace["speedup"] if span else None
+
+
+class SessionSchedule(BaseModel):
+    """A sessions cell's sessions: when they arrive (open loop, at rate_rps) and how each goes
+    on. Turn 0 is a prompt of the workload's prompt_tokens (its first shared_prefix_tokens the
+    same in every session: a system prompt); turn k > 0 is turn k-1's prompt, the answer the
+    server gave it, and turn_tokens of new text (a user's message or a tool's result), sent
+    think_s after that answer ended. Every turn asks the workload's output_tokens."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pattern: Literal["poisson", "gamma", "constant"] = "poisson"
+    rate_rps: float = Field(gt=0, description="sessions begun a second")
+    burstiness: float = Field(1.0, gt=0)
+    count: int = Field(ge=1, description="sessions in the measured phase")
+    turns: int = Field(ge=1, description="requests each session sends")
+    turn_tokens: int = Field(ge=1, description="new tokens each returning turn adds")
+    think_s: NonNegative = Field(description="seconds from an answer's end to the session's next turn")
+    shared_prefix_tokens: int = Field(0, ge=0, description="the first tokens of every first prompt, shared")
+
+    def context_tokens(self, prompt_tokens: int, output_tokens: int) -> int:
+        """The tokens a session's last turn holds, its answer included."""
+        return prompt_tokens + (self.turns - 1) * (output_tokens + self.turn_tokens) + output_tokens
 
 
 @dataclass(frozen=True)

@@ -150,12 +150,22 @@ class Summary(StrictRecord):
         default_factory=list, description="requests and tokens each instance served, so imbalance shows"
     )
     offered_rps: float | None = Field(
-        None, description="open loop: the rate the schedule asked for (null: closed loop)"
+        None,
+        description="open loop: the rate the schedule asked for (sessions: sessions begun a second; null: closed loop)",
     )
     trace_skipped: int | None = Field(None, description="trace replay: requests left out, beyond the model's context")
     trace_capped: int | None = Field(None, description="trace replay: prompts cut (by whole blocks) to fit the context")
     lag_s: Distribution | None = Field(
-        None, description="open loop: how late each request was sent after it was due (the client's lag)"
+        None,
+        description="open loop: how late each request was sent after it was due (the client's lag; a session's "
+        "later turn is due think_s after the answer before it)",
+    )
+    ttft_first_s: Distribution | None = Field(None, description="sessions: the TTFT of each session's first turn")
+    ttft_return_s: Distribution | None = Field(
+        None, description="sessions: the TTFT of returning turns (the whole conversation so far in their prompt)"
+    )
+    session_s: Distribution | None = Field(
+        None, description="sessions: from a session's first send to its last answer (sessions answered in full)"
     )
     client_stall_s: float | None = Field(
         None,

@@ -77,6 +77,7 @@ class RequestRecord(StrictRecord):
     asked_output_tokens: int | None = Field(default=None, description="open loop: its own output length")
 
     _text: list[str] = PrivateAttr(default_factory=list)  # the streamed text, until it is counted
+    _prompt: str | None = PrivateAttr(default=None)  # a session's turn: the prompt sent, until it is counted
 
     @property
     def ok(self) -> bool:

@@ -25,7 +25,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from speedsplit.core.errors import ConfigError
-from speedsplit.core.loads import ClosedLoop, ClosedLoopSettings, OpenLoop, TraceReplay
+from speedsplit.core.loads import ClosedLoop, ClosedLoopSettings, OpenLoop, Sessions, TraceReplay
 from speedsplit.core.quality import QualityProbe
 from speedsplit.core.trace_split import ProfileWindow
 
@@ -72,23 +72,26 @@ class StackSpec(BaseModel):
 
 
 # A cell's load, told apart by its `kind` (core/loads.py).
-Load = Annotated[ClosedLoop | OpenLoop | TraceReplay, Field(discriminator="kind")]
+Load = Annotated[ClosedLoop | OpenLoop | TraceReplay | Sessions, Field(discriminator="kind")]
 
 # The keys a cell's load was written as before it was one field (job files and results of
 # schema version 4 and older; and the config's resolved cell, planning/grid.cell_params, whose
 # params Snakemake compares: they keep their shape so that no finished cell reruns).
-FLAT_LOAD_KEYS = ("users", "ramp_s", "think_s", "arrival", "lengths", "trace", "max_client_lag_s")
+FLAT_LOAD_KEYS = ("users", "ramp_s", "think_s", "arrival", "lengths", "trace", "sessions", "max_client_lag_s")
 
 
 def load_from_flat(data: dict) -> dict:
     """A cell written with its load's keys at the top (FLAT_LOAD_KEYS) as one with `load`: a
-    trace window if it has one, else an arrival process if it has one, else a closed loop."""
+    trace window if it has one, else sessions if it has them, else an arrival process if it has
+    one, else a closed loop."""
     if "load" in data or not any(k in data for k in FLAT_LOAD_KEYS):
         return data
     flat = {k: data[k] for k in FLAT_LOAD_KEYS if data.get(k) is not None}
     lag = {"max_client_lag_s": flat["max_client_lag_s"]} if "max_client_lag_s" in flat else {}
     if flat.get("trace"):
         load = {"kind": "trace", "trace": flat["trace"], **lag}
+    elif flat.get("sessions"):
+        load = {"kind": "sessions", "sessions": flat["sessions"], **lag}
     elif flat.get("arrival"):
         load = {"kind": "open", "arrival": flat["arrival"], "lengths": flat.get("lengths"), **lag}
     else:
@@ -105,7 +108,9 @@ class CellParams(BaseModel):
     cell: str
     workload: str
     sampling: str
-    load: Load = Field(description="closed loop (users), open loop (an arrival process) or a trace's replay")
+    load: Load = Field(
+        description="closed loop (users), open loop (an arrival process), a trace's replay or multi-turn sessions"
+    )
     prompt_tokens: int
     output_tokens: int
     requests_per_user: int

@@ -44,7 +44,8 @@ def traffic_lines(factors) -> list[str]:
     if factors is None or not factors.height:
         return []
     out = []
-    steps = factors.filter((factors["position"] > 0) & factors["metric"].is_in(["goodput", "TTFT p50", "TPOT p50"]))
+    shown = ["goodput", "TTFT p50", "TPOT p50", "returning-turn TTFT p50", "session p50"]  # the last two: sessions
+    steps = factors.filter((factors["position"] > 0) & factors["metric"].is_in(shown))
     from speedsplit.analysis.answer import unmeasured
 
     for (chain, model, topology, cell), df in steps.group_by(

@@ -26,6 +26,7 @@ from speedsplit.core.record import RunResult, read_result, to_json
 from speedsplit.core.requestlog import RequestRecord, read_requests, requests_path
 from speedsplit.core.results import write_json_atomic, write_lines_atomic
 from speedsplit.probes import loadgen, slo
+from speedsplit.probes.loadspec import SessionRun
 from speedsplit.serving import reference_speed
 
 # A run's numbers within 2% of the truth, a factor within 1% (the client's calibrated offset taken
@@ -62,6 +63,10 @@ RUN_METRICS = {
     "ttft_s_median": "TTFT p50",
     "tpot_s_median": "TPOT p50",
     "e2e_s_median": "E2E p50",
+    # sessions only
+    "ttft_first_s_median": "first-turn TTFT p50",
+    "ttft_return_s_median": "returning-turn TTFT p50",
+    "session_s_median": "session p50",
 }
 # What each fault must show in the run's record: its status or a flag.
 FAULT_SIGNS = {
@@ -105,7 +110,20 @@ def true_records(result: RunResult, measured: list[RequestRecord], speed: refere
     loop: the same arrival)."""
     p = result.job.cell
     mine = [r for r in measured if r.phase == "measured"]
-    if any(r.due is not None for r in mine):
+    if p.load.kind == "sessions":  # each session's turns as sent (prompt lengths as the server counted them)
+        turns: dict[int, list[RequestRecord]] = {}
+        for r in sorted(mine, key=lambda r: (r.user, r.index)):
+            turns.setdefault(r.user, []).append(r)
+        sessions = [
+            (rs[0].due, [(r.prompt_tokens or p.prompt_tokens, p.output_tokens) for r in rs]) for rs in turns.values()
+        ]
+        by = {
+            (e.user, e.index): e
+            for e in reference_speed.expected(speed, sessions=sessions, think_s=p.load.sessions.think_s)
+        }
+        keys = list(turns)
+        truth = [by[keys.index(r.user), r.index] for r in mine]
+    elif any(r.due is not None for r in mine):
         arrivals = [
             (r.due, r.asked_prompt_tokens or p.prompt_tokens, r.asked_output_tokens or p.output_tokens) for r in mine
         ]
@@ -137,12 +155,25 @@ def true_records(result: RunResult, measured: list[RequestRecord], speed: refere
             output_tokens=e.output_tokens,
             usage_tokens=e.output_tokens,
             chunks=len(speed.chunk_ends(e.output_tokens)),
-            due=r.due,
+            due=e.sent
+            if r.due is not None
+            else None,  # a perfect client sends when due (a later turn: after its think)
             asked_prompt_tokens=r.asked_prompt_tokens,
             asked_output_tokens=r.asked_output_tokens,
         )
         for r, e in zip(mine, truth)
     ]
+
+
+def _sessions_of(truth: list[RequestRecord], load) -> SessionRun:
+    """The sessions a run's true requests made, as far as a summary reads them (their starts)."""
+    starts = sorted({r.user: r.due for r in truth if r.index == 0}.items())
+    return SessionRun(
+        due_s=[d for _, d in starts],
+        first=[""] * len(starts),
+        more=[[""] * (load.sessions.turns - 1) for _ in starts],
+        think_s=load.sessions.think_s,
+    )
 
 
 def true_result(
@@ -160,7 +191,8 @@ def true_result(
         prompt_tokens=p.prompt_tokens,
         output_tokens=p.output_tokens,
         closed=p.closed,
-        schedule=[] if any(r.due is not None for r in truth) else None,  # an open loop's
+        schedule=[] if any(r.due is not None for r in truth) and p.load.kind != "sessions" else None,  # an open loop's
+        sessions=_sessions_of(truth, p.load) if p.load.kind == "sessions" else None,
     )
     wall = max(r.end for r in truth) - min(r.sent for r in truth) if truth else 0.0
     summary = loadgen.summarize(truth, wall, spec)
@@ -243,6 +275,8 @@ def _run_rows(got: pl.DataFrame, want: pl.DataFrame, faulty: set[str]) -> list[d
         if what in faulty or g["status"] != "ok":
             continue
         for column, label in RUN_METRICS.items():
+            if w[column] is None and g[column] is None:
+                continue  # not this kind of load's (a session's numbers)
             corrected = client_free(g, column)
             measured = corrected if corrected is not None else g[column]
             rows.append(_row("run", what, label, w[column], measured, None, None, RUN_TOLERANCE, g[column]))

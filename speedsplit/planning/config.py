@@ -264,8 +264,15 @@ def _check_references(config: dict) -> None:
         if entry.source == "hub" and not entry.repo:
             raise ConfigError(f"config error at models.{model}.repo: a hub model needs a repo id")
         check_own_weights(config, model, entry)
-        for wname in {c.workload for c in cells(config) if not c.trace}:
+        for wname in {c.workload for c in cells(config) if c.kind != "trace"}:
             w = workload_config.workload_config(config, wname)
+            held = w.sessions.schedule(1.0).context_tokens(w.prompt_tokens, w.output_tokens) if w.sessions else 0
+            if held > entry.max_model_len:
+                raise ConfigError(
+                    f"config error at workloads.{wname}.sessions: a session's last turn holds {held} tokens (prompt_tokens + "
+                    f"(turns - 1) x (output_tokens + turn_tokens) + output_tokens), beyond models.{model}.max_model_len "
+                    f"({entry.max_model_len})"
+                )
             if w.prompt_tokens + w.output_tokens > entry.max_model_len:
                 raise ConfigError(
                     f"config error at workloads.{wname}: prompt_tokens + output_tokens = "
@@ -379,8 +386,11 @@ def _check_capacity(config: dict) -> None:
     if cap.workload is not None and cap.workload not in config["workloads"]:
         raise ConfigError(f"config error at capacity.workload: unknown workload {cap.workload!r}")
     workload = workload_config.workload_config(config, cap.workload or grid_cells(config)[0].workload)
-    if workload.trace:
-        raise ConfigError("config error at capacity.workload: a trace replays its own rate; sweep an arrival workload")
+    if workload.trace or workload.sessions:
+        raise ConfigError(
+            f"config error at capacity.workload: a {workload.kind} workload sets its own load; sweep users or an "
+            "arrival workload"
+        )
     if workload.arrival and not cap.rates:
         raise ConfigError("config error at capacity.rates: an open-loop capacity workload needs its ladder of rates")
     if cap.sampling not in config["sampling"]:
@@ -394,7 +404,19 @@ def _check_traffic(config: dict) -> None:
     length file that exists and parses, lengths within each model's context."""
     from speedsplit.core import traffic
 
-    for name in {c.workload for c in cells(config) if c.trace}:
+    for name in {c.workload for c in cells(config)}:
+        w = workload_config.workload_config(config, name)
+        given = [k for k in ("arrival", "trace", "sessions") if getattr(w, k) is not None]
+        if len(given) > 1:
+            raise ConfigError(
+                f"config error at workloads.{name}: {' and '.join(given)} are two kinds of load; give one"
+            )
+        if w.sessions and w.sessions.shared_prefix_tokens > w.prompt_tokens:
+            raise ConfigError(
+                f"config error at workloads.{name}.sessions.shared_prefix_tokens: {w.sessions.shared_prefix_tokens} "
+                f"is more than the first prompt's prompt_tokens ({w.prompt_tokens})"
+            )
+    for name in {c.workload for c in cells(config) if c.kind == "trace"}:
         t = workload_config.workload_config(config, name).trace
         for model in bench_models(config):
             try:
@@ -402,7 +424,7 @@ def _check_traffic(config: dict) -> None:
                 traffic.read_trace(window, model_config.model_config(config, model).max_model_len)
             except traffic.TrafficError as exc:
                 raise ConfigError(f"config error at workloads.{name}.trace: {exc} (models.{model})") from None
-    for name in {c.workload for c in cells(config) if c.rate is not None and not c.trace}:
+    for name in {c.workload for c in cells(config) if c.kind == "open"}:
         w = workload_config.workload_config(config, name)
         mix = w.lengths.model_dump(exclude_unset=True) if w.lengths else {}
         if w.lengths and w.lengths.kind == "file" and not w.lengths.path:

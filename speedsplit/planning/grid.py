@@ -216,13 +216,13 @@ class Cell:
     stacks: tuple[str, ...] = ()  # only these stacks measure it (empty: every one)
     runs: int | None = None  # fewer runs than grid.runs (capacity levels)
     below: tuple[str, ...] = ()  # capacity levels under it, ascending (empty: not a level)
-    rate: float | None = None  # open loop: requests per second, or a trace's speedup
-    trace: bool = False  # the rate is a trace's speedup
+    rate: float | None = None  # open loop: requests per second, a trace's speedup, or sessions a second
+    kind: str = "closed"  # its workload's kind of load (closed, open, trace, sessions: core/loads.py)
 
     @property
     def name(self) -> str:
         if self.rate is not None:
-            return f"{'x' if self.trace else 'r'}{self.rate:g}-{self.workload}-{self.sampling}"
+            return f"{_RATE_PREFIX[self.kind]}{self.rate:g}-{self.workload}-{self.sampling}"
         return f"u{self.users}-{self.workload}-{self.sampling}"
 
     def measured_by(self, stack: str) -> bool:
@@ -230,12 +230,16 @@ class Cell:
 
 
 # A workload's cells by its kind of load (core/loads.py), as (users, rate) pairs: closed loop a
-# cell per grid.users; open loop a cell per rate, whatever the users; a trace a cell per speedup.
+# cell per grid.users; open loop a cell per rate, whatever the users; a trace a cell per speedup;
+# sessions a cell per rate of sessions. A rate's cell is named by its kind's letter (an open-loop
+# cell is any cell so named: analysis/frames.OPEN_LOOP_CELL).
 _LEVELS = {
     "closed": lambda w, users: [(u, None) for u in users],
     "open": lambda w, users: [(0, float(r)) for r in w.arrival.rates],
     "trace": lambda w, users: [(0, float(r)) for r in w.trace.speedups],
+    "sessions": lambda w, users: [(0, float(r)) for r in w.sessions.rates],
 }
+_RATE_PREFIX = {"open": "r", "trace": "x", "sessions": "s"}
 
 
 def grid_cells(config: dict) -> list[Cell]:
@@ -244,10 +248,7 @@ def grid_cells(config: dict) -> list[Cell]:
 
     def of(users: list[int], workload: str, sampling: str, stacks: tuple[str, ...] = ()) -> list[Cell]:
         w = workload_config(config, workload)
-        return [
-            Cell(u, workload, sampling, stacks, rate=rate, trace=w.kind == "trace")
-            for u, rate in _LEVELS[w.kind](w, users)
-        ]
+        return [Cell(u, workload, sampling, stacks, rate=rate, kind=w.kind) for u, rate in _LEVELS[w.kind](w, users)]
 
     if g.cells:
         out = [cell for c in g.cells for cell in of([c.users], c.workload, c.sampling, tuple(c.stacks))]
@@ -264,7 +265,7 @@ def cells(config: dict) -> list[Cell]:
     if cap.enabled:
         workload = cap.workload or out[0].workload
         if workload_config(config, workload).arrival:
-            levels = [Cell(0, workload, cap.sampling, rate=float(r)) for r in sorted(set(cap.rates or []))]
+            levels = [Cell(0, workload, cap.sampling, rate=float(r), kind="open") for r in sorted(set(cap.rates or []))]
         else:
             levels = [Cell(u, workload, cap.sampling) for u in sorted(set(cap.users))]
         names = [c.name for c in levels]
@@ -273,7 +274,16 @@ def cells(config: dict) -> list[Cell]:
             if names[i] not in taken:
                 runs = min(cap.runs, runs_at_most)
                 out.append(
-                    Cell(level.users, workload, cap.sampling, tuple(cap.stacks), runs, tuple(names[:i]), level.rate)
+                    Cell(
+                        level.users,
+                        workload,
+                        cap.sampling,
+                        tuple(cap.stacks),
+                        runs,
+                        tuple(names[:i]),
+                        level.rate,
+                        level.kind,
+                    )
                 )
     return out
 
@@ -370,12 +380,14 @@ def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[st
 
 
 def _open_loop(config: dict, cell: Cell) -> dict[str, Any]:
-    """An open-loop cell's arrivals (its rate) and length mix, or its trace window (its
-    speedup), and the client lag it tolerates."""
+    """An open-loop cell's arrivals (its rate) and length mix, its trace window (its speedup)
+    or its sessions (their rate), and the client lag it tolerates."""
     w = workload_config(config, cell.workload)
     lag = float(benchmark_config(config).max_client_lag_s)
-    if cell.trace:
+    if cell.kind == "trace":
         return {"trace": trace_window(w.trace, cell.rate), "max_client_lag_s": lag}
+    if cell.kind == "sessions":
+        return {"sessions": w.sessions.schedule(float(cell.rate)).model_dump(), "max_client_lag_s": lag}
     a = w.arrival
     span = {"requests": a.requests} if a.requests is not None else {"duration_s": float(a.duration_s)}
     arrival = {"pattern": a.pattern, "rate_rps": float(cell.rate), "burstiness": float(a.burstiness), **span}

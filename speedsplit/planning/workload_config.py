@@ -1,6 +1,6 @@
 """A workload as a config gives it (`workloads.<name>`), typed: the request shape of a cell and
-the load it puts on a stack, told apart by which of `arrival` (open loop) and `trace` (trace
-replay) it holds, neither being closed loop (`kind`). The config schema's workload entry is
+the load it puts on a stack, told apart by which of `arrival` (open loop), `trace` (trace
+replay) and `sessions` (multi-turn sessions) it holds, none being closed loop (`kind`). The config schema's workload entry is
 generated from `WorkloadConfig` (planning/config.load_schema); `workload_config(config, name)`
 reads a validated config's workload.
 """
@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from speedsplit.core.loads import ClosedLoopSettings
+from speedsplit.core.loads import ClosedLoopSettings, SessionSchedule
 from speedsplit.planning.typed_config import Entry, NonNegative, Positive, absent, plain_schema
 
 # exactly one of the two says how long an open loop or a trace window lasts
@@ -59,6 +59,33 @@ class Trace(Entry):
     block_tokens: int = Field(512, ge=1, description="The trace's prompt block size.")
 
 
+class SessionsConfig(Entry):
+    pattern: Literal["poisson", "gamma", "constant"] = Field(
+        "poisson",
+        description="Gaps between sessions' arrivals: exponential (poisson), gamma of shape burstiness, or equal.",
+    )
+    rates: list[Positive] = Field(min_length=1, description="Sessions begun a second, one cell each.")
+    burstiness: Positive = Field(1.0, description="gamma's shape: 1 Poisson, below 1 burstier.")
+    count: int = Field(ge=1, description="Sessions in the measured phase.")
+    turns: int = Field(ge=1, description="Turns (requests) of each session.")
+    turn_tokens: int = Field(
+        ge=1,
+        description="New tokens each turn after the first adds to the conversation (a user's message, a tool's result).",
+    )
+    think_s: NonNegative = Field(
+        1.0, description="Seconds from an answer's end to its session's next turn (a person reading, a tool running)."
+    )
+    shared_prefix_tokens: int = Field(
+        0,
+        ge=0,
+        description="The first this many tokens of every session's first prompt are the same (a system prompt).",
+    )
+
+    def schedule(self, rate_rps: float) -> SessionSchedule:
+        """Its cell's sessions at one of its rates (core/loads.SessionSchedule)."""
+        return SessionSchedule(**self.model_dump(exclude={"rates"}), rate_rps=rate_rps)
+
+
 class WorkloadConfig(Entry, ClosedLoopSettings):
     """One request shape (prompt_tokens and output_tokens are required unless it replays a trace)."""
 
@@ -93,11 +120,19 @@ class WorkloadConfig(Entry, ClosedLoopSettings):
         "length_scale; a request beyond the model's context is skipped or its prompt capped (over_context), "
         "counted in the result."
     )
+    sessions: SessionsConfig | None = absent(
+        "Multi-turn sessions (an agent's, a chat's), arriving open loop: one cell per rate, named "
+        "s{rate}-{workload}-{sampling}. A session's first turn is a prompt of prompt_tokens; each later turn sends "
+        "the conversation so far (every earlier prompt and the answer the server actually gave) and turn_tokens of "
+        "new text, think_s after the last answer ended; every turn asks output_tokens. The same sessions, arrivals "
+        "and new text on every stack. Factors on the TTFT of first and of returning turns, session time, "
+        "throughput and goodput."
+    )
 
     @property
-    def kind(self) -> Literal["closed", "open", "trace"]:
-        """Its load's kind (core/loads.py): trace replay, open loop, else closed loop."""
-        return "trace" if self.trace else "open" if self.arrival else "closed"
+    def kind(self) -> Literal["closed", "open", "trace", "sessions"]:
+        """Its load's kind (core/loads.py): trace replay, sessions, open loop, else closed loop."""
+        return "trace" if self.trace else "sessions" if self.sessions else "open" if self.arrival else "closed"
 
 
 def json_schema() -> dict:

@@ -155,6 +155,22 @@ def count_text(records: list[RequestRecord], count: Callable[[str], int] | None)
             rec.text_tokens = count("".join(rec._text))
             rec.settle()
         rec._text = []
+    _session_prompts(records, count)
+
+
+def _session_prompts(records: list[RequestRecord], count: Callable[[str], int]) -> None:
+    """A session's later turns asked for prompts of what their text counts, plus what the server
+    counted beyond the text in its first turn (a BOS token): their lengths are checked as every
+    other prompt's are (a prompt the server read otherwise is wrong_prompt_length)."""
+    first = {r.user: r for r in records if r.index == 0 and r._prompt is not None}
+    for rec in records:
+        if rec._prompt is None:
+            continue
+        base = first.get(rec.user)
+        if rec.index > 0 and base is not None and base.prompt_tokens is not None:
+            rec.asked_prompt_tokens = count(rec._prompt) + base.prompt_tokens - count(base._prompt)
+    for rec in records:
+        rec._prompt = None
 
 
 async def _phase(
@@ -166,7 +182,11 @@ async def _phase(
     progress: Callable[[str], None] | None,
     on_start: Callable[[], None] | None = None,
 ) -> tuple[float, float]:
-    total = len(spec.schedule) if phase == "measured" and spec.schedule is not None else spec.users * per_user
+    total = spec.users * per_user
+    if phase == "measured" and spec.schedule is not None:
+        total = len(spec.schedule)
+    elif phase == "measured" and spec.sessions is not None:
+        total = spec.sessions.requests
     done = 0
     t0 = time.perf_counter()
     if on_start:
@@ -209,6 +229,42 @@ async def _phase(
             sent.append(asyncio.create_task(one(i, a)))
         await asyncio.gather(*sent)
 
+    async def sessions() -> None:
+        """Each session begun when due, then each of its turns sent think_s after the last
+        answer ended: the conversation so far (its prompt and the answer the server gave) and the
+        turn's new text. A turn that fails ends its session: its later turns are recorded as
+        failed with that cause (never sent)."""
+        run = spec.sessions
+
+        async def one(s: int) -> None:
+            nonlocal done
+            url = spec.urls[s % len(spec.urls)]
+            prompt, due = run.first[s], run.due_s[s]
+            for k in range(run.turns):
+                delay = due - (time.perf_counter() - t0)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                rec = RequestRecord(user=s, index=k, phase=phase, url=url, sent=time.perf_counter() - t0, due=due)
+                rec._prompt = prompt
+                records.append(rec)
+                body = request_body(spec, prompt, spec.seed + request_index(spec, phase, s, k))
+                await _one_request(http, spec, rec, body, t0)
+                done += 1
+                if not rec.ok:
+                    for later in range(k + 1, run.turns):
+                        records.append(
+                            RequestRecord(
+                                user=s, index=later, phase=phase, url=url, sent=rec.end, end=rec.end,
+                                error="session_ended", detail=f"turn {k} failed ({rec.error})",
+                            )
+                        )  # fmt: skip
+                    return
+                if k + 1 < run.turns:
+                    prompt += "".join(rec._text) + run.more[s][k]
+                    due = rec.end + run.think_s
+
+        await asyncio.gather(*(one(s) for s in range(len(run.first))))
+
     async def report() -> None:
         while True:
             await asyncio.sleep(2.0)
@@ -222,6 +278,8 @@ async def _phase(
     try:
         if phase == "measured" and spec.schedule is not None:
             await open_loop()
+        elif phase == "measured" and spec.sessions is not None:
+            await sessions()
         else:
             await asyncio.gather(*(user(u) for u in range(spec.users)))
     finally:
@@ -325,7 +383,7 @@ def client_wall(records: list[RequestRecord], wall_s: float, spec: LoadSpec) -> 
         return None
     last = max(done, key=lambda r: r.end)
     held = wall_s - last.end  # after the last answer, until the phase ended
-    if spec.schedule is not None:  # open loop: requests leave when due; the last one's lag
+    if spec.schedule is not None or spec.sessions is not None:  # requests leave when due; the last one's lag
         return max(0.0, held + max(0.0, last.sent - (last.due or 0.0)))
     mine = sorted((r for r in done if r.user == last.user), key=lambda r: r.index)
     start = last.user * spec.closed.ramp_s / spec.users if spec.users else 0.0
@@ -345,12 +403,16 @@ def summarize(
         if r.error:
             failures[r.error] = failures.get(r.error, 0) + 1
     wrong_len = sum(1 for r in ok if r.output_tokens != (r.asked_output_tokens or spec.output_tokens))
+    returning = spec.sessions is not None  # a session's later turn: its length is what its text counts
     wrong_prompt = sum(
         1
         for r in ok
-        if r.prompt_tokens is not None and r.prompt_tokens != (r.asked_prompt_tokens or spec.prompt_tokens)
+        if r.prompt_tokens is not None
+        and not (returning and r.index > 0 and r.asked_prompt_tokens is None)
+        and r.prompt_tokens != (r.asked_prompt_tokens or spec.prompt_tokens)
     )
-    due = [r.due for r in records if r.due is not None]
+    # open loop: when requests were due (sessions: when each began; its later turns follow answers)
+    due = [r.due for r in records if r.due is not None and not (returning and r.index > 0)]
     mismatched = sum(1 for r in ok if r.usage_disagrees)
     carrying = sum(len(r.gaps) + 1 for r in ok if r.first_token is not None)  # chunks that carried tokens
     tpot = [t for t in (slo.tpot(r) for r in ok) if t is not None]
@@ -390,7 +452,24 @@ def summarize(
         trace_skipped=spec.fitted["skipped"] if spec.fitted else None,
         trace_capped=spec.fitted["capped"] if spec.fitted else None,
         lag_s=_dist([r.sent - r.due for r in records if r.due is not None]) if due else None,
+        **(_session_numbers(records) if spec.sessions is not None else {}),
     )
+
+
+def _session_numbers(records: list[RequestRecord]) -> dict[str, Distribution]:
+    """A sessions run's own numbers: the TTFT of first turns and of returning ones (a whole
+    conversation to read again, or a cache to find it in), and each session's time from its first
+    turn's send to its last answer (sessions answered in full)."""
+    ok = [r for r in records if r.ok and r.first_token is not None]
+    by: dict[int, list[RequestRecord]] = {}
+    for r in records:
+        by.setdefault(r.user, []).append(r)
+    spans = [max(r.end for r in rs) - min(r.sent for r in rs) for rs in by.values() if all(r.ok for r in rs)]
+    return {
+        "ttft_first_s": _dist([r.first_token - r.sent for r in ok if r.index == 0]),
+        "ttft_return_s": _dist([r.first_token - r.sent for r in ok if r.index > 0]),
+        "session_s": _dist(spans),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

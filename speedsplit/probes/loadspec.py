@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from speedsplit.core.loads import DueRequest, ClosedLoop, ClosedLoopSettings, OpenLoop, TraceReplay
+from speedsplit.core.loads import DueRequest, ClosedLoop, ClosedLoopSettings, OpenLoop, Sessions, TraceReplay
 from speedsplit.core.record import OUTLIER_FACTOR, OUTLIER_MIN_S
 from speedsplit.core.specs import CellParams, StackSpec
 from speedsplit.models.prompts import block_prompts, load_tokenizer, prompts_of, token_counter
@@ -23,6 +23,26 @@ from speedsplit.models.prompts import block_prompts, load_tokenizer, prompts_of,
 # users' connections sat idle about 5 s while the other 8 finished their warm-ups). The client
 # lets go of an idle connection first, and opens a new one.
 IDLE_CLOSE_S = 4.0
+
+
+@dataclass(frozen=True)
+class SessionRun:
+    """A sessions cell run's measured phase, the same on every stack: when each session begins,
+    its first prompt, and the new text of each of its later turns (core/loads.SessionSchedule
+    says how they go on)."""
+
+    due_s: list[float]  # each session's first turn, seconds after the phase's start
+    first: list[str]  # each session's first prompt
+    more: list[list[str]]  # each session's new text, one for each turn after the first
+    think_s: float  # from an answer's end to its session's next turn
+
+    @property
+    def turns(self) -> int:
+        return 1 + len(self.more[0]) if self.more else 1
+
+    @property
+    def requests(self) -> int:
+        return len(self.first) * self.turns
 
 
 @dataclass
@@ -50,6 +70,7 @@ class LoadSpec:
     closed: ClosedLoopSettings = field(default_factory=ClosedLoopSettings)  # how the users behave (closed loop)
     schedule: list[DueRequest] | None = None  # measured phase open loop: these requests, when due
     fitted: dict | None = None  # trace replay: {"skipped": n, "capped": n} (read_trace)
+    sessions: SessionRun | None = None  # measured phase of multi-turn sessions
     api_key: str | None = field(default=None, repr=False)  # sent with every request (core/apikey.py)
     # the model's tokenizer as a count of a text's tokens (no special tokens): a stream's text
     # counted again where it carries no running count (loadgen.count_text)
@@ -66,6 +87,8 @@ def request_index(spec: LoadSpec, phase: str, user: int, i: int) -> int:
         return user * spec.warmup_requests + i
     if spec.schedule is not None:
         return spec.users * spec.warmup_requests + i
+    if spec.sessions is not None:  # user: the session, i: its turn
+        return spec.users * spec.warmup_requests + user * spec.sessions.turns + i
     return spec.users * spec.warmup_requests + user * spec.requests_per_user + i
 
 
@@ -151,6 +174,9 @@ def cell_load(
     load = cell.load
     run_load = _RUN_LOAD[type(load)]
     prompts, schedule, fitted = run_load(load, cell, stack, tokenizer_dir, per_user, warmup, prompt_seed(cell, run))
+    sessions = None
+    if isinstance(load, Sessions):  # the sessions' texts follow the warm-up's prompts
+        sessions, prompts = prompts[warmup], prompts[:warmup]
     return LoadSpec(
         urls=state["urls"],
         model=state["model_id"],
@@ -172,6 +198,7 @@ def cell_load(
         closed=cell.closed,
         schedule=schedule,
         fitted=fitted,
+        sessions=sessions,
         count_tokens=token_counter(tokenizer_dir),
     )
 
@@ -224,5 +251,26 @@ def _warmup_then_blocks(tokenizer_dir, cell: CellParams, warmup: int, seed: int,
     )
 
 
+def _sessions(load: Sessions, cell: CellParams, stack: StackSpec, tokenizer_dir, per_user: int, warmup: int, seed: int):
+    """The warm-up's prompts, then the sessions (SessionRun, in the prompts' last place): when
+    each begins, its first prompt (its first shared_prefix_tokens shared: one system prompt)
+    and its turns' new text, from the seed alone."""
+    import random
+
+    from speedsplit.core import traffic
+
+    s = load.sessions
+    due = traffic.due_times(s.pattern, s.rate_rps, random.Random(seed), requests=s.count, burstiness=s.burstiness)
+    warm = prompts_of(tokenizer_dir, [cell.prompt_tokens] * warmup, seed)
+    if s.shared_prefix_tokens:
+        tok = load_tokenizer(tokenizer_dir)
+        first = block_prompts(tok, [(cell.prompt_tokens, (0,))] * s.count, s.shared_prefix_tokens, seed)
+    else:
+        first = prompts_of(tokenizer_dir, [cell.prompt_tokens] * s.count, seed + 1)
+    texts = prompts_of(tokenizer_dir, [s.turn_tokens] * (s.count * (s.turns - 1)), seed + 2)
+    more = [texts[i * (s.turns - 1) : (i + 1) * (s.turns - 1)] for i in range(s.count)]
+    return [*warm, SessionRun(due, first, more, float(s.think_s))], None, None
+
+
 # A cell's prompts, schedule (open loop) and what a trace window fitted, by its kind of load.
-_RUN_LOAD = {ClosedLoop: _closed_loop, OpenLoop: _open_loop, TraceReplay: _trace_replay}
+_RUN_LOAD = {ClosedLoop: _closed_loop, OpenLoop: _open_loop, TraceReplay: _trace_replay, Sessions: _sessions}

@@ -179,31 +179,50 @@ def expected(
     output_tokens: int = 1,
     closed: ClosedLoopSettings = ClosedLoopSettings(),
     arrivals: list[tuple[float, int, int]] | None = None,
+    sessions: list[tuple[float, list[tuple[int, int]]]] | None = None,
+    think_s: float = 0.0,
 ) -> list[Expected]:
     """Every request of a measured phase on a fresh, idle server, as the server's rules make
     it: closed loop (`users` each sending `requests_per_user` back to back, as `closed` says:
-    user u joining at u * ramp_s / users, each next request think_s after the last one's end) or, given `arrivals` (due time, prompt tokens, output tokens), open
-    loop (in the order given). Slots go first come, first served, as the server gives them;
-    the closed loop's requests come in the order they were sent."""
+    user u joining at u * ramp_s / users, each next request think_s after the last one's end);
+    given `arrivals` (due time, prompt tokens, output tokens), open loop (in the order given);
+    given `sessions` (each one's start and its turns' prompt and output tokens), each session's
+    next turn `think_s` after its last answer ended (user: the session, index: the turn). Slots
+    go first come, first served, as the server gives them; the closed loop's and the sessions'
+    requests come in the order they were sent."""
     cap = speed.max_concurrency or 10**9
-    free = [0.0] * min(cap, max(users, len(arrivals or []), 1))  # when each slot frees up
+    free = [0.0] * min(cap, max(users, len(arrivals or []), len(sessions or []), 1))  # when each slot frees up
     heapq.heapify(free)
+    if sessions is not None:
+        starts = [(due, s, 0) for s, (due, _) in enumerate(sessions)]
+        return _in_turns(
+            speed, free, starts, lambda s, k: sessions[s][1][k] if k < len(sessions[s][1]) else None, think_s
+        )
     if arrivals is not None:
         served = {}
         for k in sorted(range(len(arrivals)), key=lambda k: arrivals[k][0]):
             due, p, n = arrivals[k]
             served[k] = _serve(speed, free, due, p, n, 0, k)
         return [served[k] for k in range(len(arrivals))]
-    # closed loop: the next request of whichever user is ready first goes next
+    starts = [(u * closed.ramp_s / users if users else 0.0, u, 0) for u in range(users)]
+    lengths = (prompt_tokens, output_tokens)
+    return _in_turns(speed, free, starts, lambda u, i: lengths if i < requests_per_user else None, closed.think_s)
+
+
+def _in_turns(speed: Speed, free: list[float], starts: list, lengths, think_s: float) -> list[Expected]:
+    """A closed loop's users or sessions: each (start, who, 0) sends its first request then, each
+    next one think_s after its last one's end, as long as lengths(who, i) gives one's (prompt,
+    output) tokens; whichever request is ready first goes next."""
     out: list[Expected] = []
-    ready = [(u * closed.ramp_s / users if users else 0.0, u, 0) for u in range(users)]
+    ready = list(starts)
     heapq.heapify(ready)
     while ready:
         t, u, i = heapq.heappop(ready)
-        r = _serve(speed, free, t, prompt_tokens, output_tokens, u, i)
+        p, n = lengths(u, i)
+        r = _serve(speed, free, t, p, n, u, i)
         out.append(r)
-        if i + 1 < requests_per_user:
-            heapq.heappush(ready, (r.end + closed.think_s, u, i + 1))
+        if lengths(u, i + 1) is not None:
+            heapq.heappush(ready, (r.end + think_s, u, i + 1))
     return out
 
 

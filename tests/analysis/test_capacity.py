@@ -203,5 +203,5 @@ def test_a_trace_cannot_be_the_capacity_workload():
     trace = {"path": str(REPO / "tests/data/mooncake-conversation-excerpt.jsonl"), "requests": 4, "speedups": [1]}
     cfg["workloads"]["replay"] = {"trace": trace}
     cfg["capacity"] = {"enabled": True, "workload": "replay", "rates": [1]}
-    with pytest.raises(C.ConfigError, match=r"^config error at capacity.workload: a trace replays its own rate"):
+    with pytest.raises(C.ConfigError, match=r"^config error at capacity.workload: a trace workload sets its own load"):
         C.validate(cfg)

@@ -5,7 +5,7 @@ import pytest
 from conftest import REPO
 from records import cell_spec
 
-from speedsplit.core.loads import ClosedLoop, OpenLoop, TraceReplay
+from speedsplit.core.loads import ClosedLoop, OpenLoop, Sessions, TraceReplay
 from speedsplit.core.record import CellParams
 from speedsplit.planning import config as C
 
@@ -22,12 +22,14 @@ def test_every_cell_of_a_shipped_config_has_its_kind_of_load(files):
     kinds = set()
     for cell in C.cells(cfg):
         load = CellParams.model_validate(C.cell_params(cfg, cell)).load
-        expect = TraceReplay if cell.trace else OpenLoop if cell.rate is not None else ClosedLoop
+        expect = {"trace": TraceReplay, "sessions": Sessions, "open": OpenLoop, "closed": ClosedLoop}[cell.kind]
         assert type(load) is expect, cell.name
         if isinstance(load, ClosedLoop):
             assert load.users == cell.users and load.schedule_s() is None
         elif isinstance(load, OpenLoop):
             assert load.arrival["rate_rps"] == cell.rate and load.schedule_s() > 0
+        elif isinstance(load, Sessions):
+            assert load.sessions.rate_rps == cell.rate == load.rate_rps and load.schedule_s() > 0
         else:
             assert load.trace["speedup"] == cell.rate
         kinds.add(load.kind)
@@ -59,3 +61,42 @@ def test_a_closed_loop_setting_goes_from_the_workload_to_the_job_file_and_the_lo
     load = CellParams.model_validate(params).load
     assert load == ClosedLoop(users=cell.users, think_s=2.0)
     assert "think_s" not in C.cell_params(C.load(), C.cells(C.load())[0])
+
+
+def test_a_sessions_workload_makes_a_cell_per_rate_whose_job_file_holds_its_sessions(tmp_path):
+    import yaml
+
+    from speedsplit.core.loads import SessionSchedule
+
+    top = tmp_path / "top.yaml"
+    sessions = {"rates": [0.5, 2], "count": 6, "turns": 3, "turn_tokens": 16, "think_s": 0.5}
+    top.write_text(yaml.safe_dump({"workloads": {"agent": {"prompt_tokens": 64, "output_tokens": 16, "sessions": sessions}},
+                                   "grid": {"workloads": ["agent"]}}))  # fmt: skip
+    cfg = C.load(top)
+    got = [c for c in C.cells(cfg) if c.workload == "agent"]
+    assert [c.name for c in got] == ["s0.5-agent-greedy", "s2-agent-greedy"]
+    load = CellParams.model_validate(C.cell_params(cfg, got[0])).load
+    assert load.sessions == SessionSchedule(rate_rps=0.5, count=6, turns=3, turn_tokens=16, think_s=0.5)
+    assert load.schedule_s() == 6 / 0.5 + 2 * 0.5
+    assert load.sessions.context_tokens(64, 16) == 64 + 2 * (16 + 16) + 16
+
+
+@pytest.mark.parametrize(
+    "workload, error",
+    [
+        ({"sessions": {"rates": [1], "count": 2, "turns": 40, "turn_tokens": 64}},
+         r"workloads.agent.sessions: a session's last turn holds 4000 tokens .* beyond models.tiny.max_model_len"),
+        ({"sessions": {"rates": [1], "count": 2, "turns": 2, "turn_tokens": 8}, "arrival": {"rates": [1], "requests": 4}},
+         r"workloads.agent: arrival and sessions are two kinds of load; give one"),
+        ({"sessions": {"rates": [1], "count": 2, "turns": 2, "turn_tokens": 8, "shared_prefix_tokens": 65}},
+         r"workloads.agent.sessions.shared_prefix_tokens: 65 is more than the first prompt's prompt_tokens \(64\)"),
+    ],
+)  # fmt: skip
+def test_a_sessions_workload_that_cannot_run_is_refused_in_one_line(tmp_path, workload, error):
+    import yaml
+
+    top = tmp_path / "top.yaml"
+    body = {"prompt_tokens": 64, "output_tokens": 36, **workload}
+    top.write_text(yaml.safe_dump({"workloads": {"agent": body}, "grid": {"workloads": ["agent"]}}))
+    with pytest.raises(C.ConfigError, match=error):
+        C.load(top)

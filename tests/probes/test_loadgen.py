@@ -294,3 +294,52 @@ def test_a_200_answer_that_is_not_an_event_stream_says_so():
     assert s.failures == {"not_a_stream": 1}
     assert records[0].detail.startswith("HTTP 200 with no 'data:' event (application/json")
     assert '"all at once"' in records[0].detail
+
+
+def test_sessions_send_the_conversation_so_far_a_think_time_after_each_answer():
+    """Multi-turn sessions: each begins when due; each later turn goes think_s after the last
+    answer ended, its prompt the earlier prompt, the answer the server gave and the turn's new
+    text (as the server received it); its length is checked by counting that text; the TTFT of
+    first and returning turns and each session's time are apart in the summary."""
+    from speedsplit.probes.loadspec import SessionRun
+
+    got: list = []
+    url, _ = serve_in_thread(reference.make_app(Speed(ttft_s=0.02, itl_s=0.002), received=got))
+    run = SessionRun(
+        due_s=[0.0, 0.05, 0.1],
+        first=[f" a{s} b{s} c{s}" for s in range(3)],
+        more=[[f" m{s}x{k} n{s}x{k}" for k in range(2)] for s in range(3)],
+        think_s=0.05,
+    )
+    s, records = loadgen.run(
+        spec(url, users=1, warmup_requests=1, prompts=["w1 w2 w3"], sessions=run, prompt_tokens=3, output_tokens=4,
+             count_tokens=lambda text: len(text.split()))
+    )  # fmt: skip
+    measured = sorted((r for r in records if r.phase == "measured"), key=lambda r: (r.user, r.index))
+    assert s.requests == s.completed == 9 and s.wrong_prompt_length == 0 and s.wrong_output_length == 0
+    assert [r.prompt_tokens for r in measured] == [3, 9, 15] * 3  # 3, then + 4 answered + 2 new, twice
+    assert [r.asked_prompt_tokens for r in measured] == [None, 9, 15] * 3
+    for a, b in zip(measured, measured[1:]):
+        if a.user == b.user:  # the next turn: think_s after the answer, and due then
+            assert b.due == pytest.approx(a.end + 0.05) and b.sent >= b.due - 1e-3
+    bodies = {b["prompt"] for b in got}
+    for s_ in range(3):  # the third turn's prompt holds the first prompt and both turns' new text
+        assert any(p.startswith(run.first[s_]) and p.endswith(run.more[s_][1]) and run.more[s_][0] in p for p in bodies)
+    assert s.ttft_first_s.median == pytest.approx(0.02, abs=0.015)
+    assert s.ttft_return_s.median == pytest.approx(0.02, abs=0.015)
+    # a session: three turns of 20 + 3 x 2 ms, two thinks of 50 ms
+    assert s.session_s.median == pytest.approx(3 * 0.026 + 2 * 0.05, abs=0.03)
+    assert s.offered_rps == pytest.approx(2 / 0.1)  # sessions begun a second
+
+
+def test_a_failed_turn_ends_its_session_and_its_later_turns_are_recorded_failed():
+    from speedsplit.probes.loadspec import SessionRun
+    from speedsplit.serving.reference_speed import Faults
+
+    url, _ = serve_in_thread(reference.make_app(Speed(ttft_s=0.0, itl_s=0.001), Faults(error_every=2)))
+    run = SessionRun(due_s=[0.0], first=[" a b c"], more=[[" d", " e"]], think_s=0.0)
+    s, records = loadgen.run(spec(url, users=1, warmup_requests=0, prompts=[], sessions=run, prompt_tokens=3))
+    measured = sorted((r for r in records if r.phase == "measured"), key=lambda r: r.index)
+    assert [r.error for r in measured] == [None, "http_500", "session_ended"]
+    assert measured[2].detail == "turn 1 failed (http_500)"
+    assert s.requests == 3 and s.failed == 2 and s.session_s.median is None

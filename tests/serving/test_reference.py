@@ -36,6 +36,21 @@ def test_prefill_and_open_loop_arrivals_keep_their_order():
     assert got[1].end == pytest.approx(0.4 + 2 * 0.01)
 
 
+def test_a_session_sends_its_next_turn_a_think_time_after_each_answer_and_waits_for_a_slot():
+    """Two sessions of two turns on one slot: the second session's first turn waits for the
+    first's, and each next turn goes think_s after its session's last answer (its longer
+    prompt read at the prefill rate)."""
+    speed = Speed(ttft_s=0.1, itl_s=0.01, prefill_tok_s=1000, max_concurrency=1)
+    got = expected(speed, sessions=[(0.0, [(100, 3), (250, 3)]), (0.05, [(100, 3), (250, 3)])], think_s=0.5)
+    by = {(e.user, e.index): e for e in got}
+    first = 0.1 + 0.1 + 2 * 0.01  # 0.22 s a first turn
+    assert by[0, 0].end == pytest.approx(first)
+    assert by[1, 0].sent == 0.05 and by[1, 0].ttft_s == pytest.approx(first - 0.05 + 0.2)  # waited for the slot
+    assert by[0, 1].sent == pytest.approx(first + 0.5)  # its think time after its answer
+    assert by[0, 1].ttft_s == pytest.approx(0.1 + 0.25)  # 250 prompt tokens at 1000 a second
+    assert by[1, 1].sent == pytest.approx(by[1, 0].end + 0.5)
+
+
 def test_its_command_line_says_its_speed_and_faults():
     speed = Speed(0.3, 0.02, 500.0, 4, tokens_per_chunk=3, no_running_count=True)
     faults = Faults(stall_every=5, stall_s=2.0, usage_factor=2.0, overclaim_every=3)

@@ -64,9 +64,12 @@ def test_every_run_lands_within_two_percent_of_its_truth(truth_run):
     wd, table = truth_run
     runs = table.filter(pl.col("kind") == "run")
     # 3 chain stacks x (u1, u8, open loop) + the capped one x (u8, open loop) + 2 trace stacks
-    # + the five-fold pair x (u1, u6, open loop) + the chunked and the admitting-three at u6; 2 runs, 4 metrics
-    assert runs.height == (3 * 3 + 2 + 2 + 2 * 3 + 2) * 2 * 4
-    assert set(runs["metric"]) == {"throughput", "TTFT p50", "TPOT p50", "E2E p50"}
+    # + the five-fold pair x (u1, u6, open loop) + the chunked and the admitting-three at u6; 2 runs, 4 metrics;
+    # + 2 session stacks, 2 runs, those 4 and 3 of their own
+    assert runs.height == (3 * 3 + 2 + 2 + 2 * 3 + 2) * 2 * 4 + 2 * 2 * 7
+    sessions = {"first-turn TTFT p50", "returning-turn TTFT p50", "session p50"}
+    assert set(runs["metric"]) == {"throughput", "TTFT p50", "TPOT p50", "E2E p50"} | sessions
+    assert set(runs.filter(pl.col("metric").is_in(sessions))["what"].str.split(" ").list.get(1)) == {"s2-agent-greedy"}
     assert runs["within"].all(), _why(wd, runs)
 
 
@@ -78,7 +81,7 @@ def test_every_factor_within_one_percent_and_the_intervals_hold_the_truth(truth_
     factors = table.filter(pl.col("kind") == "factor")
     # closed loop (two numbers of users), open loop, a saturated stack, a trace: each has factors
     cells = {w.split()[2] for w in factors["what"]}
-    assert {"u1-alone-greedy", "u8-truth-greedy", "r6-traffic-greedy", "x4-trace-greedy"} <= cells
+    assert {"u1-alone-greedy", "u8-truth-greedy", "r6-traffic-greedy", "x4-trace-greedy", "s2-agent-greedy"} <= cells
     assert any("saturated" in w for w in factors["what"])
     # The trace cell replays 12 requests a run, outputs scaled to a few tokens each: its p99 is
     # its slowest request, and one client hiccup on a 3-token answer moves that request's TPOT
@@ -104,6 +107,12 @@ def test_every_factor_within_one_percent_and_the_intervals_hold_the_truth(truth_
     five = factors.filter(pl.col("what") == "attribution fivefold u1-alone-greedy total")
     assert five["truth"].to_list() == pytest.approx([5.0], rel=1e-9)
     assert set(factors.filter(pl.col("what").str.contains("admits-three u6"))["within"]) == {True}
+    # agent sessions: at 2,000 prompt tokens a second, a returning turn (its conversation so far
+    # in its prompt) loses more to prefill than a first turn of 200 tokens (0.8 / 0.9)
+    agent = factors.filter(pl.col("what") == "traffic prefill s2-agent-greedy total")
+    truths = dict(zip(agent["metric"], agent["truth"]))
+    assert truths["first-turn TTFT p50"] == pytest.approx(0.8 / 0.9, rel=1e-9)
+    assert truths["returning-turn TTFT p50"] < truths["first-turn TTFT p50"] < 1
 
 
 @pytest.mark.slow

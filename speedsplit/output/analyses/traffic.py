@@ -16,6 +16,9 @@ from speedsplit.output.plots import title
 from speedsplit.planning.grid import cells as grid_cells
 
 FIRST_SCREEN = ["goodput", "throughput", "TTFT p50", "TPOT p50", "E2E p50"]
+# a sessions cell's own (its first turns' TTFT is in TTFT p50's company: shown in the tables)
+SESSION_SCREEN = ["returning-turn TTFT p50", "session p50"]
+SESSION_CELL = pl.col("cell").str.starts_with("s")  # grid.Cell.name of a sessions cell: s{rate}-...
 
 
 def build(b: Basis) -> dict[str, pl.DataFrame]:
@@ -42,7 +45,9 @@ def headlines(factors: pl.DataFrame) -> list[str]:
         top = done.sort("rate_rps", descending=True, nulls_last=True).row(0, named=True)
         at = df.filter((pl.col("cell") == top["cell"]) & (pl.col("model") == top["model"]))
         parts = []
-        for metric in ("goodput", "TTFT p50", "TPOT p50"):
+        for metric in ("goodput", "TTFT p50", "TPOT p50", *SESSION_SCREEN):
+            if metric in SESSION_SCREEN and not at.filter(pl.col("metric") == metric).height:
+                continue
             m = at.filter(pl.col("metric") == metric).sort(pl.col("position").replace(0, 10**6))
             steps = [
                 f"{r['step']} {_x(r['value'], r['lo'], r['hi'])}" for r in m.iter_rows(named=True) if r["position"]
@@ -51,7 +56,8 @@ def headlines(factors: pl.DataFrame) -> list[str]:
             if len(steps) > 1 and total.height:
                 steps.append(f"= {_x(total['value'][0], total['lo'][0], total['hi'][0])}")
             parts.append(f"{metric}: {' × '.join(steps[:-1]) + ' ' + steps[-1] if len(steps) > 1 else steps[0]}")
-        rate = f" ({top['rate_rps']:g} req/s)" if top["rate_rps"] is not None else ""
+        unit = "sessions/s" if top["cell"].startswith("s") else "req/s"
+        rate = f" ({top['rate_rps']:g} {unit})" if top["rate_rps"] is not None else ""
         out.append(f"{chain} at {top['cell']}{rate}, {top['model']}: " + "; ".join(parts) + ".")
     return out
 
@@ -72,6 +78,7 @@ def answer(frames: dict[str, pl.DataFrame]) -> str:
     parts += [f"<p class='headline'>{html.escape(t)}</p>" for t in headlines(factors)]
     for chain, df in factors.group_by("chain", maintain_order=True):
         rows = []
+        shown = FIRST_SCREEN + [m for m in SESSION_SCREEN if m in set(df["metric"])]
         # by rate (a trace's cells last), each step in chain order, the total last
         df = df.sort(["rate_rps", "cell", pl.col("position").replace(0, 10**6)], nulls_last=True, maintain_order=True)
         for key, g in df.group_by(["model", "topology", "cell", "position", "factor", "step"], maintain_order=True):
@@ -80,7 +87,7 @@ def answer(frames: dict[str, pl.DataFrame]) -> str:
             by = {r["metric"]: r for r in g.iter_rows(named=True)}
             model, topology, cell, _, factor, step = key
             row = {"cell": cell, "model": model, "topology": topology, "step": step, "factor": factor}
-            row |= {m: _x(by[m]["value"], by[m]["lo"], by[m]["hi"]) if m in by else "—" for m in FIRST_SCREEN}
+            row |= {m: _x(by[m]["value"], by[m]["lo"], by[m]["hi"]) if m in by else "—" for m in shown}
             rows.append(row)
         if not rows:
             parts.append(f"<p><b>{html.escape(chain[0])}</b>: no factor could be computed.</p>")
@@ -100,7 +107,7 @@ def answer(frames: dict[str, pl.DataFrame]) -> str:
     return "".join(parts)
 
 
-CHART_METRICS = ["goodput", "TTFT p50", "TPOT p50", "E2E p50"]
+CHART_METRICS = ["goodput", "TTFT p50", "TPOT p50", "E2E p50", *SESSION_SCREEN]
 
 
 def _chart(df: pl.DataFrame, x: alt.X, marks: alt.Chart, heading: str, cells: pl.DataFrame, width: int) -> alt.Chart:
@@ -126,20 +133,21 @@ def _chart(df: pl.DataFrame, x: alt.X, marks: alt.Chart, heading: str, cells: pl
 
 def factors_chart(factors: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
     """Each chain's factors against the offered request rate, on goodput and the median
-    latencies, with their intervals (rate cells only: a trace's cells have no one rate)."""
+    latencies, with their intervals (request-rate cells only: a trace's cells have no one rate,
+    a sessions cell's is of sessions)."""
     line = alt.Chart().mark_line(point=True).encode(tooltip=["chain", "series", "metric", "rate_rps", "value"])
     x = alt.X("rate_rps:Q", scale=alt.Scale(type="log"), title="offered requests/s")
     heading = "Factors under traffic vs the offered rate (goodput and median latencies)"
-    return _chart(factors.filter(pl.col("rate_rps").is_not_null()), x, line, heading, cells, 200)
+    return _chart(factors.filter(pl.col("rate_rps").is_not_null() & ~SESSION_CELL), x, line, heading, cells, 200)
 
 
 def trace_chart(factors: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
-    """Each chain's factors at its trace-replay cells (no one rate: a point per cell), on
-    goodput and the median latencies, with their intervals."""
+    """Each chain's factors at its trace-replay and sessions cells (no one request rate: a
+    point per cell), on goodput and the median latencies, with their intervals."""
     points = alt.Chart().mark_point(filled=True, size=60).encode(tooltip=["chain", "series", "metric", "cell", "value"])
-    measured = factors.filter(pl.col("rate_rps").is_null() & pl.col("value").is_not_null())
-    heading = "Factors at trace-replay cells (goodput and median latencies)"
-    return _chart(measured, alt.X("cell:N", title="trace-replay cell"), points, heading, cells, 160)
+    measured = factors.filter((pl.col("rate_rps").is_null() | SESSION_CELL) & pl.col("value").is_not_null())
+    heading = "Factors at trace-replay and sessions cells (goodput and median latencies)"
+    return _chart(measured, alt.X("cell:N", title="cell"), points, heading, cells, 160)
 
 
 def charts(frames: dict[str, pl.DataFrame]) -> dict:
@@ -149,9 +157,9 @@ def charts(frames: dict[str, pl.DataFrame]) -> dict:
         return {}
     out = {}
     measured = factors.filter(pl.col("value").is_not_null())
-    if measured.filter(pl.col("rate_rps").is_not_null()).height:
+    if measured.filter(pl.col("rate_rps").is_not_null() & ~SESSION_CELL).height:
         out["traffic"] = factors_chart(factors, flat(frames["cells"]))
-    if measured.filter(pl.col("rate_rps").is_null()).height:
+    if measured.filter(pl.col("rate_rps").is_null() | SESSION_CELL).height:
         out["traffic_trace"] = trace_chart(factors, flat(frames["cells"]))
     return out
 
@@ -161,7 +169,8 @@ def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
         return ""
     return html_section(
         "Traffic",
-        "Open-loop cells (config <i>workloads.*.arrival</i> or <i>trace</i>): each stack's offered and served "
+        "Open-loop cells (config <i>workloads.*.arrival</i>, <i>trace</i> or <i>sessions</i>): each stack's "
+        "offered and served "
         "rate, latency percentiles and prefix-cache hit rate (medians over runs), then every chain's factors "
         "per metric as speedups (a latency as old / new), with intervals and which way each goes. Runs "
         "whose client fell behind its schedule (client_lag) are left out.",
