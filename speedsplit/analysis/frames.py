@@ -114,6 +114,7 @@ RUNS_SCHEMA = {
     "prefix_cache_hit_rate": pl.Float64,
     "prefix_cache_hits": pl.Float64,
     "prefix_cache_queries": pl.Float64,
+    "offload_hit_rate": pl.Float64,  # the share of tokens looked up past the card an offloaded tier held
     "energy_j": pl.Float64,
     "energy_per_token_j": pl.Float64,
     "tokens_per_joule": pl.Float64,
@@ -268,6 +269,7 @@ def _slo_and_telemetry(res: RunResult, ok: bool) -> dict:
         "prefix_cache_hit_rate": server.prefix_cache_hit_rate if server else None,
         "prefix_cache_hits": server.prefix_cache_hits if server else None,
         "prefix_cache_queries": server.prefix_cache_queries if server else None,
+        "offload_hit_rate": server.offload_hit_rate if server else None,
         "energy_j": gpu.energy_j if gpu else None,
         "energy_per_token_j": energy,
         "tokens_per_joule": 1.0 / energy if energy else None,
@@ -306,6 +308,7 @@ CELLS_TYPES = {
     "prefix_cache_hit_rate": pl.Float64,
     "prefix_cache_hits": pl.Float64,
     "prefix_cache_queries": pl.Float64,
+    "offload_hit_rate": pl.Float64,
     "power_mean_w": pl.Float64,
     "sm_util_mean_pct": pl.Float64,
     "tokens_per_chunk": pl.Float64,
@@ -367,6 +370,7 @@ def cells_frame(runs: pl.DataFrame, tolerate_flags: Collection[str] = ()) -> pl.
             # the counts behind the rate, summed over the runs (null: not read, or results from before)
             prefix_cache_hits=_sum_or_none(ok["prefix_cache_hits"]),
             prefix_cache_queries=_sum_or_none(ok["prefix_cache_queries"]),
+            offload_hit_rate=_median_or_none(ok["offload_hit_rate"].drop_nulls().to_list()),
             power_mean_w=_median_or_none(ok["power_mean_w"].drop_nulls().to_list()),
             sm_util_mean_pct=_median_or_none(ok["sm_util_mean_pct"].drop_nulls().to_list()),
             telemetry_absent=sorted({a for xs in df["telemetry_absent"].to_list() for a in xs}),

@@ -100,6 +100,8 @@ SCHEMA = {
     "preemptions_to": pl.Float64,
     "prefix_hit_rate_from": pl.Float64,  # the share of prompt tokens its prefix cache served
     "prefix_hit_rate_to": pl.Float64,
+    "offload_hit_rate_from": pl.Float64,  # the share of tokens past the card's cache an offloaded tier served
+    "offload_hit_rate_to": pl.Float64,
     "acceptance_from": pl.Float64,  # a speculative decoder's accepted / drafted tokens (null: not one)
     "acceptance_to": pl.Float64,
     "note": pl.Utf8,
@@ -129,7 +131,8 @@ def parts(row: dict) -> dict[str, float] | None:
             out["B"] = row["running_mean"]
     if row.get("spec_acceptance") is not None:
         out["A"] = row["spec_acceptance"]
-    for key, column in (("V", "kv_cache_peak"), ("P", "preemptions"), ("H", "prefix_cache_hit_rate")):
+    memory = (("V", "kv_cache_peak"), ("P", "preemptions"), ("H", "prefix_cache_hit_rate"), ("O", "offload_hit_rate"))
+    for key, column in memory:
         if row.get(column) is not None:  # what the engine's memory did, where it said
             out[key] = row[column]
     return out
@@ -170,7 +173,7 @@ def step_row(a: dict[int, dict], b: dict[int, dict], paired: bool) -> dict:
 
     engine = sides("acceptance", "A", apart=True)
     engine |= sides("kv_cache_peak", "V", apart=True) | sides("preemptions", "P", apart=True)
-    engine |= sides("prefix_hit_rate", "H", apart=True)
+    engine |= sides("prefix_hit_rate", "H", apart=True) | sides("offload_hit_rate", "O", apart=True)
     if all("S" in p for p in (*a.values(), *b.values())):
         rate, per_step = ratio("S"), ratio("K")
         engine |= {
@@ -278,4 +281,10 @@ def why_words(row: dict) -> str | None:
     if any(pre) and None not in pre:  # the engine ran out of KV cache on a side
         said += f"; preemptions {pre[0]:.3g} → {pre[1]:.3g} a run (KV cache at its fullest "
         said += f"{_pct(row['kv_cache_peak_from'] or 0)} → {_pct(row['kv_cache_peak_to'] or 0)})"
+    hit = [row.get(f"prefix_hit_rate_{side}") for side in ("from", "to")]
+    if None not in hit and abs(hit[1] - hit[0]) >= 0.01:  # its prefix cache served another share of the prompts
+        said += f"; the prefix cache held {_pct(hit[0])} → {_pct(hit[1])} of the prompt tokens"
+    off = row.get("offload_hit_rate_to")
+    if off is not None:  # an offloaded KV cache, after the step
+        said += f"; its offloaded KV cache held {_pct(off)} of the prompt tokens the card's cache did not"
     return said

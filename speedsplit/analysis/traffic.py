@@ -55,7 +55,7 @@ STACKS_COLUMNS = [
     "model", "topology", "cell", "workload", "sampling", "rate_rps", "stack", "runs_ok", "offered_rps",
     "output_tok_s", "goodput_rps", "slo_met", "ttft_s_median", "ttft_s_p99", "tpot_s_median", "tpot_s_p99",
     "e2e_s_median", "ttft_first_s_median", "ttft_return_s_median", "session_s_median", "prefix_cache_hit_rate",
-    "kv_cache_peak", "preemptions", "failed_requests", "flags",
+    "offload_hit_rate", "kv_cache_peak", "preemptions", "failed_requests", "flags",
 ]  # fmt: skip
 
 

@@ -227,6 +227,22 @@ class ServerTelemetry(StrictRecord):
     prefix_cache_queries: float | None = Field(
         None, description="prefix-cache queries during the phase (tokens looked up, vLLM)"
     )
+    offload_hits: float | None = Field(
+        None,
+        description="prompt tokens a KV connector (KV-cache offload, LMCache) found past the card's prefix cache "
+        "during the phase (vLLM's external prefix-cache hits; null: no connector)",
+    )
+    offload_queries: float | None = Field(
+        None, description="prompt tokens looked up in the KV connector during the phase (null: no connector)"
+    )
+
+    @property
+    def offload_hit_rate(self) -> float | None:
+        """The share of prompt tokens looked up past the card that an offloaded tier held."""
+        return (
+            self.offload_hits / self.offload_queries if self.offload_hits is not None and self.offload_queries else None
+        )
+
     prefix_cache_hits_flagged: bool = Field(
         description="hit rate above 5%: with distinct prompts the server should be reusing almost nothing"
     )

@@ -75,6 +75,16 @@ class RequestRecord(StrictRecord):
     due: float | None = Field(default=None, description="open loop: when it was due (sent is when it went out)")
     asked_prompt_tokens: int | None = Field(default=None, description="open loop: its own prompt length")
     asked_output_tokens: int | None = Field(default=None, description="open loop: its own output length")
+    cached_tokens: int | None = Field(
+        default=None,
+        description="prompt tokens the server says its KV cache held, on the card or offloaded "
+        "(usage.prompt_tokens_details.cached_tokens: vLLM with --enable-prompt-tokens-details; null: not said)",
+    )
+    offloaded_tokens: int | None = Field(
+        default=None,
+        description="of those, the ones an offloaded tier held, where the server says (the reference server's "
+        "prompt_tokens_details.offloaded_tokens; vLLM counts them only in /metrics)",
+    )
 
     _text: list[str] = PrivateAttr(default_factory=list)  # the streamed text, until it is counted
     _prompt: str | None = PrivateAttr(default=None)  # a session's turn: the prompt sent, until it is counted
@@ -168,6 +178,8 @@ def _columns(records: list[RequestRecord]):
         "due": pa.float64(),
         "asked_prompt_tokens": pa.int32(),
         "asked_output_tokens": pa.int32(),
+        "cached_tokens": pa.int32(),
+        "offloaded_tokens": pa.int32(),
     }
     assert set(fields) == set(RequestRecord.model_fields), "a RequestRecord field has no column"
     rows = [r.__dict__ for r in records]  # the values as read: exact, not the writer's microseconds

@@ -104,6 +104,16 @@ def _faults(faults: reference_speed.Faults) -> list[str]:
     return [k for k in FAULT_SIGNS if getattr(faults, k) != getattr(base, k)]
 
 
+def _lengths(r: RequestRecord, cell) -> tuple[int, int, int, int]:
+    """A request's prompt and output tokens and what its server's KV cache held of its prompt
+    (on the card, on the host), as the server said them (the server of known speed decides its
+    hits by its own rules, serving/reference_cache.py; this checks what the client measured of
+    the time they took)."""
+    prompt = r.prompt_tokens or r.asked_prompt_tokens or cell.prompt_tokens
+    offloaded = r.offloaded_tokens or 0
+    return prompt, r.asked_output_tokens or cell.output_tokens, (r.cached_tokens or 0) - offloaded, offloaded
+
+
 def true_records(result: RunResult, measured: list[RequestRecord], speed: reference_speed.Speed) -> list[RequestRecord]:
     """The run's measured phase as a perfect client of this server would record it: each
     measured request beside its true self (closed loop: the same user's same request; open
@@ -114,9 +124,7 @@ def true_records(result: RunResult, measured: list[RequestRecord], speed: refere
         turns: dict[int, list[RequestRecord]] = {}
         for r in sorted(mine, key=lambda r: (r.user, r.index)):
             turns.setdefault(r.user, []).append(r)
-        sessions = [
-            (rs[0].due, [(r.prompt_tokens or p.prompt_tokens, p.output_tokens) for r in rs]) for rs in turns.values()
-        ]
+        sessions = [(rs[0].due, [_lengths(r, p) for r in rs]) for rs in turns.values()]
         by = {
             (e.user, e.index): e
             for e in reference_speed.expected(speed, sessions=sessions, think_s=p.load.sessions.think_s)
@@ -124,9 +132,7 @@ def true_records(result: RunResult, measured: list[RequestRecord], speed: refere
         keys = list(turns)
         truth = [by[keys.index(r.user), r.index] for r in mine]
     elif any(r.due is not None for r in mine):
-        arrivals = [
-            (r.due, r.asked_prompt_tokens or p.prompt_tokens, r.asked_output_tokens or p.output_tokens) for r in mine
-        ]
+        arrivals = [(r.due, *_lengths(r, p)) for r in mine]
         truth = reference_speed.expected(speed, arrivals=arrivals)
     else:
         by = {
@@ -154,6 +160,8 @@ def true_records(result: RunResult, measured: list[RequestRecord], speed: refere
             prompt_tokens=e.prompt_tokens,
             output_tokens=e.output_tokens,
             usage_tokens=e.output_tokens,
+            cached_tokens=r.cached_tokens,
+            offloaded_tokens=r.offloaded_tokens,
             chunks=len(speed.chunk_ends(e.output_tokens)),
             due=e.sent
             if r.due is not None

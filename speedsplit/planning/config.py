@@ -39,6 +39,7 @@ from speedsplit.planning.grid import (  # noqa: F401 (re-exported: callers read 
     has_int4_stack,
     headline,
     kernel_reference,
+    kv_offload,
     platform_of,
     stack_params,
     topology_gpus,
@@ -242,6 +243,14 @@ def _check_references(config: dict) -> None:
     for i, stack in enumerate(bench.stacks):
         if stack not in stacks:
             raise ConfigError(f"config error at benchmark.stacks[{i}]: unknown stack {stack!r}")
+    if platform_of(config) == "cpu":
+        for stack in bench_stacks(config):
+            if kv_offload(stack_config.stack_config(config, stack)):
+                raise ConfigError(
+                    f"config error at stacks.{stack}: vLLM offloads its KV cache on CUDA and XPU GPUs only (its CPU "
+                    "build refuses: 'CPU Offloading is currently only supported on CUDA-alike and XPU GPUs'); "
+                    "measure this stack on a GPU (the reference server's --offload-cache-tokens rehearses the step)"
+                )
     for i, model in enumerate(bench.models):
         if model not in config["models"]:
             raise ConfigError(f"config error at benchmark.models[{i}]: unknown model {model!r}")

@@ -66,7 +66,8 @@ def chain_steps(config: dict) -> dict[str, list[str]]:
         FP8), 'GGUF Q8_0 weights' (to a llama.cpp quantized file), 'batch ceiling' (HF to HF, stock
         generate() at another --max-batch), 'scheduler' (HF to HF otherwise), 'prefix caching' (vLLM
         to vLLM, its prefix-caching switch alone), 'speculative decoding (ngram)' (to a vLLM stack
-    with a --speculative-config, its method named), 'configuration' (one engine otherwise, same
+    with a --speculative-config, its method named), 'KV-cache offload (native)' (to a vLLM stack
+    with --kv-offloading-size, its backend named), 'configuration' (one engine otherwise, same
         weights); 'runtime' also names a change of engine on the same 16-bit weights (vLLM FP16 to
         llama.cpp F16). Two steps of one chain that would read alike each name their stacks."""
     out = {}
@@ -91,6 +92,8 @@ def chain_steps(config: dict) -> dict[str, list[str]]:
                 steps.append("batch ceiling" if _only(a, b, "--max-batch") else "scheduler")
             elif _speculative(b) and not _speculative(a):
                 steps.append(f"speculative decoding ({_speculative(b)})")
+            elif kv_offload(b) and not kv_offload(a):
+                steps.append(f"KV-cache offload ({kv_offload(b)})")
             else:
                 steps.append("prefix caching" if _only_prefix_caching(a, b) else "configuration")
         # one name, one step: where two steps of a chain would read alike, each names its stacks
@@ -120,6 +123,16 @@ def _speculative(s: StackConfig) -> str | None:
                 return "speculative"
             return str(spec.get("method") or ("draft model" if spec.get("model") else "speculative"))
     return None
+
+
+def kv_offload(s: StackConfig) -> str | None:
+    """The KV-cache offload backend a stack's vLLM server is given (--kv-offloading-size set:
+    --kv-offloading-backend, native by default), or None."""
+    args = s.args + s.on_gpu.args + s.on_cpu.args
+    if "--kv-offloading-size" not in args:
+        return None
+    at = args.index("--kv-offloading-backend") if "--kv-offloading-backend" in args[:-1] else None
+    return args[at + 1] if at is not None else "native"
 
 
 def _only_prefix_caching(a: StackConfig, b: StackConfig) -> bool:

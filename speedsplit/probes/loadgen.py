@@ -120,6 +120,11 @@ async def _one_request(http: aiohttp.ClientSession, spec: LoadSpec, rec: Request
                     if usage:  # the last usage seen is what the server says it sent
                         rec.prompt_tokens = usage.get("prompt_tokens")
                         rec.usage_tokens = usage.get("completion_tokens")
+                        details = usage.get("prompt_tokens_details") or {}  # what its KV cache held
+                        rec.cached_tokens, rec.offloaded_tokens = (
+                            details.get("cached_tokens"),
+                            details.get("offloaded_tokens"),
+                        )
         rec.end = time.perf_counter() - t0
         if not events:  # a 200 answer, but no server-sent event in it
             kind = resp.headers.get("Content-Type", "no Content-Type")

@@ -24,6 +24,10 @@ COUNTERS = {
     "preemptions": "vllm:num_preemptions_total",
     "prefix_hits": "vllm:prefix_cache_hits_total",
     "prefix_queries": "vllm:prefix_cache_queries_total",
+    # a KV connector's (KV-cache offload, LMCache): prompt tokens looked up past the card's
+    # prefix cache, and found there
+    "offload_hits": "vllm:external_prefix_cache_hits_total",
+    "offload_queries": "vllm:external_prefix_cache_queries_total",
     # the engine's steps and the tokens they carried (prefill and decode): a histogram of the
     # tokens of each step, observed once a step
     "engine_steps": "vllm:iteration_tokens_total_count",
@@ -246,6 +250,7 @@ def server_summary(
     kv, running, waiting = gauge(GAUGES["kv_cache"]), gauge(GAUGES["running"]), gauge(GAUGES["waiting"])
     hits, queries = delta(COUNTERS["prefix_hits"]), delta(COUNTERS["prefix_queries"])
     rate = hits / queries if hits is not None and queries else None
+    off_hits, off_queries = delta(COUNTERS["offload_hits"]), delta(COUNTERS["offload_queries"])
     return ServerTelemetry(
         samples=len(inside),
         kv_cache_usage_peak=max(kv) if kv else None,
@@ -258,6 +263,8 @@ def server_summary(
         prefix_cache_hits=hits,
         prefix_cache_queries=queries,
         prefix_cache_hits_flagged=rate is not None and rate > PREFIX_HIT_FLAG,
+        offload_hits=off_hits,
+        offload_queries=off_queries,
         engine_steps=first(settled(COUNTERS["engine_steps"]), settled(ALSO["engine_steps"])),
         engine_tokens=settled(COUNTERS["engine_tokens"]),
         spec_drafts=settled(COUNTERS["spec_drafts"]),

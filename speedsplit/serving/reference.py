@@ -32,6 +32,13 @@ running count (as transformers serve, TGI and many proxies do). An answer's text
 whole-word tokens of the model's tokenizer, so a client that counts the text's tokens counts
 exactly what was streamed.
 
+It may keep a KV cache (speedsplit/serving/reference_cache.py): `--prefix-cache-tokens N` holds
+the last sequences it served (prompt and answer) on its card, and a prompt token found there
+costs no prefill; `--offload-cache-tokens M` keeps what the card evicts in a host tier, whose
+hits load at `--offload-tok-s` (KV-cache offload). It says each request's hits in its usage
+(`prompt_tokens_details`: `cached_tokens`, and its own `offloaded_tokens`) and counts them as
+vLLM's prefix-cache and external prefix-cache counters in `/metrics`.
+
 Its answers are set by hand too (speedsplit/serving/reference_answers.py: `--diverge-every`,
 `--diverge-at`, `--nll`), with token ids and logprobs where a request asks (`logprobs`,
 `return_tokens_as_token_ids`, `echo`): a quality probe's requests (they ask for logprobs) are
@@ -51,6 +58,7 @@ import socket
 import threading
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,6 +68,7 @@ from speedsplit.core import apikey
 from speedsplit.core.awake import Awake
 from speedsplit.serving import logprobs
 from speedsplit.serving.reference_answers import Answers
+from speedsplit.serving.reference_cache import KvTiers
 from speedsplit.serving.reference_speed import EngineClock, Faults, Speed, add_speed_args, answers_of, speed_of
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default when a request names none
@@ -123,12 +132,15 @@ class Server:
     slots: asyncio.Semaphore | None = field(default=None, repr=False)
     awake: Awake = field(default_factory=Awake, repr=False)  # ticks while it serves (core/awake.py)
     engine: EngineClock | None = None  # its step counter (none where tokens come at once)
+    cache: KvTiers | None = None  # its KV cache (--prefix-cache-tokens; none: every prompt read whole)
 
     def __post_init__(self) -> None:
         if self.speed.max_concurrency:
             self.slots = asyncio.Semaphore(self.speed.max_concurrency)
         if self.speed.step_s() > 0:
             self.engine = EngineClock(self.speed.step_s())
+        if self.speed.prefix_cache_tokens:
+            self.cache = KvTiers(self.speed.prefix_cache_tokens, self.speed.offload_cache_tokens)
 
 
 def token_ids(model_dir: str | None):
@@ -140,7 +152,7 @@ def token_ids(model_dir: str | None):
 
         tok = Tokenizer.from_file(str(path))
         return lambda text: tok.encode(text, add_special_tokens=False).ids
-    return lambda text: list(range(len(text.split())))
+    return lambda text: [zlib.crc32(w.encode()) for w in text.split()]
 
 
 def _parse(body: dict, chat: bool) -> tuple[str, int, bool, dict, logprobs.Asked]:
@@ -187,8 +199,14 @@ def _chunk(
     return b"data: " + json.dumps(out).encode() + b"\n\n"
 
 
-def _usage(prompt: int, completion: int) -> dict:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def _usage(prompt: int, completion: int, hits: tuple[int, int] | None = None) -> dict:
+    """OpenAI's usage; with a KV cache, the prompt tokens it held (cached_tokens, as vLLM says
+    them with --enable-prompt-tokens-details: the card's and the host's) and those of the host
+    tier (offloaded_tokens: the reference server's own)."""
+    out = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if hits is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": hits[0] + hits[1], "offloaded_tokens": hits[1]}
+    return out
 
 
 async def _until(deadline: float) -> None:
@@ -218,7 +236,8 @@ async def _answer(request: web.Request, kind: str) -> web.StreamResponse:
     fault = state.faults.of(state.received)
     if fault == "error":
         return web.json_response({"error": {"message": "reference fault: error", "code": 500}}, status=500)
-    prompt_tokens = len(state.ids_of(prompt))
+    ids = state.ids_of(prompt)
+    prompt_tokens = len(ids)
     streamed = max(1, int(n * state.faults.short_fraction)) if fault in ("short", "overclaim") else n
     claimed = round((n if fault == "overclaim" else streamed) * state.faults.usage_factor)  # what usage says
     async with state.awake:  # a deadline hundreds of ms away is still met to the millisecond
@@ -232,11 +251,14 @@ async def _answer(request: web.Request, kind: str) -> web.StreamResponse:
         finally:
             state.waiting -= 1
         state.running += 1
+        hits = state.cache.lookup(ids) if state.cache else None  # its prompt looked up as its slot begins
         try:
             return await _serve_request(
-                request, state, kind, fault, prompt_tokens, streamed, claimed, stream, options, arrived
+                request, state, kind, fault, prompt_tokens, streamed, claimed, stream, options, arrived, hits
             )
         finally:
+            if state.cache:  # its prompt and answer, kept
+                state.cache.store(ids + state.ids_of("".join(state.words.text(i) for i in range(streamed))))
             state.running -= 1
             if state.slots is not None:
                 state.slots.release()
@@ -253,9 +275,10 @@ async def _serve_request(
     stream: bool,
     options: dict,
     start: float,
+    hits: tuple[int, int] | None = None,
 ) -> web.StreamResponse:
     speed = state.speed
-    first = start + speed.first_token_s(prompt_tokens)
+    first = start + speed.first_token_s(prompt_tokens, *(hits or ()))
     half = streamed // 2
     rid = f"ref-{uuid.uuid4().hex[:12]}"
     engine = state.engine
@@ -287,7 +310,7 @@ async def _serve_request(
                 "created": int(time.time()),
                 "model": state.served_name,
                 "choices": [choice],
-                "usage": _usage(prompt_tokens, claimed),
+                "usage": _usage(prompt_tokens, claimed, hits),
             }
         )
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -327,7 +350,7 @@ async def _serve_request(
             engine.end(time.perf_counter())
     if options.get("include_usage"):
         usage = {"id": rid, "object": "text_completion", "model": state.served_name, "choices": []}
-        usage["usage"] = _usage(prompt_tokens, claimed)
+        usage["usage"] = _usage(prompt_tokens, claimed, hits)
         await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
@@ -439,6 +462,16 @@ def make_app(
                 f"vllm:spec_decode_num_draft_tokens_total{label} {s.engine.draft_tokens}",
                 f"vllm:spec_decode_num_accepted_tokens_total{label} {s.engine.accepted}",
             ]
+        if s.cache is not None:  # vLLM's prefix-cache counters, and its KV connector's (offload)
+            lines += [
+                f"vllm:prefix_cache_queries_total{label} {s.cache.queries}",
+                f"vllm:prefix_cache_hits_total{label} {s.cache.hits}",
+            ]
+            if s.cache.host_tokens:
+                lines += [
+                    f"vllm:external_prefix_cache_queries_total{label} {s.cache.host_queries}",
+                    f"vllm:external_prefix_cache_hits_total{label} {s.cache.host_hits}",
+                ]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     app.on_startup.append(start)

@@ -31,6 +31,12 @@ class Speed:
     # chunk's tokens beyond its last (the target model's own) are the drafts it accepted; its
     # counters are vLLM's spec-decode counters (0: not speculative)
     spec_draft_tokens: int = 0
+    # a KV cache (serving/reference_cache.py): a prefix cache on the card of this many tokens (0:
+    # none), a host tier behind it taking what the card evicts (0: none), and how fast the host
+    # tier's hits load (prompt tokens a second; 0: free)
+    prefix_cache_tokens: int = 0
+    offload_cache_tokens: int = 0
+    offload_tok_s: float = 0.0
 
     def chunk_ends(self, output_tokens: int) -> list[int]:
         """The index of each chunk's last token: 0, then every tokens_per_chunk-th (the last
@@ -56,13 +62,17 @@ class Speed:
         """Its engine's step: a chunk's gap (EngineClock)."""
         return self.itl_s * max(1, self.tokens_per_chunk)
 
-    def first_token_s(self, prompt_tokens: int) -> float:
-        """From a request's slot to its first token."""
-        return self.ttft_s + (prompt_tokens / self.prefill_tok_s if self.prefill_tok_s else 0.0)
+    def first_token_s(self, prompt_tokens: int, cached: int = 0, offloaded: int = 0) -> float:
+        """From a request's slot to its first token: its prompt read at the prefill rate but
+        for the tokens its card's cache held (free) and those its host tier held (loaded at the
+        offload rate)."""
+        computed = prompt_tokens - cached - offloaded
+        prefill = computed / self.prefill_tok_s if self.prefill_tok_s else 0.0
+        return self.ttft_s + prefill + (offloaded / self.offload_tok_s if self.offload_tok_s else 0.0)
 
-    def service_s(self, prompt_tokens: int, output_tokens: int) -> float:
+    def service_s(self, prompt_tokens: int, output_tokens: int, cached: int = 0, offloaded: int = 0) -> float:
         """From a request's slot to its last token."""
-        return self.first_token_s(prompt_tokens) + self.itl_s * max(0, output_tokens - 1)
+        return self.first_token_s(prompt_tokens, cached, offloaded) + self.itl_s * max(0, output_tokens - 1)
 
 
 @dataclass
@@ -155,6 +165,8 @@ class Expected:
     output_tokens: int
     user: int = 0  # closed loop: who sent it, and its place among that user's requests
     index: int = 0  # open loop: its place in the arrivals given
+    cached: int = 0  # prompt tokens its card's cache held, and its host tier (a KV cache's server)
+    offloaded: int = 0
 
     @property
     def ttft_s(self) -> float:
@@ -178,16 +190,18 @@ def expected(
     prompt_tokens: int = 0,
     output_tokens: int = 1,
     closed: ClosedLoopSettings = ClosedLoopSettings(),
-    arrivals: list[tuple[float, int, int]] | None = None,
-    sessions: list[tuple[float, list[tuple[int, int]]]] | None = None,
+    arrivals: list[tuple[float, ...]] | None = None,
+    sessions: list[tuple[float, list[tuple[int, ...]]]] | None = None,
     think_s: float = 0.0,
 ) -> list[Expected]:
     """Every request of a measured phase on a fresh, idle server, as the server's rules make
     it: closed loop (`users` each sending `requests_per_user` back to back, as `closed` says:
     user u joining at u * ramp_s / users, each next request think_s after the last one's end);
-    given `arrivals` (due time, prompt tokens, output tokens), open loop (in the order given);
-    given `sessions` (each one's start and its turns' prompt and output tokens), each session's
-    next turn `think_s` after its last answer ended (user: the session, index: the turn). Slots
+    given `arrivals` (due time, prompt tokens, output tokens, and the cached and offloaded prompt
+    tokens where its server has a KV cache), open loop (in the order given);
+    given `sessions` (each one's start and its turns' prompt and output tokens, and the prompt
+    tokens its KV cache held on the card and on the host where it has one), each session's next
+    turn `think_s` after its last answer ended (user: the session, index: the turn). Slots
     go first come, first served, as the server gives them; the closed loop's and the sessions'
     requests come in the order they were sent."""
     cap = speed.max_concurrency or 10**9
@@ -201,8 +215,8 @@ def expected(
     if arrivals is not None:
         served = {}
         for k in sorted(range(len(arrivals)), key=lambda k: arrivals[k][0]):
-            due, p, n = arrivals[k]
-            served[k] = _serve(speed, free, due, p, n, 0, k)
+            due, p, n, *hits = arrivals[k]  # (cached, offloaded) where its server has a KV cache
+            served[k] = _serve(speed, free, due, p, n, 0, k, *hits)
         return [served[k] for k in range(len(arrivals))]
     starts = [(u * closed.ramp_s / users if users else 0.0, u, 0) for u in range(users)]
     lengths = (prompt_tokens, output_tokens)
@@ -218,20 +232,29 @@ def _in_turns(speed: Speed, free: list[float], starts: list, lengths, think_s: f
     heapq.heapify(ready)
     while ready:
         t, u, i = heapq.heappop(ready)
-        p, n = lengths(u, i)
-        r = _serve(speed, free, t, p, n, u, i)
+        r = _serve(speed, free, t, *lengths(u, i)[:2], u, i, *lengths(u, i)[2:])
         out.append(r)
         if lengths(u, i + 1) is not None:
             heapq.heappush(ready, (r.end + think_s, u, i + 1))
     return out
 
 
-def _serve(speed: Speed, free: list[float], sent: float, p: int, n: int, user: int, index: int) -> Expected:
+def _serve(
+    speed: Speed,
+    free: list[float],
+    sent: float,
+    p: int,
+    n: int,
+    user: int,
+    index: int,
+    cached: int = 0,
+    offloaded: int = 0,
+) -> Expected:
     start = max(sent, heapq.heappop(free))
-    first = start + speed.first_token_s(p)
-    end = start + speed.service_s(p, n)
+    first = start + speed.first_token_s(p, cached, offloaded)
+    end = start + speed.service_s(p, n, cached, offloaded)
     heapq.heappush(free, end)
-    return Expected(sent=sent, first_token=first, end=end, prompt_tokens=p, output_tokens=n, user=user, index=index)
+    return Expected(sent, first, end, p, n, user, index, cached, offloaded)
 
 
 # --- the server's command line ----------------------------------------------------------------
@@ -270,6 +293,13 @@ def add_speed_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--spec-draft-tokens", type=int, default=0, help="speculative: tokens drafted a step (0: not speculative)"
     )
+    p.add_argument(
+        "--prefix-cache-tokens", type=int, default=0, help="a prefix cache on the card of N tokens (0: none)"
+    )
+    p.add_argument(
+        "--offload-cache-tokens", type=int, default=0, help="a host tier of N tokens behind the card's cache (0: none)"
+    )
+    p.add_argument("--offload-tok-s", type=float, default=0.0, help="host-tier hits load at this many tokens a second")
     for name in ("error", "drop", "short", "stall", "overclaim"):
         p.add_argument(f"--{name}-every", type=int, default=0, metavar="N", help=f"{name} on every N-th request")
     p.add_argument("--short-fraction", type=float, default=0.5, help="share of the tokens a short answer streams")
@@ -286,9 +316,21 @@ def add_speed_args(p: argparse.ArgumentParser) -> None:
 
 
 def speed_of(args: argparse.Namespace) -> tuple[Speed, Faults]:
-    for name in ("ttft_s", "itl_s", "prefill_tok_s", "stall_s"):
+    for name in (
+        "ttft_s",
+        "itl_s",
+        "prefill_tok_s",
+        "stall_s",
+        "offload_tok_s",
+        "prefix_cache_tokens",
+        "offload_cache_tokens",
+    ):
         if getattr(args, name) < 0:
             raise SystemExit(f"--{name.replace('_', '-')} must not be negative")
+    if args.offload_cache_tokens and not args.prefix_cache_tokens:
+        raise SystemExit(
+            "--offload-cache-tokens needs --prefix-cache-tokens (the host tier takes what the card evicts)"
+        )
     if args.tokens_per_chunk < 1:
         raise SystemExit("--tokens-per-chunk must be at least 1")
     if args.spec_draft_tokens and args.spec_draft_tokens < args.tokens_per_chunk - 1:
@@ -301,6 +343,9 @@ def speed_of(args: argparse.Namespace) -> tuple[Speed, Faults]:
         args.tokens_per_chunk,
         args.no_running_count,
         args.spec_draft_tokens,
+        args.prefix_cache_tokens,
+        args.offload_cache_tokens,
+        args.offload_tok_s,
     )
     faults = Faults(
         error_every=args.error_every,

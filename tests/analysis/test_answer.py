@@ -163,6 +163,7 @@ def test_step_names_follow_what_changes_between_the_stacks():
         "hf": ["hf-generate", "hf-fp16", "vllm-fp16"],
         "prefix": ["vllm-fp16-noprefix", "vllm-fp16"],
         "speculative": ["vllm-fp16", "vllm-fp16-ngram"],
+        "offload": ["vllm-fp16-noprefix", "vllm-fp16", "vllm-fp16-offload"],
     }
     assert C.chain_steps(cfg) == {
         "study": ["runtime", "INT4 weights + kernel"],
@@ -170,6 +171,7 @@ def test_step_names_follow_what_changes_between_the_stacks():
         "hf": ["scheduler", "runtime"],
         "prefix": ["prefix caching"],
         "speculative": ["speculative decoding (ngram)"],
+        "offload": ["prefix caching", "KV-cache offload (native)"],
     }
     cfg["stacks"]["vllm-fp16-noprefix"]["args"] += ["--max-num-seqs", "8"]  # more than the switch: not that step
     assert C.chain_steps(cfg)["prefix"] == ["configuration"]

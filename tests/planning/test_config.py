@@ -284,3 +284,16 @@ def test_every_job_of_a_config_is_a_job_spec_its_file_reads_back(tmp_path, name)
         assert read_job(tmp_path / "job.json", j.run) == (job, [])
     write_job_file(tmp_path / "old.json", {"stack": stack, "cell": cell})
     assert read_job(tmp_path / "old.json", 1) == (job.model_copy(update={"run": 1}), [])
+
+
+def test_kv_cache_offload_on_a_cpu_is_refused_in_one_line_naming_the_stack(tmp_path):
+    import yaml
+
+    top = tmp_path / "top.yaml"
+    top.write_text(yaml.safe_dump({"benchmark": {"stacks": ["vllm-fp16", "vllm-fp16-offload"]}}))
+    with pytest.raises(
+        C.ConfigError, match=r"^config error at stacks.vllm-fp16-offload: vLLM offloads its KV cache on CUDA"
+    ):
+        C.load(top)
+    top.write_text(yaml.safe_dump({"platform": "cuda", "benchmark": {"stacks": ["vllm-fp16", "vllm-fp16-offload"]}}))
+    assert C.load(top)["benchmark"]["stacks"] == ["vllm-fp16", "vllm-fp16-offload"]

@@ -65,8 +65,8 @@ def test_every_run_lands_within_two_percent_of_its_truth(truth_run):
     runs = table.filter(pl.col("kind") == "run")
     # 3 chain stacks x (u1, u8, open loop) + the capped one x (u8, open loop) + 2 trace stacks
     # + the five-fold pair x (u1, u6, open loop) + the chunked and the admitting-three at u6; 2 runs, 4 metrics;
-    # + 2 session stacks, 2 runs, those 4 and 3 of their own
-    assert runs.height == (3 * 3 + 2 + 2 + 2 * 3 + 2) * 2 * 4 + 2 * 2 * 7
+    # + 4 session stacks, 2 runs, those 4 and 3 of their own
+    assert runs.height == (3 * 3 + 2 + 2 + 2 * 3 + 2) * 2 * 4 + 4 * 2 * 7
     sessions = {"first-turn TTFT p50", "returning-turn TTFT p50", "session p50"}
     assert set(runs["metric"]) == {"throughput", "TTFT p50", "TPOT p50", "E2E p50"} | sessions
     assert set(runs.filter(pl.col("metric").is_in(sessions))["what"].str.split(" ").list.get(1)) == {"s2-agent-greedy"}
@@ -113,6 +113,11 @@ def test_every_factor_within_one_percent_and_the_intervals_hold_the_truth(truth_
     truths = dict(zip(agent["metric"], agent["truth"]))
     assert truths["first-turn TTFT p50"] == pytest.approx(0.8 / 0.9, rel=1e-9)
     assert truths["returning-turn TTFT p50"] < truths["first-turn TTFT p50"] < 1
+    # a card's prefix cache, then KV-cache offload: the card holds one first turn's conversation,
+    # never a longer one, so a third turn finds its conversation only on the host
+    kv = factors.filter(pl.col("what") == "traffic kv s2-agent-greedy ref-offload/ref-cache")
+    truths = dict(zip(kv["metric"], kv["truth"]))
+    assert truths["first-turn TTFT p50"] == pytest.approx(1.0, rel=1e-9) and truths["returning-turn TTFT p50"] > 1.05
 
 
 @pytest.mark.slow
