@@ -101,6 +101,9 @@ def bench_inputs(wc):
         "model": f"resources/models/{wc.model}/{ss_plan.variant_dir(CFG, wc.stack)}",
         "tokenizer": f"resources/models/{wc.model}/fp16",
     }
+    draft = bench_stack(wc).get("draft_model")
+    if draft:  # the weights its speculative decoding drafts with
+        inputs["draft"] = f"resources/models/{draft}/fp16"
     # Order only: calibrated before the first cell; a new calibration reruns no cell.
     inputs["calibration"] = ancient(ss_plan.CALIBRATION)
     prev = PREV[job]

@@ -65,6 +65,10 @@ class StackSpec(BaseModel):
     lossless: bool = Field(
         False, description="its greedy answers must be the chain's stack before it's, token for token"
     )
+    draft_model: str | None = Field(
+        None,
+        description="the model its speculative decoding drafts with ({draft_dir}: its FP16 folder beside the served one)",
+    )
     # set by the session plan (planning/plan.SessionPlan.with_startup), not by the config's cell
     startup_timeout_s: float | None = Field(None, description="seconds the server may take to be ready")
     api_key: bool = Field(False, description="the server demands a key (benchmark.api_key)")

@@ -182,6 +182,29 @@ def merge(base: dict, top: dict) -> dict:
     return out
 
 
+def _check_draft(config: dict, stack: str, entry) -> None:
+    """A benchmarked stack's draft model is a model of the config whose tokenizer is the served
+    models' (synthetic models: the same tokenizer kind and, trained, the same learnt one)."""
+    if not entry.draft_model:
+        return
+    where = f"config error at stacks.{stack}.draft_model"
+    if entry.draft_model not in config["models"]:
+        raise ConfigError(f"{where}: unknown model {entry.draft_model!r} (known: {', '.join(config['models'])})")
+    if "{draft_dir}" not in " ".join(entry.args + entry.on_gpu.args + entry.on_cpu.args):
+        raise ConfigError(f"{where}: the stack's args never name {{draft_dir}}, so its server would not use the draft")
+    draft = model_config.model_config(config, entry.draft_model)
+    for name in bench_models(config):
+        served = model_config.model_config(config, name)
+        if draft.source == served.source == "synthetic" and (draft.tokenizer, draft.weights == "trained") != (
+            served.tokenizer,
+            served.weights == "trained",
+        ):
+            raise ConfigError(
+                f"{where}: {entry.draft_model} and models.{name} have different tokenizers (a draft must share the "
+                "served model's)"
+            )
+
+
 def _check_references(config: dict) -> None:
     stacks, workloads = config["stacks"], config["workloads"]
     for stack, entry in stack_config.stacks_of(config).items():
@@ -243,6 +266,8 @@ def _check_references(config: dict) -> None:
     for i, stack in enumerate(bench.stacks):
         if stack not in stacks:
             raise ConfigError(f"config error at benchmark.stacks[{i}]: unknown stack {stack!r}")
+    for stack in bench_stacks(config):
+        _check_draft(config, stack, stack_config.stack_config(config, stack))
     if platform_of(config) == "cpu":
         for stack in bench_stacks(config):
             if kv_offload(stack_config.stack_config(config, stack)):

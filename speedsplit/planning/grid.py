@@ -196,7 +196,14 @@ def topology_gpus(config: dict, topology: str) -> int:
 
 
 def bench_models(config: dict) -> list[str]:
-    return list(benchmark_config(config).models) or list(config["models"])
+    """The models benchmarked: the list, else every model but those that only draft for a stack."""
+    drafts = draft_models(config)
+    return list(benchmark_config(config).models) or [m for m in config["models"] if m not in drafts]
+
+
+def draft_models(config: dict) -> set[str]:
+    """The models some stack's speculative decoding drafts with (stacks.*.draft_model)."""
+    return {s.draft_model for s in stacks_of(config).values() if s.draft_model}
 
 
 def has_int4_stack(config: dict) -> bool:
@@ -389,6 +396,7 @@ def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[st
         # named only where it is off: every other stack's params (and finished cells) stay as they were
         **({} if entry.keep_alive else {"keep_alive": False}),
         **({"lossless": True} if entry.lossless else {}),
+        **({"draft_model": entry.draft_model} if entry.draft_model else {}),
     }
 
 

@@ -19,9 +19,9 @@ def check_own_weights(config: dict, model: str, entry: ModelConfig) -> None:
         raise ConfigError(f"config error at models.{model}.path: a local model needs the folder's path")
     if entry.path and entry.source != "local":
         raise ConfigError(f"config error at models.{model}.path: a path is for source local, not {entry.source}")
-    if entry.weights == "trained" and (entry.source != "synthetic" or entry.shape != "tiny"):
+    if entry.weights == "trained" and (entry.source != "synthetic" or entry.shape not in ("tiny", "tiny-draft")):
         raise ConfigError(
-            f"config error at models.{model}.weights: trained is for a synthetic model of shape tiny (it trains in "
+            f"config error at models.{model}.weights: trained is for a synthetic model of shape tiny or tiny-draft (it trains in "
             f"the model rule, on a CPU), not {entry.source} {entry.shape}"
         )
     if entry.weights == "trained" and entry.tokenizer != "wordlevel":

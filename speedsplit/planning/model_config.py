@@ -46,7 +46,7 @@ class ModelConfig(Entry):
         "it holds and links it instead of quantizing.",
         json_schema_extra={"default": {}},
     )
-    shape: Literal["tiny", "llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "llama-3.1-70b"] = Field(
+    shape: Literal["tiny", "tiny-draft", "llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "llama-3.1-70b"] = Field(
         "tiny", description="Architecture shape of a synthetic model."
     )
     tokenizer: Literal["wordlevel", "gpt2"] = Field(
@@ -61,7 +61,7 @@ class ModelConfig(Entry):
         description="Synthetic models only. 'random' writes seeded random FP16 weights (every stack can load "
         "them); 'dummy' writes no weight files and vLLM stacks initialise weights themselves (load_format "
         "dummy). Throughput does not depend on weight values, but quality does: on random or dummy weights the "
-        "quality factors say nothing. 'trained' (the tiny shape) trains the model briefly on the Python standard "
+        "quality factors say nothing. 'trained' (the tiny shapes) trains the model briefly on the Python standard "
         "library's sources with a byte-level BPE tokenizer learnt from them (about a minute on 2 cores, seeded; "
         "speedsplit/models/train.py), so that its outputs mean something.",
     )

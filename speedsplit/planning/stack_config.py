@@ -115,6 +115,13 @@ class StackConfig(Entry):
         "(speculative decoding): a step to it whose quality probe's continuations differ fails its gate, "
         "and says so.",
     )
+    draft_model: str | None = Field(
+        None,
+        description="A model of this config (models.*) that drafts for the server's speculative decoding: its "
+        "FP16 folder, made by the model rule, is {draft_dir} in args (vLLM: --speculative-config with "
+        '{"model": "{draft_dir}", ...}). It must share the served model\'s tokenizer; a model that only drafts '
+        "is not benchmarked itself.",
+    )
     card_memory_gib: Positive | None = Field(
         None, description="This stack's memory cap (see the top-level key); null - the top-level value."
     )

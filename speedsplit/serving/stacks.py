@@ -170,6 +170,8 @@ def launch(
         "server_cpus": cpu_ranges(cpus) if cpus else "auto",
         "server_cpu_count": len(cpus) if cpus else len(os.sched_getaffinity(0)),
     }
+    if stack.draft_model:  # its draft model's FP16 weights, made by the model rule beside the served model's
+        values["draft_dir"] = str(Path(model_dir).resolve().parent.parent / stack.draft_model / "fp16")
     if any("{llama_server}" in a for a in [*stack.args, *stack.env.values()]):  # llama.cpp's stacks alone
         from speedsplit.models import gguf
 

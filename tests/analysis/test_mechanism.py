@@ -144,3 +144,23 @@ def test_what_the_engines_memory_did_stands_beside_the_step_and_preemptions_are_
     assert M.why_words(row).endswith("; preemptions 7 → 0 a run (KV cache at its fullest 100% → 50%)")
     quiet = [r | {"preemptions": 0.0} for r in rows]
     assert "preemptions" not in M.why_words(M.mechanism_frame(frame(quiet), {"c": ["fp16", "int4"]}).row(0, named=True))
+
+
+def test_a_step_to_a_cache_says_what_its_caches_held():
+    """A prefix cache after the step only, then an offloaded KV cache: each run's hit rates (vLLM's
+    prefix-cache and external prefix-cache counters) go into the step's why."""
+    cell = "s2-agent-greedy"
+    rows = []
+    for r in (0, 1):
+        rows += [
+            {**run("none", r, tok_s=100.0, wall=2.0, done=10, e2e=0.5, ttft=0.3, cell=cell)},
+            {**run("cache", r, tok_s=110.0, wall=2.0, done=10, e2e=0.4, ttft=0.2, cell=cell), "prefix_cache_hit_rate": 0.3},
+            {**run("offload", r, tok_s=120.0, wall=2.0, done=10, e2e=0.35, ttft=0.15, cell=cell),
+             "prefix_cache_hit_rate": 0.4, "offload_hit_rate": 0.5},
+        ]  # fmt: skip
+    out = M.mechanism_frame(frame(rows), {"c": ["none", "cache", "offload"]})
+    first, second = (M.why_words(r) for r in out.iter_rows(named=True))
+    assert first.endswith("; after the step a prefix cache held 30% of the prompt tokens")
+    assert "; the prefix cache held 30% → 40% of the prompt tokens" in second
+    assert second.endswith("; its offloaded KV cache held 50% of the prompt tokens the card's cache did not")
+    assert out["offload_hit_rate_to"].to_list() == [None, 0.5]

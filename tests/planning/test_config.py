@@ -297,3 +297,32 @@ def test_kv_cache_offload_on_a_cpu_is_refused_in_one_line_naming_the_stack(tmp_p
         C.load(top)
     top.write_text(yaml.safe_dump({"platform": "cuda", "benchmark": {"stacks": ["vllm-fp16", "vllm-fp16-offload"]}}))
     assert C.load(top)["benchmark"]["stacks"] == ["vllm-fp16", "vllm-fp16-offload"]
+
+
+def test_a_model_that_only_drafts_is_not_benchmarked_and_a_draft_is_checked_in_one_line(tmp_path):
+    """models.tiny-draft drafts for vllm-fp16-draft: the default benchmark leaves it out; a
+    draft that is no model of the config, one the stack's args never name, or one of another
+    tokenizer is refused naming the stack."""
+    cfg = C.load()
+    assert "tiny-draft" in cfg["models"] and C.bench_models(cfg) == ["tiny"]
+    assert C.stack_params(cfg, "tiny", "vllm-fp16-draft", "tp1")["draft_model"] == "tiny-draft"
+    assert "draft_model" not in C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")  # other stacks' params as they were
+    top = tmp_path / "top.yaml"
+    for stack, error in (
+        ({"draft_model": "nope"}, r"stacks.vllm-fp16-draft.draft_model: unknown model 'nope'"),
+        (
+            {"add_args": ["--seed", "1"]},
+            r"stacks.vllm-fp16-draft.draft_model: the stack's args never name \{draft_dir\}",
+        ),
+    ):
+        top.write_text(
+            yaml.safe_dump({"stacks": {"vllm-fp16-draft": stack}, "benchmark": {"stacks": ["vllm-fp16-draft"]}})
+        )
+        with pytest.raises(C.ConfigError, match=error):
+            C.load(top)
+    other = {"models": {"tiny-draft": {"weights": "random", "tokenizer": "gpt2"}}}
+    top.write_text(yaml.safe_dump(other))
+    assert C.load(top)  # a stack not benchmarked is not checked
+    top.write_text(yaml.safe_dump({**other, "benchmark": {"stacks": ["vllm-fp16", "vllm-fp16-draft"]}}))
+    with pytest.raises(C.ConfigError, match=r"draft_model: tiny-draft and models.tiny have different tokenizers"):
+        C.load(top)

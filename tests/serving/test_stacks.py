@@ -356,3 +356,17 @@ def test_a_server_that_prints_a_secret_leaves_none_in_its_log(tmp_path, tiny_mod
     log = (tmp_path / "s.log").read_text()
     assert "token <HF_TOKEN>" in log and "key <redacted key>" in log
     assert token not in log and key not in log
+
+
+def test_a_draft_models_folder_is_named_beside_the_served_models(tmp_path, tiny_model):
+    """{draft_dir}: the FP16 folder of the stack's draft model, beside the served model's
+    (resources/models/{draft}/fp16, as the model rule makes it), absolute."""
+    script = "import sys; print('draft=' + sys.argv[1], flush=True)"
+    stack = _stack(["{python}", "-c", script, "{draft_dir}", "{host}"]).model_copy(update={"draft_model": "tiny-draft"})
+    served = tmp_path / "models" / "tiny" / "fp16"
+    served.mkdir(parents=True)
+    for f in tiny_model.iterdir():
+        (served / f.name).symlink_to(f)
+    srv = stacks.launch(stack, served, "m", 1, [], tmp_path / "s.log")
+    srv.proc.wait(10)
+    assert f"draft={tmp_path / 'models' / 'tiny-draft' / 'fp16'}" in srv.launch_output()
