@@ -31,7 +31,8 @@ demo: setup
 	$(BIN)/snakemake --cores $(CORES) --resources gpu=1
 	@echo "report: $(CURDIR)/results/report.html"
 
-# Everything (what CI runs): real servers, the whole workflow, Slurm, the browser. First the
+# Everything (what CI runs): real servers, the whole workflow, Slurm, the browser; each tier
+# lists its slowest tests (where make test's minutes go). First the
 # tests that hold latency to a bound, alone (marker serial), on a machine nothing else has used
 # yet (after the parallel phase they failed their bounds in two runs of two: the cliff's 8-user
 # level at p99 TTFT 1.09 s > 1 s, a trace TTFT 2.35% off its truth; on that 2-core host they
@@ -42,8 +43,8 @@ demo: setup
 # found, and the last line says how each ended. Three workers' servers at once would all be
 # pinned to one core by the CPU split (benchmark.cpu_isolation): it is off there.
 test: setup $(LLAMA_SERVER)
-	@$(BIN)/python -m pytest -q -m serial; serial=$$?; \
-	OMP_WAIT_POLICY=PASSIVE SPEEDSPLIT_NO_CPU_SPLIT=1 $(BIN)/python -m pytest -q -n 3 -m "not serial"; parallel=$$?; \
+	@$(BIN)/python -m pytest -q --durations=10 -m serial; serial=$$?; \
+	OMP_WAIT_POLICY=PASSIVE SPEEDSPLIT_NO_CPU_SPLIT=1 $(BIN)/python -m pytest -q --durations=25 -n 3 -m "not serial"; parallel=$$?; \
 	echo "make test: serial tier exit $$serial, three workers exit $$parallel (0: passed)"; \
 	test $$serial -eq 0 && test $$parallel -eq 0
 
