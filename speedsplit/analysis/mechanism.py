@@ -284,7 +284,7 @@ def why_words(row: dict) -> str | None:
     hit = [row.get(f"prefix_hit_rate_{side}") for side in ("from", "to")]
     if None not in hit and abs(hit[1] - hit[0]) >= 0.01:  # its prefix cache served another share of the prompts
         said += f"; the prefix cache held {_pct(hit[0])} → {_pct(hit[1])} of the prompt tokens"
-    elif hit[0] is None and hit[1] is not None:  # a prefix cache after the step only
+    elif hit[0] is None and hit[1] is not None and hit[1] >= 0.01:  # a prefix cache that held some after the step only
         said += f"; after the step a prefix cache held {_pct(hit[1])} of the prompt tokens"
     off = row.get("offload_hit_rate_to")
     if off is not None:  # an offloaded KV cache, after the step
