@@ -1,7 +1,9 @@
 """Rewrite every evidence folder's tables from its raw results, the way
 tests/workflow/test_evidence.py rebuilds and compares them (after a change to what a table
 holds); with --all, its plots and report too (as `speedsplit aggregate`, its README's command).
-Run it from the repository's root (the reports name their folders from there).
+Run it from the repository's root (the reports name their folders from there). A folder keeps
+its tables as CSV (what the test compares and the READMEs quote) and markdown: the typed parquet
+copies the plots are drawn from are not kept (the tree a GPU host copies is held to 64 MiB).
 
     python docs/evidence/rebuild_tables.py [--all] [FOLDER ...]
 """
@@ -30,6 +32,8 @@ def rebuild(folder: Path, everything: bool = False) -> str:
     if everything:
         here = folder.relative_to(REPO)
         aggregate_folders(cfg, [here / "results"], here)
+        for drawn_from in (folder / "tables").glob("*.parquet"):
+            drawn_from.unlink()
     frames = build_frames(
         sorted(folder.glob(how["results"])),
         bandwidth_json=folder / how["bandwidth"],
@@ -39,7 +43,9 @@ def rebuild(folder: Path, everything: bool = False) -> str:
         **analyses.analysis_spec(cfg),
     )
     names = analyses.table_names(cfg)
-    write_frames({n: f for n, f in frames.items() if n in names}, folder / "tables", markdown=("attribution",))
+    write_frames(
+        {n: f for n, f in frames.items() if n in names}, folder / "tables", markdown=("attribution",), parquet=False
+    )
     return f"{folder.name}: {len(names)} tables"
 
 

@@ -62,13 +62,17 @@ def to_markdown(df: pl.DataFrame, digits: int = 3) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_frames(frames: dict[str, pl.DataFrame], out_dir: str | Path, markdown: tuple[str, ...] = ()) -> None:
-    """Each frame as {name}.parquet and {name}.csv (and {name}.md for those named), atomically."""
+def write_frames(
+    frames: dict[str, pl.DataFrame], out_dir: str | Path, markdown: tuple[str, ...] = (), parquet: bool = True
+) -> None:
+    """Each frame as {name}.parquet (unless parquet is off) and {name}.csv (and {name}.md for
+    those named), atomically."""
     out_dir = Path(out_dir)
     for name, df in frames.items():
-        buf = io.BytesIO()
-        df.write_parquet(buf)
-        write_bytes_atomic(out_dir / f"{name}.parquet", buf.getvalue())
+        if parquet:
+            buf = io.BytesIO()
+            df.write_parquet(buf)
+            write_bytes_atomic(out_dir / f"{name}.parquet", buf.getvalue())
         write_bytes_atomic(out_dir / f"{name}.csv", flat(df).write_csv().encode())
         if name in markdown:
             write_bytes_atomic(out_dir / f"{name}.md", to_markdown(for_people(name, df)).encode())

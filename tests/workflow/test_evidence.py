@@ -16,9 +16,8 @@ from speedsplit.planning import config as C
 EVIDENCE = sorted(p for p in (REPO / "docs/evidence").iterdir() if p.is_dir())
 FILE_LIKE = re.compile(r"\.(json|jsonl|csv|md|html|yaml|yml|sh|png|svg|parquet|log|py|txt)$")
 # What a folder's README may name without committing it: its plots and report page, drawn from
-# its raw results by `python docs/evidence/rebuild_tables.py --all FOLDER`, and its tables' typed
-# parquet copies beside their committed CSVs (.gitignore says why)
-DRAWN = r"((E/)?report\.html|plots/.*|tables/[^/]+\.parquet)"
+# its raw results by `python docs/evidence/rebuild_tables.py --all FOLDER` (.gitignore says why)
+DRAWN = r"((E/)?report\.html|plots/.*)"
 
 
 def named_paths(readme: str) -> list[str]:
