@@ -17,8 +17,7 @@ import yaml
 
 from speedsplit.core.formats import write_frames
 from speedsplit.output import analyses
-from speedsplit.output.aggregate import QUANTIZE_REPORTS, aggregate_folders, build_frames
-from speedsplit.planning import config as C
+from speedsplit.output.aggregate import aggregate_folders, evidence_frames
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -28,20 +27,12 @@ def rebuild(folder: Path, everything: bool = False) -> str:
     how = yaml.safe_load((folder / "evidence.yaml").read_text())
     if how.get("rebuild") is False:
         return f"{folder.name}: not rebuilt ({how['why']})"
-    cfg = C.load(*[REPO / c for c in how["config"]])
+    frames, cfg = evidence_frames(folder)
     if everything:
         here = folder.relative_to(REPO)
         aggregate_folders(cfg, [here / "results"], here)
         for drawn_from in (folder / "tables").glob("*.parquet"):
             drawn_from.unlink()
-    frames = build_frames(
-        sorted(folder.glob(how["results"])),
-        bandwidth_json=folder / how["bandwidth"],
-        link_json=folder / how["link"] if how.get("link") else None,
-        profile_paths=sorted(folder.glob(how["profiles"])) if how.get("profiles") else [],
-        quantize_paths=sorted(folder.glob(f"results/{QUANTIZE_REPORTS}")),
-        **analyses.analysis_spec(cfg),
-    )
     names = analyses.table_names(cfg)
     write_frames(
         {n: f for n, f in frames.items() if n in names}, folder / "tables", markdown=("attribution",), parquet=False

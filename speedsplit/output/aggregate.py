@@ -107,6 +107,28 @@ def write_tables(result_paths: list[str | Path], out_dir: str | Path, **kwargs) 
     formats.write_frames(build_frames(result_paths, **kwargs), out_dir, markdown=("attribution",))
 
 
+def evidence_frames(folder: str | Path) -> tuple[dict[str, pl.DataFrame], dict]:
+    """An evidence folder's tables built from its raw results as its evidence.yaml says (its
+    configs named from the repository's root, two folders above it), and its config: a folder
+    commits its tables as CSV only (docs/evidence/rebuild_tables.py)."""
+    import yaml
+
+    from speedsplit.planning import config as cfgmod
+
+    folder = Path(folder)
+    how = yaml.safe_load((folder / "evidence.yaml").read_text())
+    cfg = cfgmod.load(*[folder.parents[2] / c for c in how["config"]])
+    frames = build_frames(
+        sorted(folder.glob(how["results"])),
+        bandwidth_json=folder / how["bandwidth"],
+        link_json=folder / how["link"] if how.get("link") else None,
+        profile_paths=sorted(folder.glob(how["profiles"])) if how.get("profiles") else [],
+        quantize_paths=sorted(folder.glob(f"results/{QUANTIZE_REPORTS}")),
+        **analyses.analysis_spec(cfg),
+    )
+    return frames, cfg
+
+
 def read_tables(tables_dir: str | Path) -> dict[str, pl.DataFrame]:
     """Every table written under tables_dir, by name."""
     return {p.stem: formats.read_frame(p) for p in sorted(Path(tables_dir).glob("*.parquet"))}

@@ -4,14 +4,14 @@ cell, measured requests only, by send time (read from committed evidence)."""
 import polars as pl
 from conftest import REPO
 
-from speedsplit.output.aggregate import read_tables
+from speedsplit.output.aggregate import evidence_frames
 from speedsplit.output.plots import core_charts
 
 EVIDENCE = REPO / "docs" / "evidence"
 
 
 def test_the_timeline_draws_run_zero_of_the_first_chain_at_its_headline_cell():
-    t = read_tables(EVIDENCE / "h200-2026-11-30-chain" / "tables")
+    t = evidence_frames(EVIDENCE / "h200-2026-11-30-chain")[0]
     tl = t["timeline"]
     assert tl["stack"].unique(maintain_order=True).to_list() == ["hf-fp16", "vllm-fp16", "vllm-marlin"]
     head = t["attribution"].filter(pl.col("headline") & (pl.col("chain") == "study"))["cell"].to_list()
@@ -25,7 +25,7 @@ def test_the_timeline_draws_run_zero_of_the_first_chain_at_its_headline_cell():
 
 
 def test_an_open_loop_timeline_says_when_each_request_was_due():
-    tl = read_tables(EVIDENCE / "h200-2026-12-01-traffic" / "tables")["timeline"]
+    tl = evidence_frames(EVIDENCE / "h200-2026-12-01-traffic")[0]["timeline"]
     assert tl.height and tl["due"].is_not_null().all()
     assert (tl["sent"] - tl["due"] < 0.1).all()  # the client kept to its schedule (client_lag would say)
     assert (

@@ -140,10 +140,10 @@ def test_trace_replay_cells_are_drawn_beside_the_rate_cells():
     traffic_factors, and in no plot). On committed evidence with both kinds of cell."""
     from conftest import REPO
 
-    from speedsplit.output.aggregate import read_tables
+    from speedsplit.output.aggregate import evidence_frames
     from speedsplit.output.analyses import traffic as T
 
-    frames = read_tables(REPO / "docs/evidence/h200-2026-12-01-traffic/tables")
+    frames = evidence_frames(REPO / "docs/evidence/h200-2026-12-01-traffic")[0]
     charts = T.charts(frames)
     assert sorted(charts) == ["traffic", "traffic_trace"]
     (data,) = charts["traffic_trace"].to_dict()["datasets"].values()

@@ -5,7 +5,7 @@ import pytest
 from conftest import REPO
 
 from speedsplit.output import analyses
-from speedsplit.output.aggregate import read_tables
+from speedsplit.output.aggregate import evidence_frames
 
 EVIDENCE = REPO / "docs" / "evidence"
 
@@ -46,11 +46,11 @@ EVIDENCE = REPO / "docs" / "evidence"
     ],
 )
 def test_an_experiments_first_screen_answers_its_question(folder, heading, says):
-    block = "".join(analyses.answers(read_tables(EVIDENCE / folder / "tables")))
+    block = "".join(analyses.answers(evidence_frames(EVIDENCE / folder)[0]))
     assert heading in block
     for text in says:
         assert text in block, text
 
 
 def test_a_plain_chain_run_has_no_block_of_its_own():
-    assert analyses.answers(read_tables(EVIDENCE / "h200x2-2026-11-30-energy" / "tables")) == []
+    assert analyses.answers(evidence_frames(EVIDENCE / "h200x2-2026-11-30-energy")[0]) == []
