@@ -516,7 +516,9 @@ def main(argv: list[str] | None = None) -> None:
     speed, faults = speed_of(args)
     answers = answers_of(args)
     print(f"reference server: {speed} {faults} {answers} on {args.host}:{args.port}", flush=True)
-    app = make_app(speed, faults, args.served_model_name, args.model, api_key=os.environ.get(apikey.ENV), answers=answers)
+    app = make_app(
+        speed, faults, args.served_model_name, args.model, api_key=os.environ.get(apikey.ENV), answers=answers
+    )
     # A server of known speed keeps it: what lives once it has started (its tokenizer, the
     # imports) is set aside from garbage collection, whose full passes over it took 15-20 ms,
     # a stall every stream in flight would carry (vLLM's engine freezes its start-up heap too).

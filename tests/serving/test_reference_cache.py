@@ -4,7 +4,6 @@ from the card to the host; and the server charging, saying and counting them."""
 
 import urllib.request
 
-import pytest
 
 from speedsplit.serving import reference
 from speedsplit.serving.reference_cache import BLOCK_TOKENS, KvTiers
