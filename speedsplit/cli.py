@@ -111,21 +111,43 @@ def _aggregate(args) -> int:
     return 0
 
 
+def _dollars(text: str) -> float:
+    """A price: a number above 0 (argparse says which option it was given to)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a price in dollars above 0")
+    return value
+
+
 def _compare_args(p):
     _configfile(p)
     p.add_argument("a", metavar="A", help="the baseline: a results folder (bench/ inside) or an evidence folder")
     p.add_argument("b", metavar="B", help="the one set against it")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for tables/ and compare.html")
+    for side, what in (("a", "A's"), ("b", "B's")):
+        p.add_argument(
+            f"--card-hour-usd-{side}",
+            type=_dollars,
+            metavar="USD",
+            help=f"dollars an hour for one of {what} cards (else the config's analysis.cost prices both sides)",
+        )
 
 
 def _compare(args) -> int:
+    from speedsplit.analysis import cost
     from speedsplit.output import compare
     from speedsplit.planning.output_config import analysis_config
 
     config = _load_config(args.configfile)
-    for line in compare.compare(
-        args.a, args.b, config["chains"], args.out, tuple(analysis_config(config).tolerate_flags)
-    ):
+    analysis = analysis_config(config)
+    spec = analysis.cost.model_dump(mode="json") if analysis.cost.priced() else None
+    prices = tuple(
+        cost.priced_at(usd) if usd is not None else spec for usd in (args.card_hour_usd_a, args.card_hour_usd_b)
+    )
+    for line in compare.compare(args.a, args.b, config["chains"], args.out, tuple(analysis.tolerate_flags), prices):
         print(line)
     print(f"report: {(Path(args.out) / 'compare.html').resolve()}")
     return 0

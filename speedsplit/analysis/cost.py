@@ -134,3 +134,56 @@ def by_chain(cost: pl.DataFrame, chains: dict[str, list[str]]) -> dict[tuple[str
                     " → ".join(f"{s} ${v:.3g}" for s, v in zip(chain, said)) + " a million output tokens"
                 )
     return out
+
+
+def priced_at(hour_usd_card: float) -> dict:
+    """A cost spec that prices a card-hour at this many dollars on every platform (`speedsplit
+    compare --card-hour-usd-a/-b`: one side's hardware, whatever its stacks)."""
+    return {"card_hour_usd": {"cpu": hour_usd_card, "cuda": hour_usd_card}, "stacks": {}}
+
+
+COMPARE_SCHEMA = {
+    **{k: pl.Utf8 for k in ("model", "stack", "topology", "cell")},
+    "hour_usd_a": pl.Float64,
+    "hour_usd_b": pl.Float64,
+    "usd_per_m_output_a": pl.Float64,
+    "usd_per_m_output_b": pl.Float64,
+    "b_over_a": pl.Float64,
+    "lo": pl.Float64,
+    "hi": pl.Float64,
+}
+
+
+def compare_frame(stacks: pl.DataFrame, runs_a: pl.DataFrame, runs_b: pl.DataFrame, spec_a: dict, spec_b: dict):
+    """Per stack and cell whose throughput both sides measured (analysis/compare.stacks_frame) and
+    whose hour each side prices: dollars per million output tokens on each side and B / A, the
+    hours' ratio over the throughput's B / A (its interval's ends swapped): below 1 a token is
+    cheaper on B. Each side's hour is its own cards' (tensor parallel × instances on CUDA)."""
+    keys = ["model", "stack", "topology", "cell"]
+
+    def hours(runs: pl.DataFrame, spec: dict) -> dict[tuple, float]:
+        out = {}
+        for r in runs.unique(subset=keys, keep="first", maintain_order=True).iter_rows(named=True):
+            price = hour_usd(spec, r["stack"], r["platform"])
+            if price is not None:
+                out[tuple(r[k] for k in keys)] = price * cards(r)
+        return out
+
+    hour_a, hour_b = hours(runs_a, spec_a), hours(runs_b, spec_b)
+    rows = []
+    for r in stacks.filter(pl.col("metric") == "output_tok_s").iter_rows(named=True):
+        key = tuple(r[k] for k in keys)
+        if key not in hour_a or key not in hour_b or not r["b_over_a"]:
+            continue
+        ratio = hour_b[key] / hour_a[key]
+        rows.append(
+            dict(zip(keys, key))
+            | {"hour_usd_a": hour_a[key], "hour_usd_b": hour_b[key]}
+            | {
+                "usd_per_m_output_a": _per_million(hour_a[key], r["a"]),
+                "usd_per_m_output_b": _per_million(hour_b[key], r["b"]),
+            }
+            | {"b_over_a": ratio / r["b_over_a"], "lo": ratio / r["hi"] if r["hi"] else None}
+            | {"hi": ratio / r["lo"] if r["lo"] else None}
+        )
+    return pl.DataFrame(rows, schema=COMPARE_SCHEMA)

@@ -194,9 +194,11 @@ def lines(
     quality: pl.DataFrame | None = None,
     tasks: pl.DataFrame | None = None,
     why: pl.DataFrame | None = None,
+    priced: pl.DataFrame | None = None,
 ) -> list[str]:
     """The comparison in words: each chain factor with its why on each side, then each stack's
-    throughput, B / A, then each stack's quality and task scores."""
+    throughput, B / A, and what a million of its output tokens cost on each side, then each
+    stack's quality and task scores."""
     out = []
     whys = {tuple(r[k] for k in WHY_KEYS): r for r in ([] if why is None else why.iter_rows(named=True))}
     for r in factors.iter_rows(named=True):
@@ -214,6 +216,13 @@ def lines(
         out.append(
             f"{r['stack']} at {r['cell']} ({r['model']}, {r['topology']}): output tok/s "
             f"A {value_text(r['a'], 4)}, B {value_text(r['b'], 4)}, B/A {_x(r['b_over_a'], r['lo'], r['hi'])}"
+        )
+    for r in [] if priced is None else priced.iter_rows(named=True):
+        out.append(
+            f"cost of {r['stack']} at {r['cell']} ({r['model']}, {r['topology']}): a million output tokens "
+            f"A ${value_text(r['usd_per_m_output_a'], 3)}, B ${value_text(r['usd_per_m_output_b'], 3)}, "
+            f"B/A {_x(r['b_over_a'], r['lo'], r['hi'])} (an hour: A ${value_text(r['hour_usd_a'], 3)}, "
+            f"B ${value_text(r['hour_usd_b'], 3)})"
         )
     for r in [] if quality is None else quality.iter_rows(named=True):
         said = []
@@ -251,9 +260,16 @@ def nothing_to_compare(runs_a: pl.DataFrame, runs_b: pl.DataFrame) -> str:
 
 
 def compare(
-    a: str | Path, b: str | Path, chains: dict[str, list[str]], out: str | Path, tolerate_flags=()
+    a: str | Path,
+    b: str | Path,
+    chains: dict[str, list[str]],
+    out: str | Path,
+    tolerate_flags=(),
+    prices: tuple[dict | None, dict | None] = (None, None),
 ) -> list[str]:
-    """Write the comparison under `out` (tables/, compare.html); its lines, for the terminal."""
+    """Write the comparison under `out` (tables/, compare.html); its lines, for the terminal.
+    prices: each side's cost spec (analysis.cost's shape; None: that side is not priced)."""
+    from speedsplit.analysis import cost
     from speedsplit.output.report import CSS
 
     (runs_a, prov_a, load_a, quality_a, res_a), (runs_b, prov_b, load_b, quality_b, res_b) = side(a), side(b)
@@ -261,6 +277,11 @@ def compare(
     factors = cmp.factors_frame(runs_a, runs_b, chains, tolerate_flags)
     quality, tasks = quality_frame(quality_a, quality_b), tasks_frame(quality_a, quality_b)
     why = why_frame((runs_a, res_a), (runs_b, res_b), chains, tolerate_flags)
+    priced = (
+        cost.compare_frame(stacks, runs_a, runs_b, *prices)
+        if all(p is not None for p in prices)
+        else pl.DataFrame(schema=cost.COMPARE_SCHEMA)
+    )
     out = Path(out)
     frames = {
         "compare_stacks": stacks,
@@ -268,10 +289,11 @@ def compare(
         "compare_quality": quality,
         "compare_tasks": tasks,
         "compare_why": why,
+        "compare_cost": priced,
     }
     write_frames(frames, out / "tables")
     head = [describe("A", a, prov_a, runs_a), describe("B", b, prov_b, runs_b)] + load_differences(load_a, load_b)
-    said = lines(stacks, factors, quality, tasks, why) or [nothing_to_compare(runs_a, runs_b)]
+    said = lines(stacks, factors, quality, tasks, why, priced) or [nothing_to_compare(runs_a, runs_b)]
     page = "".join(
         [
             f"<!doctype html><html><head><meta charset='utf-8'><title>speedsplit compare</title>"
@@ -291,6 +313,11 @@ def compare(
             html_table(why) if why.height else "<p>—</p>",
             "<h2>Stacks</h2>",
             html_table(stacks) if stacks.height else "<p>—</p>",
+            "<h2>Cost per token</h2><p class='note'>An hour of each side's cards (--card-hour-usd-a/-b, else "
+            "the config's analysis.cost) over the output tokens its stack served in that hour; B / A is the hours' "
+            "ratio over the throughput's, its interval the throughput's, ends swapped: below 1 a token is cheaper "
+            "on B.</p>",
+            html_table(priced) if priced.height else "<p>Not priced on both sides.</p>",
             "<h2>Quality</h2><p class='note'>Each stack probed on both sides: its perplexity (B / A paired by "
             "window, 95% t interval) and how many of its greedy continuations are the same.</p>",
             html_table(quality) if quality.height else "<p>—</p>",

@@ -107,3 +107,29 @@ def test_the_8b_study_chain_priced_says_what_a_million_tokens_cost_beside_its_an
     assert (steps["cost_factor"] * steps["value"]).to_list() == pytest.approx([1.0] * steps.height)
     answer = frames["answer"]
     assert all(c and c.startswith("hf-fp16 $") and c.endswith("a million output tokens") for c in answer["cost"])
+
+
+def test_two_sides_cost_their_own_hour_over_their_own_tokens():
+    """B / A of a million tokens' cost: the hours' ratio over the throughput's, the interval's
+    ends swapped; each side's cards are its own."""
+    from speedsplit.analysis import compare
+
+    def runs(tok_s, instances, platform="cuda"):
+        return pl.DataFrame(
+            [
+                {**cell("s", v, v, v, instances=instances, platform=platform), "status": "ok", "flags": [], "run": i}
+                | dict.fromkeys(["ttft_s_median", "tpot_s_median", "e2e_s_p99"], 0.1)
+                for i, v in enumerate(tok_s)
+            ]
+        )
+
+    a, b = runs([1000.0, 1010.0], instances=1), runs([3000.0, 3030.0], instances=2)
+    stacks = compare.stacks_frame(a, b)
+    got = K.compare_frame(stacks, a, b, K.priced_at(2.0), K.priced_at(4.0)).row(0, named=True)
+    speed = stacks.filter(pl.col("metric") == "output_tok_s").row(0, named=True)
+    assert (got["hour_usd_a"], got["hour_usd_b"]) == (2.0, 8.0)  # B: two cards at $4
+    assert got["usd_per_m_output_a"] == pytest.approx(2.0 / 3600 / speed["a"] * 1e6)
+    assert got["b_over_a"] == pytest.approx(4.0 / 3.0)  # 4x the hour for 3x the tokens
+    assert (got["lo"], got["hi"]) == pytest.approx((4.0 / speed["hi"], 4.0 / speed["lo"]))
+    # a side whose platform has no price: nothing said
+    assert K.compare_frame(stacks, a, b, K.priced_at(2.0), SPEC | {"card_hour_usd": {"cuda": None}}).height == 0

@@ -173,3 +173,27 @@ def test_two_sides_of_different_models_say_the_models_differ(tmp_path):
         "nothing to compare: the models differ (A measured tiny; B measured other): "
         "compare two result sets of the same model"
     )
+
+
+def test_each_side_priced_says_what_a_million_tokens_cost_on_it(tmp_path, capsys):
+    from speedsplit import cli
+    from speedsplit.analysis.cost import priced_at
+
+    a = write_side(tmp_path / "a", {"hf-fp16": 100.0, "vllm-fp16": 1000.0})
+    b = write_side(tmp_path / "b", {"hf-fp16": 100.0, "vllm-fp16": 1500.0}, gpu="Other CPU")
+    said = compare.compare(a, b, CHAINS, tmp_path / "out", prices=(priced_at(3.6), priced_at(7.2)))
+    # $3.60 an hour over 1005 tok/s; B's hour costs twice A's for 1.5x the tokens: 1.33x the cost
+    line = next(s for s in said if s.startswith("cost of vllm-fp16 at u8-wide-greedy"))
+    assert "a million output tokens A $0.995, B $1.33, B/A 1.33× [" in line and "(an hour: A $3.6, B $7.2)" in line
+    assert (tmp_path / "out/tables/compare_cost.csv").read_text().count("\n") == 3  # header, two stacks
+    # one side unpriced: no cost said, the page says why
+    said = compare.compare(a, b, CHAINS, tmp_path / "out2", prices=(priced_at(3.6), None))
+    assert not any(s.startswith("cost of") for s in said)
+    assert "Not priced on both sides." in (tmp_path / "out2/compare.html").read_text()
+    # from the command line, a price that is not one is refused in one line
+    with pytest.raises(SystemExit):
+        cli.main(["compare", str(a), str(b), "--out", str(tmp_path / "o3"), "--card-hour-usd-b", "-1"])
+    assert "--card-hour-usd-b: '-1' is not a price in dollars above 0" in capsys.readouterr().err
+    assert cli.main(["compare", str(a), str(b), "--out", str(tmp_path / "o4"), "--card-hour-usd-a", "3.6",
+                     "--card-hour-usd-b", "7.2"]) == 0  # fmt: skip
+    assert "cost of vllm-fp16 at u8-wide-greedy" in capsys.readouterr().out
