@@ -104,8 +104,11 @@ def bench_inputs(wc):
     draft = bench_stack(wc).get("draft_model")
     if draft:  # the weights its speculative decoding drafts with
         inputs["draft"] = f"resources/models/{draft}/fp16"
-    # Order only: calibrated before the first cell; a new calibration reruns no cell.
+    # Order only: calibrated before the first cell; a new calibration reruns no cell. The
+    # bandwidth copy too (seconds): after a first cell it took the card between two cells of one
+    # server, which was stopped for it and started again (33 s on an H100).
     inputs["calibration"] = ancient(ss_plan.CALIBRATION)
+    inputs["bandwidth"] = ancient("results/hardware/bandwidth.json")
     prev = PREV[job]
     if prev is not None:
         # Order only: run after the lane's previous job (its server may be ours), never

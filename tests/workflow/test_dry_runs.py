@@ -87,6 +87,10 @@ def test_a_local_run_plans_no_group_jobs(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "rule bench:" in out.stdout
     assert "Group job" not in out.stdout + out.stderr
+    # every cell waits for the bandwidth copy (order only): run between two cells of one server,
+    # it took the card from it, and the server was stopped for it and started again
+    benches = [job for job in out.stdout.split("\n\n") if "rule bench:" in job]
+    assert benches and all("results/hardware/bandwidth.json" in job for job in benches)
 
 
 def test_the_shipped_study_config_dry_runs(tmp_path):
