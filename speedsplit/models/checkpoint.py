@@ -87,6 +87,33 @@ SHAPES: dict[str, dict] = {
         max_positions=4096,
         rope_theta=10000.0,
     ),
+    # A model that has learned something at a size where serving is not all overhead (about
+    # 340 million parameters; trained on a card: models/train.py), and its draft (the same
+    # vocabulary, about 18 million: a learnt tokenizer of the same size on the same text).
+    "small": _shape(
+        arch="LlamaForCausalLM",
+        model_type="llama",
+        hidden=1024,
+        intermediate=2816,
+        layers=24,
+        heads=16,
+        kv_heads=4,
+        vocab=32000,
+        max_positions=4096,
+        rope_theta=10000.0,
+    ),
+    "small-draft": _shape(
+        arch="LlamaForCausalLM",
+        model_type="llama",
+        hidden=256,
+        intermediate=768,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        vocab=32000,
+        max_positions=4096,
+        rope_theta=10000.0,
+    ),
     "llama-3.1-8b": _shape(
         arch="LlamaForCausalLM",
         model_type="llama",

@@ -182,6 +182,16 @@ def merge(base: dict, top: dict) -> dict:
     return out
 
 
+def _tokenizer_of(model: model_config.ModelConfig) -> tuple:
+    """What makes a synthetic model's tokenizer: its kind and vocabulary size and, learnt, the
+    text it was learnt from."""
+    from speedsplit.models.checkpoint import shape_config
+
+    trained = model.weights == "trained"
+    vocab = None if model.tokenizer == "gpt2" and not trained else shape_config(model.shape)["vocab_size"]
+    return (model.tokenizer, vocab, trained and model.training.corpus_bytes)
+
+
 def _check_draft(config: dict, stack: str, entry) -> None:
     """A benchmarked stack's draft model is a model of the config whose tokenizer is the served
     models' (synthetic models: the same tokenizer kind and, trained, the same learnt one)."""
@@ -195,10 +205,7 @@ def _check_draft(config: dict, stack: str, entry) -> None:
     draft = model_config.model_config(config, entry.draft_model)
     for name in bench_models(config):
         served = model_config.model_config(config, name)
-        if draft.source == served.source == "synthetic" and (draft.tokenizer, draft.weights == "trained") != (
-            served.tokenizer,
-            served.weights == "trained",
-        ):
+        if draft.source == served.source == "synthetic" and _tokenizer_of(draft) != _tokenizer_of(served):
             raise ConfigError(
                 f"{where}: {entry.draft_model} and models.{name} have different tokenizers (a draft must share the "
                 "served model's)"

@@ -10,6 +10,10 @@ from speedsplit.planning.quality_config import quantization_config
 from speedsplit.planning.stack_config import stack_config, stacks_of
 
 
+# The shapes the model rule may train, and where: tiny ones anywhere, small ones on a card.
+TRAINED_SHAPES = {"tiny": "cpu", "tiny-draft": "cpu", "small": "cuda", "small-draft": "cuda"}
+
+
 def check_own_weights(config: dict, model: str, entry: ModelConfig) -> None:
     """A local folder and pre-quantized checkpoints: there, complete, and what the config says."""
     from speedsplit.models.checkpoint import ModelError
@@ -19,10 +23,15 @@ def check_own_weights(config: dict, model: str, entry: ModelConfig) -> None:
         raise ConfigError(f"config error at models.{model}.path: a local model needs the folder's path")
     if entry.path and entry.source != "local":
         raise ConfigError(f"config error at models.{model}.path: a path is for source local, not {entry.source}")
-    if entry.weights == "trained" and (entry.source != "synthetic" or entry.shape not in ("tiny", "tiny-draft")):
+    if entry.weights == "trained" and (entry.source != "synthetic" or entry.shape not in TRAINED_SHAPES):
         raise ConfigError(
-            f"config error at models.{model}.weights: trained is for a synthetic model of shape tiny or tiny-draft (it trains in "
-            f"the model rule, on a CPU), not {entry.source} {entry.shape}"
+            f"config error at models.{model}.weights: trained is for a synthetic model of shape "
+            f"{', '.join(TRAINED_SHAPES)} (it trains in the model rule), not {entry.source} {entry.shape}"
+        )
+    if entry.weights == "trained" and TRAINED_SHAPES[entry.shape] == "cuda" and platform_of(config) != "cuda":
+        raise ConfigError(
+            f"config error at models.{model}.shape: a trained {entry.shape} model trains on a CUDA card (a few hundred "
+            "million parameters); on a CPU train shape tiny or tiny-draft"
         )
     if entry.weights == "trained" and entry.tokenizer != "wordlevel":
         raise ConfigError(

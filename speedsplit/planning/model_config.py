@@ -23,6 +23,15 @@ class Training(Entry):
     batch: int = Field(16, ge=1, description="Sequences per step.")
     lr: Positive = Field(0.003, description="Peak learning rate (AdamW, cosine decay).")
     warmup_steps: int = Field(20, ge=0, description="Steps of linear warm-up.")
+    max_s: Positive | None = Field(
+        None,
+        description="Train at most this long (seconds): the steps the time allows, measured over the first ones, "
+        "the schedule fitted to them (steps at most). The step count then depends on the card; the model's "
+        "speedsplit-model.json records it.",
+    )
+    corpus_bytes: int = Field(
+        4_000_000, ge=100_000, description="Bytes of the Python standard library's sources to train on."
+    )
 
 
 class ModelConfig(Entry):
@@ -46,7 +55,7 @@ class ModelConfig(Entry):
         "it holds and links it instead of quantizing.",
         json_schema_extra={"default": {}},
     )
-    shape: Literal["tiny", "tiny-draft", "llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "llama-3.1-70b"] = Field(
+    shape: Literal["tiny", "tiny-draft", "small", "small-draft", "llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "llama-3.1-70b"] = Field(
         "tiny", description="Architecture shape of a synthetic model."
     )
     tokenizer: Literal["wordlevel", "gpt2"] = Field(
@@ -61,9 +70,10 @@ class ModelConfig(Entry):
         description="Synthetic models only. 'random' writes seeded random FP16 weights (every stack can load "
         "them); 'dummy' writes no weight files and vLLM stacks initialise weights themselves (load_format "
         "dummy). Throughput does not depend on weight values, but quality does: on random or dummy weights the "
-        "quality factors say nothing. 'trained' (the tiny shapes) trains the model briefly on the Python standard "
-        "library's sources with a byte-level BPE tokenizer learnt from them (about a minute on 2 cores, seeded; "
-        "speedsplit/models/train.py), so that its outputs mean something.",
+        "quality factors say nothing. 'trained' (the tiny shapes on any platform, the small ones on a CUDA card) "
+        "trains the model briefly on the Python standard library's sources with a byte-level BPE tokenizer learnt "
+        "from them (the tiny shape: about a minute on 2 cores, seeded; speedsplit/models/train.py), so that its "
+        "outputs mean something.",
     )
     training: Training = Field(
         default_factory=Training,

@@ -68,8 +68,29 @@ def test_the_same_seed_trains_the_same_weights(trained, tmp_path):
     assert (again / "tokenizer.json").read_text() == (out / "tokenizer.json").read_text()
 
 
-def test_only_the_tiny_synthetic_shape_is_trained(tmp_path):
+def test_only_the_tiny_and_small_synthetic_shapes_are_trained_the_small_ones_on_a_card(tmp_path):
     cfg = tmp_path / "big.yaml"
     cfg.write_text("models:\n  big: {source: synthetic, shape: llama-3.1-8b, weights: trained}\n")
     with pytest.raises(C.ConfigError, match=r"models\.big\.weights: trained is for a synthetic model of shape tiny"):
         C.load(cfg)
+    cfg.write_text("models:\n  small: {source: synthetic, shape: small, weights: trained}\n")
+    with pytest.raises(C.ConfigError, match=r"models\.small\.shape: a trained small model trains on a CUDA card"):
+        C.load(cfg)
+    cfg.write_text("platform: cuda\nmodels:\n  small: {source: synthetic, shape: small, weights: trained}\n")
+    assert C.load(cfg)["models"]["small"]["shape"] == "small"
+
+
+def test_a_time_bound_fits_the_schedule_to_the_steps_it_allows(tmp_path):
+    t = train.Training(steps=1000, warmup_steps=20, max_s=60.0)
+    # 30 steps in 6 s at 0.2 s a step: 54 s left hold 270 more
+    assert train.fitted_steps(t, 30, 6.0, 0.2) == 300
+    assert train.fitted_steps(t, 30, 6.0, 0.01) == 1000  # the configured steps at most
+    assert train.fitted_steps(t, 30, 70.0, 0.2) == 31  # over time already: one more step
+    assert train.fitted_steps(train.Training(steps=1000), 30, 6.0, 0.2) == 1000  # no bound
+    assert train._lr(299, t, 300) == pytest.approx(t.lr * 0.1, rel=1e-3)  # the cosine ends at the fitted step
+    out = tmp_path / "bounded"
+    synthesize("tiny", out, weights="trained", seed=0, training={**SHORT, "steps": 100_000, "max_s": 2.0})
+    report = json.loads((out / "speedsplit-model.json").read_text())["training"]
+    assert report["steps"] == 100_000 and SHORT["warmup_steps"] + train.TIMED_STEPS < report["steps_done"] < 100_000
+    assert report["tokens_seen"] == report["steps_done"] * SHORT["batch"] * SHORT["seq_len"]
+    assert report["device"] == "cpu"

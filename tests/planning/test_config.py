@@ -326,3 +326,12 @@ def test_a_model_that_only_drafts_is_not_benchmarked_and_a_draft_is_checked_in_o
     top.write_text(yaml.safe_dump({**other, "benchmark": {"stacks": ["vllm-fp16", "vllm-fp16-draft"]}}))
     with pytest.raises(C.ConfigError, match=r"draft_model: tiny-draft and models.tiny have different tokenizers"):
         C.load(top)
+    # learnt tokenizers of another vocabulary, or from another text, differ too
+    for draft in ({"shape": "small-draft"}, {"training": {"corpus_bytes": 8_000_000}}):
+        top.write_text(
+            yaml.safe_dump(
+                {"platform": "cuda", "models": {"tiny-draft": draft}, "benchmark": {"stacks": ["vllm-fp16-draft"]}}
+            )
+        )
+        with pytest.raises(C.ConfigError, match=r"tiny-draft and models.tiny have different tokenizers"):
+            C.load(top)
