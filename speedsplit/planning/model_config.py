@@ -55,9 +55,9 @@ class ModelConfig(Entry):
         "it holds and links it instead of quantizing.",
         json_schema_extra={"default": {}},
     )
-    shape: Literal["tiny", "tiny-draft", "small", "small-draft", "llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "llama-3.1-70b"] = Field(
-        "tiny", description="Architecture shape of a synthetic model."
-    )
+    shape: Literal[
+        "tiny", "tiny-draft", "small", "small-draft", "llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "llama-3.1-70b"
+    ] = Field("tiny", description="Architecture shape of a synthetic model.")
     tokenizer: Literal["wordlevel", "gpt2"] = Field(
         "wordlevel",
         description="Synthetic models only. 'wordlevel': one word of a synthetic vocabulary per token "

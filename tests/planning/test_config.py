@@ -5,6 +5,7 @@ import yaml
 from conftest import REPO, snakemake_bin
 
 from speedsplit.planning import config as C
+from speedsplit.planning.grid import draft_models
 
 
 def base() -> dict:
@@ -335,3 +336,12 @@ def test_a_model_that_only_drafts_is_not_benchmarked_and_a_draft_is_checked_in_o
         )
         with pytest.raises(C.ConfigError, match=r"tiny-draft and models.tiny have different tokenizers"):
             C.load(top)
+
+
+def test_the_speculative_gpu_config_serves_the_small_pair():
+    """config/h100-speculative.yaml: the small model benchmarked, its draft trained beside it
+    (the same learnt tokenizer), n-gram and draft-model steps from vLLM FP16."""
+    cfg = C.load(REPO / "config/h200-smoke.yaml", REPO / "config/h100-speculative.yaml")
+    assert C.bench_models(cfg) == ["small"] and draft_models(cfg) == {"small-draft"}
+    assert C.stack_params(cfg, "small", "vllm-fp16-draft", "tp1")["draft_model"] == "small-draft"
+    assert cfg["chains"] == {"study": ["vllm-fp16", "vllm-fp16-ngram"], "kernel": ["vllm-fp16", "vllm-fp16-draft"]}
