@@ -1,5 +1,6 @@
 """A text every machine has without a download: the Python standard library's own sources (code,
-comments, docstrings), split by file into what a model trains on and what it is scored on.
+comments, docstrings), split by file into what a model trains on and what it is scored on; for a
+bigger model, the installed packages' sources beside them (`training.corpus: installed`).
 
 The split is by a hash of each file's path, so a file is wholly in one part; which files there
 are depends on the Python version, which the corpus's identity names.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import platform
+import site
 import sysconfig
 import zlib
 from dataclasses import dataclass
@@ -34,14 +36,26 @@ def _files(root: Path) -> list[Path]:
     return sorted(files, key=lambda f: (zlib.crc32(f.relative_to(root).as_posix().encode()), f.as_posix()))
 
 
-def stdlib_corpus(train_bytes: int = 4_000_000, held_out_bytes: int = 400_000) -> Corpus:
-    """Up to train_bytes of the library for training and held_out_bytes held out."""
-    root = Path(sysconfig.get_paths()["stdlib"])
+def _roots(installed: bool) -> list[Path]:
+    """The standard library's folder and, installed, every folder of installed packages."""
+    roots = [Path(sysconfig.get_paths()["stdlib"])]
+    if installed:
+        found = [*site.getsitepackages(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+        roots += sorted({Path(p).resolve() for p in found if Path(p).is_dir()} - {roots[0].resolve()})
+    return roots
+
+
+def stdlib_corpus(train_bytes: int = 4_000_000, held_out_bytes: int = 400_000, installed: bool = False) -> Corpus:
+    """Up to train_bytes of the library for training and held_out_bytes held out; installed:
+    of the library and the installed packages' sources, their files mixed (a bigger model
+    trained on the library alone, 8 MB on Python 3.12, learnt it by heart)."""
+    roots = _roots(installed)
     parts: dict[str, list[str]] = {"train": [], "held_out": []}
     room = {"train": train_bytes, "held_out": held_out_bytes}
     counts = {"train": 0, "held_out": 0}
-    for f in _files(root):
-        rel = f.relative_to(root).as_posix()
+    files = [(f, f.relative_to(root).as_posix()) for root in roots for f in _files(root)]
+    files.sort(key=lambda fr: (zlib.crc32(fr[1].encode()), fr[0].as_posix()))
+    for f, rel in files:
         part = "held_out" if zlib.crc32(rel.encode()) % HELD_OUT_EVERY == 0 else "train"
         if room[part] <= 0:
             if all(v <= 0 for v in room.values()):
@@ -55,7 +69,8 @@ def stdlib_corpus(train_bytes: int = 4_000_000, held_out_bytes: int = 400_000) -
     if (train_bytes and not train) or (held_out_bytes and not held_out):
         raise FileNotFoundError(f"the Python standard library at {root} has no sources to train on")
     identity = {
-        "corpus": "python-stdlib",
+        "corpus": "python-installed" if installed else "python-stdlib",
+        "roots": [str(r) for r in roots],
         "python": platform.python_version(),
         "files": counts,
         "chars": {"train": len(train), "held_out": len(held_out)},

@@ -44,6 +44,7 @@ class Training:
     warmup_steps: int = 20
     max_s: float | None = None  # at most this long: fewer steps, the schedule fitted to them
     corpus_bytes: int = 4_000_000  # of the library's sources to train on
+    corpus: str = "stdlib"  # or "installed": the installed packages' sources beside it
 
 
 def train_tokenizer(text: str, vocab_size: int, special_tokens: list[str]):
@@ -185,7 +186,7 @@ def train(cfg: dict, corpus: Corpus, t: Training, seed: int, progress=print):
 def write_trained(cfg: dict, out: Path, seed: int, training: Training, progress=print) -> dict:
     """Train and write the model, its tokenizer and its held-out text into out; returns the
     training report."""
-    corpus = stdlib_corpus(train_bytes=training.corpus_bytes)
+    corpus = stdlib_corpus(train_bytes=training.corpus_bytes, installed=training.corpus == "installed")
     model, tokenizer, report = train(cfg, corpus, training, seed, progress)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

@@ -189,7 +189,7 @@ def _tokenizer_of(model: model_config.ModelConfig) -> tuple:
 
     trained = model.weights == "trained"
     vocab = None if model.tokenizer == "gpt2" and not trained else shape_config(model.shape)["vocab_size"]
-    return (model.tokenizer, vocab, trained and model.training.corpus_bytes)
+    return (model.tokenizer, vocab, trained and (model.training.corpus, model.training.corpus_bytes))
 
 
 def _check_draft(config: dict, stack: str, entry) -> None:

@@ -32,6 +32,12 @@ class Training(Entry):
     corpus_bytes: int = Field(
         4_000_000, ge=100_000, description="Bytes of the Python standard library's sources to train on."
     )
+    corpus: Literal["stdlib", "installed"] = Field(
+        "stdlib",
+        description="'stdlib': the standard library's sources alone (8 MB on Python 3.12); 'installed': the "
+        "installed packages' sources beside them (more text: what a model of hundreds of millions of parameters "
+        "needs not to learn the library by heart).",
+    )
 
 
 class ModelConfig(Entry):

@@ -94,3 +94,12 @@ def test_a_time_bound_fits_the_schedule_to_the_steps_it_allows(tmp_path):
     assert report["steps"] == 100_000 and SHORT["warmup_steps"] + train.TIMED_STEPS < report["steps_done"] < 100_000
     assert report["tokens_seen"] == report["steps_done"] * SHORT["batch"] * SHORT["seq_len"]
     assert report["device"] == "cpu"
+
+
+def test_an_installed_corpus_holds_the_packages_sources_beside_the_library():
+    c = corpus.stdlib_corpus(train_bytes=3_000_000, held_out_bytes=50_000, installed=True)
+    assert c.identity["corpus"] == "python-installed" and len(c.identity["roots"]) >= 2
+    assert "import torch" in c.train or "import polars" in c.train or "import numpy" in c.train  # this venv's
+    assert c.identity == corpus.stdlib_corpus(train_bytes=3_000_000, held_out_bytes=50_000, installed=True).identity
+    alone = corpus.stdlib_corpus(train_bytes=3_000_000, held_out_bytes=50_000)
+    assert alone.identity["roots"] == c.identity["roots"][:1] and alone.train != c.train
