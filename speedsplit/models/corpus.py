@@ -67,7 +67,7 @@ def stdlib_corpus(train_bytes: int = 4_000_000, held_out_bytes: int = 400_000, i
         counts[part] += 1
     train, held_out = "\n\n".join(parts["train"])[:train_bytes], "\n\n".join(parts["held_out"])[:held_out_bytes]
     if (train_bytes and not train) or (held_out_bytes and not held_out):
-        raise FileNotFoundError(f"the Python standard library at {root} has no sources to train on")
+        raise FileNotFoundError(f"the Python standard library at {roots[0]} has no sources to train on")
     identity = {
         "corpus": "python-installed" if installed else "python-stdlib",
         "roots": [str(r) for r in roots],
