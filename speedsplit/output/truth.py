@@ -129,8 +129,8 @@ def true_records(result: RunResult, measured: list[RequestRecord], speed: refere
             (e.user, e.index): e
             for e in reference_speed.expected(speed, sessions=sessions, think_s=p.load.sessions.think_s)
         }
-        keys = list(turns)
-        truth = [by[keys.index(r.user), r.index] for r in mine]
+        position = {user: i for i, user in enumerate(turns)}  # sessions in the order expected() got them
+        truth = [by[position[r.user], r.index] for r in mine]
     elif any(r.due is not None for r in mine):
         arrivals = [(r.due, *_lengths(r, p)) for r in mine]
         truth = reference_speed.expected(speed, arrivals=arrivals)

@@ -42,6 +42,8 @@ class KvTiers:
     card: OrderedDict[int, tuple[int, ...]] = field(default_factory=OrderedDict)
     host: OrderedDict[int, tuple[int, ...]] = field(default_factory=OrderedDict)
     stored: int = 0  # sequences stored so far (their keys)
+    card_held: int = 0  # tokens each tier holds now
+    host_held: int = 0
     # vLLM's counters: prompt tokens looked up and found on the card; looked up past the card's
     # hit and found on the host
     queries: int = 0
@@ -79,10 +81,13 @@ class KvTiers:
     def store(self, ids: list[int]) -> None:
         """A finished request's sequence (prompt and answer) onto the card, evicting to the host."""
         self.card[self.stored] = tuple(ids)
+        self.card_held += len(ids)
         self.stored += 1
-        while sum(len(s) for s in self.card.values()) > self.card_tokens and self.card:
+        while self.card_held > self.card_tokens and self.card:
             key, seq = self.card.popitem(last=False)
+            self.card_held -= len(seq)
             if self.host_tokens and len(seq) <= self.host_tokens:
                 self.host[key] = seq
-        while sum(len(s) for s in self.host.values()) > self.host_tokens and self.host:
-            self.host.popitem(last=False)
+                self.host_held += len(seq)
+        while self.host_held > self.host_tokens and self.host:
+            self.host_held -= len(self.host.popitem(last=False)[1])

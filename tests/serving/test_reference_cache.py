@@ -30,6 +30,7 @@ def test_what_the_card_evicts_the_host_holds_and_what_neither_holds_is_computed(
     for tag in (1, 2, 3):
         kv.store(seq(tag, 160))  # the card holds one sequence of 160: 1 and 2 go to the host, 1 then out
     assert list(kv.card) == [2] and list(kv.host) == [1]  # keys in store order: sequence 3 and sequence 2
+    assert (kv.card_held, kv.host_held) == (160, 160)  # the tiers' running totals
     assert kv.lookup(seq(3, 160) + [7]) == (160, 0)
     assert kv.lookup(seq(2, 100) + [7]) == (0, 96)
     assert kv.lookup(seq(1, 100) + [7]) == (0, 0)  # dropped from the host too

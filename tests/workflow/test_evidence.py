@@ -10,8 +10,8 @@ from conftest import REPO
 from speedsplit.core.record import read_result
 from speedsplit.core.requestlog import requests_path
 from speedsplit.output import analyses
-from speedsplit.output.aggregate import QUANTIZE_REPORTS, write_tables
-from speedsplit.planning import config as C
+from speedsplit.core.formats import write_frames
+from speedsplit.output.aggregate import evidence_frames
 
 EVIDENCE = sorted(p for p in (REPO / "docs/evidence").iterdir() if p.is_dir())
 FILE_LIKE = re.compile(r"\.(json|jsonl|csv|md|html|yaml|yml|sh|png|svg|parquet|log|py|txt)$")
@@ -68,20 +68,9 @@ def test_tables_rebuild_from_the_committed_raw_results(folder, tmp_path):
     for path in results:
         read_result(path)
         assert requests_path(path).is_file(), path
-    cfg = C.load(*[REPO / c for c in how["config"]])
-    link = folder / how["link"] if how.get("link") else None
-    profiles = sorted(folder.glob(how["profiles"])) if how.get("profiles") else []
-    write_tables(
-        results,
-        tmp_path,
-        bandwidth_json=folder / how["bandwidth"],
-        link_json=link,
-        profile_paths=profiles,
-        quantize_paths=sorted(folder.glob(f"results/{QUANTIZE_REPORTS}")),
-        **analyses.analysis_spec(cfg),
-    )
-    names = analyses.table_names(cfg)
-    for name in names:
+    frames, cfg = evidence_frames(folder)  # as docs/evidence/rebuild_tables.py builds them
+    write_frames(frames, tmp_path, parquet=False)
+    for name in analyses.table_names(cfg):
         rebuilt, committed = (tmp_path / f"{name}.csv").read_text(), (folder / "tables" / f"{name}.csv").read_text()
         assert rebuilt == committed, f"{folder.name}: tables/{name}.csv differs from its rebuild"
 
