@@ -30,7 +30,7 @@ rule quantize:
         settings=quantize_settings,
         platform=PLATFORM,
     resources:
-        gpu=1,
+        gpu=quantize_gpus,
     log:
         "results/logs/quantize/{model}/{variant}.log",
     conda:

@@ -89,8 +89,24 @@ def test_a_local_run_plans_no_group_jobs(tmp_path):
     assert "Group job" not in out.stdout + out.stderr
     # every cell waits for the bandwidth copy (order only): run between two cells of one server,
     # it took the card from it, and the server was stopped for it and started again
-    jobs = [job.partition("input:")[2].partition("\n")[0] for job in out.stdout.split("rule bench:")[1:]]
+    jobs = _job_lines(out.stdout, "bench", "input")
     assert jobs and all("results/hardware/bandwidth.json" in inputs for inputs in jobs), jobs[:1]
+
+
+def _job_lines(stdout: str, rule: str, field: str) -> list[str]:
+    """Each planned job of a rule's line `field:` (input, resources, ...), from a dry run's listing."""
+    return [job.partition(f"{field}:")[2].partition("\n")[0] for job in stdout.split(f"rule {rule}:")[1:]]
+
+
+def test_a_dummy_quantization_takes_no_card_and_a_real_one_does(tmp_path):
+    """On a GPU host the dummy INT4 config is written while the first server starts; GPTQModel
+    (and every job on a CPU, where the one "card" keeps jobs apart) takes a card."""
+    for config, gpu in (("config/h200-smoke.yaml", "gpu=0"), ("tests/config/ci.yaml", "gpu=1")):
+        out = run_snakemake(["-n", "--configfile", str(REPO / config), "--cores", "2", "--resources", "gpu=1"],
+                            tmp_path, timeout=300)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        jobs = _job_lines(out.stdout, "quantize", "resources")
+        assert jobs and all(r.strip().endswith(gpu) for r in jobs), (config, jobs)
 
 
 def test_the_shipped_study_config_dry_runs(tmp_path):
