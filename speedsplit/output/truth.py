@@ -26,7 +26,6 @@ from speedsplit.core.record import RunResult, read_result, to_json
 from speedsplit.core.requestlog import RequestRecord, read_requests, requests_path
 from speedsplit.core.results import write_json_atomic, write_lines_atomic
 from speedsplit.probes import loadgen, slo
-from speedsplit.probes.loadspec import SessionRun
 from speedsplit.serving import reference_speed
 
 # A run's numbers within 2% of the truth, a factor within 1% (the client's calibrated offset taken
@@ -173,17 +172,6 @@ def true_records(result: RunResult, measured: list[RequestRecord], speed: refere
     ]
 
 
-def _sessions_of(truth: list[RequestRecord], load) -> SessionRun:
-    """The sessions a run's true requests made, as far as a summary reads them (their starts)."""
-    starts = sorted({r.user: r.due for r in truth if r.index == 0}.items())
-    return SessionRun(
-        due_s=[d for _, d in starts],
-        first=[""] * len(starts),
-        more=[[""] * (load.sessions.turns - 1) for _ in starts],
-        think_s=load.sessions.think_s,
-    )
-
-
 def true_result(
     result: RunResult, measured: list[RequestRecord], speed: reference_speed.Speed
 ) -> tuple[RunResult, list]:
@@ -199,8 +187,7 @@ def true_result(
         prompt_tokens=p.prompt_tokens,
         output_tokens=p.output_tokens,
         closed=p.closed,
-        schedule=[] if any(r.due is not None for r in truth) and p.load.kind != "sessions" else None,  # an open loop's
-        sessions=_sessions_of(truth, p.load) if p.load.kind == "sessions" else None,
+        load_kind="open" if p.load.kind == "trace" else p.load.kind,  # a trace's requests leave when due
     )
     wall = max(r.end for r in truth) - min(r.sent for r in truth) if truth else 0.0
     summary = loadgen.summarize(truth, wall, spec)

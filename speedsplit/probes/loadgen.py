@@ -419,7 +419,7 @@ def client_wall(records: list[RequestRecord], wall_s: float, spec: LoadSpec) -> 
         return None
     last = max(done, key=lambda r: r.end)
     held = wall_s - last.end  # after the last answer, until the phase ended
-    if spec.schedule is not None or spec.sessions is not None:  # requests leave when due; the last one's lag
+    if spec.kind != "closed":  # requests leave when due; the last one's lag
         return max(0.0, held + max(0.0, last.sent - (last.due or 0.0)))
     mine = sorted((r for r in done if r.user == last.user), key=lambda r: r.index)
     start = last.user * spec.closed.ramp_s / spec.users if spec.users else 0.0
@@ -439,7 +439,7 @@ def summarize(
         if r.error:
             failures[r.error] = failures.get(r.error, 0) + 1
     wrong_len = sum(1 for r in ok if r.output_tokens != (r.asked_output_tokens or spec.output_tokens))
-    returning = spec.sessions is not None  # a session's later turn: its length is what its text counts
+    returning = spec.kind == "sessions"  # a session's later turn: its length is what its text counts
     wrong_prompt = sum(
         1
         for r in ok
@@ -488,7 +488,7 @@ def summarize(
         trace_skipped=spec.fitted["skipped"] if spec.fitted else None,
         trace_capped=spec.fitted["capped"] if spec.fitted else None,
         lag_s=_dist([r.sent - r.due for r in records if r.due is not None]) if due else None,
-        **(_session_numbers(records) if spec.sessions is not None else {}),
+        **(_session_numbers(records) if spec.kind == "sessions" else {}),
     )
 
 

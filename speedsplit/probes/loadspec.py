@@ -11,7 +11,7 @@ import json
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 from speedsplit.core.loads import DueRequest, ClosedLoop, ClosedLoopSettings, OpenLoop, Sessions, TraceReplay
 from speedsplit.core.record import OUTLIER_FACTOR, OUTLIER_MIN_S
@@ -75,6 +75,16 @@ class LoadSpec:
     # the model's tokenizer as a count of a text's tokens (no special tokens): a stream's text
     # counted again where it carries no running count (loadgen.count_text)
     count_tokens: Callable[[str], int] | None = field(default=None, repr=False)
+    # what the measured phase sends, where no schedule or sessions say it (a run summarised
+    # from records alone: output/truth.py)
+    load_kind: Literal["closed", "open", "sessions"] | None = None
+
+    @property
+    def kind(self) -> str:
+        """closed (users in a loop), open (requests when due: arrivals or a trace) or sessions."""
+        if self.load_kind is not None:
+            return self.load_kind
+        return "open" if self.schedule is not None else "sessions" if self.sessions is not None else "closed"
 
 
 def request_index(spec: LoadSpec, phase: str, user: int, i: int) -> int:
