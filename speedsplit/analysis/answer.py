@@ -10,7 +10,8 @@ import math
 import polars as pl
 
 from speedsplit.analysis.frames import clean_runs
-from speedsplit.analysis.traffic import NO_DIFFERENCE, OPEN_LOOP
+from speedsplit.analysis.frames import OPEN_LOOP
+from speedsplit.analysis.traffic import NO_DIFFERENCE
 from speedsplit.core.formats import value_text
 from speedsplit.core.record import CLIENT_STALL_S
 
@@ -25,7 +26,7 @@ SENTENCE_SCHEMA = {
 
 
 def with_steps(attribution: pl.DataFrame, steps: dict[str, list[str]]) -> pl.DataFrame:
-    """Adds `step`: what the factor's step changes, in words (config.chain_steps); 'total'
+    """Adds `step`: what the factor's step changes, in words (grid.chain_steps); 'total'
     for the total row."""
 
     def label(chain: str, position: int) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Collection
 import polars as pl
 
 from speedsplit.analysis import attribution as attr
-from speedsplit.analysis.frames import CELL_KEYS, OPEN_LOOP_CELL, RUNS_SCHEMA, clean_runs  # noqa: F401 (re-exported)
+from speedsplit.analysis.frames import CELL_KEYS, RUNS_SCHEMA, clean_runs, open_loop
 
 # What a factor's interval covers, said in every factor table.
 COVERS = "95% t over runs{pairing}{client}"
@@ -58,11 +58,11 @@ def client_free(row: dict, metric: str, bound: bool = False) -> float | None:
     e2e, cycle, wall = row.get(prefix + "e2e_s"), row.get(prefix + "cycle_s"), row["wall_s"]
     if e2e is None or not wall:
         return None
-    open_loop = bool(OPEN_LOOP_CELL.match(row["cell"]))
+    when_due = open_loop(row["load"])
     if not bound and row.get("client_wall_s") is not None:
-        per_request = 1.0 if open_loop else (row["completed"] or 0) / max(1, row["users"] or 1)
+        per_request = 1.0 if when_due else (row["completed"] or 0) / max(1, row["users"] or 1)
         return v / (1.0 - min(0.5, (row["client_wall_s"] + per_request * e2e) / wall))
-    if open_loop:
+    if when_due:
         return v / (1.0 - min(0.5, e2e / wall))
     cycle = cycle if cycle is not None else e2e
     if not row["e2e_s_median"]:
@@ -128,7 +128,7 @@ def attribution_frame(
     keys = CELL_KEYS
     for group, df in runs.group_by(keys, maintain_order=True):
         base = dict(zip(keys, group))
-        paired = bool(OPEN_LOOP_CELL.match(base["cell"]))
+        paired = open_loop(base["load"])
         for chain_name, chain in chains.items():
             tp: dict[str, dict[int, float]] = {}
             clean_by: dict[str, pl.DataFrame] = {}

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Collection
 
 import json
-import re
 
 import numpy as np
 import polars as pl
@@ -20,11 +19,18 @@ from speedsplit.core.errors import UserError
 from speedsplit.core.record import RunResult
 from speedsplit.planning import roofline
 
-# Cell.name of an open-loop cell: r{rate}-... (arrivals at a rate), x{speedup}-... (a trace) or
-# s{rate}-... (multi-turn sessions begun at a rate)
-OPEN_LOOP_CELL = re.compile(r"^[rxs][0-9]")
-CELL_KEYS = ["model", "topology", "cell", "users", "workload", "sampling", "prompt_tokens", "output_tokens"]
+# a cell's load (core/loads.py): closed (users in a loop), open (arrivals at a rate), trace or
+# sessions; every load but a closed loop sends its requests when due (open_loop)
+CELL_KEYS = ["model", "topology", "cell", "users", "workload", "sampling", "prompt_tokens", "output_tokens", "load"]
 LATENCY = ["ttft_s", "tpot_s", "itl_s", "e2e_s"]
+
+
+def open_loop(load: str) -> bool:
+    """Whether a cell's requests leave when due (arrivals, a trace, sessions), not when a user is free."""
+    return load != "closed"
+
+
+OPEN_LOOP = pl.col("load") != "closed"  # the same, over a frame's rows
 
 
 def _gpu_name(res: RunResult) -> str:
@@ -47,6 +53,7 @@ RUNS_SCHEMA = {
     "sampling": pl.Utf8,
     "prompt_tokens": pl.Int64,
     "output_tokens": pl.Int64,
+    "load": pl.Utf8,
     "run": pl.Int64,
     "status": pl.Utf8,
     "flags": pl.List(pl.Utf8),
@@ -165,6 +172,7 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
             "sampling": p.sampling,
             "prompt_tokens": p.prompt_tokens,
             "output_tokens": p.output_tokens,
+            "load": p.load.kind,
             "run": res.run,
             "status": res.status,
             # whoever wrote the record: numbers no measurement makes count in no factor

@@ -48,7 +48,7 @@ from collections.abc import Collection
 import polars as pl
 
 from speedsplit.analysis import run_estimates as est
-from speedsplit.analysis.frames import CELL_KEYS, OPEN_LOOP_CELL, RUNS_SCHEMA, clean_runs
+from speedsplit.analysis.frames import CELL_KEYS, RUNS_SCHEMA, clean_runs, open_loop
 
 # Below this share of the slower side's latency, a change is too small to split into parts.
 MIN_SAVED = 0.01
@@ -221,7 +221,7 @@ def mechanism_frame(
     rows = []
     for group, df in runs.group_by(CELL_KEYS, maintain_order=True):
         base = dict(zip(CELL_KEYS, group))
-        paired = bool(OPEN_LOOP_CELL.match(base["cell"]))
+        paired = open_loop(base["load"])
         by_stack = {}
         for stack in {s for chain in chains.values() for s in chain}:
             clean, _ = clean_runs(df.filter(pl.col("stack") == stack), tolerate_flags)

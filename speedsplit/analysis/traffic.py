@@ -14,7 +14,7 @@ from collections.abc import Collection
 import polars as pl
 
 from speedsplit.analysis.chains import attribute_runs, clean_runs, covers, run_speeds
-from speedsplit.analysis.frames import OPEN_LOOP_CELL
+from speedsplit.analysis.frames import OPEN_LOOP
 
 # column: (label, higher is better)
 METRICS = {
@@ -31,8 +31,7 @@ METRICS = {
     "session_s_median": ("session p50", False),
 }
 SESSION_METRICS = ("ttft_first_s_median", "ttft_return_s_median", "session_s_median")
-KEYS = ["model", "topology", "cell", "workload", "sampling"]
-OPEN_LOOP = pl.col("cell").str.contains(OPEN_LOOP_CELL.pattern)
+KEYS = ["model", "topology", "cell", "workload", "sampling", "load"]
 
 FACTORS_SCHEMA = {
     **{k: pl.Utf8 for k in KEYS},

@@ -251,8 +251,8 @@ class Cell:
 
 # A workload's cells by its kind of load (core/loads.py), as (users, rate) pairs: closed loop a
 # cell per grid.users; open loop a cell per rate, whatever the users; a trace a cell per speedup;
-# sessions a cell per rate of sessions. A rate's cell is named by its kind's letter (an open-loop
-# cell is any cell so named: analysis/frames.OPEN_LOOP_CELL).
+# sessions a cell per rate of sessions. A rate's cell is named by its kind's letter (the analysis
+# reads the kind from each record's load, not from the name).
 _LEVELS = {
     "closed": lambda w, users: [(u, None) for u in users],
     "open": lambda w, users: [(0, float(r)) for r in w.arrival.rates],

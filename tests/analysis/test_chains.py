@@ -4,10 +4,11 @@ import pytest
 from speedsplit.analysis.chains import run_speeds
 
 
-def _runs(cycle, cell="u1-truth-greedy"):
+def _runs(cycle, cell="u1-truth-greedy", load="closed"):
     return pl.DataFrame(
         {
             "cell": [cell],
+            "load": [load],
             "wall_s": [2.0],
             "run": [0],
             "output_tok_s": [10.0],
@@ -31,8 +32,8 @@ def test_an_open_loop_rate_without_the_client_ends_its_wall_before_the_last_answ
     # its requests leave on schedule; its wall ends when the client saw the last answer end, one
     # end-to-end offset late (a trace window's throughput factor on a 2-core Xeon measured 0.90498
     # against a truth of 0.90528 while its two runs agreed to 0.01%: the interval missed it)
-    for cell in ("r6-traffic-greedy", "x4-trace-greedy"):
-        runs = _runs(0.004, cell)
+    for cell, load in (("r6-traffic-greedy", "open"), ("x4-trace-greedy", "trace")):
+        runs = _runs(0.004, cell, load)
         assert run_speeds(runs, "output_tok_s", without_client="bound")[0] == pytest.approx(10.0 / (1 - 0.001 / 2.0))
         assert run_speeds(runs.with_columns(client_e2e_s=None), "output_tok_s", without_client="bound") == {}
 
@@ -52,7 +53,7 @@ def test_the_value_takes_out_the_uncontended_client_and_what_the_runs_own_record
         client_wall_s=pl.lit(0.006),
     )
     assert run_speeds(runs, "output_tok_s", without_client="value")[0] == pytest.approx(10.0 * 2.0 / 1.992)
-    open_loop = runs.with_columns(cell=pl.lit("r6-traffic-greedy"))
+    open_loop = runs.with_columns(cell=pl.lit("r6-traffic-greedy"), load=pl.lit("open"))
     assert run_speeds(open_loop, "output_tok_s", without_client="value")[0] == pytest.approx(10.0 * 2.0 / 1.993)
     older = runs.with_columns(client_wall_s=None)
     assert run_speeds(older, "output_tok_s", without_client="value")[0] == pytest.approx(10.0 / 0.998)

@@ -12,9 +12,14 @@ from speedsplit.analysis.frames import RUNS_SCHEMA
 CELL = {"model": "m", "topology": "tp1", "users": 4, "workload": "w", "sampling": "greedy", "prompt_tokens": 8}
 
 
+# a cell's load by its name's first letter (planning/grid.py names them so)
+LOADS = {"u": "closed", "r": "open", "x": "trace", "s": "sessions"}
+
+
 def run(stack, r, *, tok_s, wall, done, e2e, ttft, cell="u4-w-greedy", out=16, flags=()):
     return CELL | {
         "cell": cell,
+        "load": LOADS[cell[0]],
         "output_tokens": out,
         "stack": stack,
         "run": r,

@@ -151,3 +151,24 @@ def test_trace_replay_cells_are_drawn_beside_the_rate_cells():
     assert {r["metric"] for r in data} <= {"goodput", "TTFT p50", "TPOT p50", "E2E p50"} and len(data) > 0
     (data,) = charts["traffic"].to_dict()["datasets"].values()
     assert all(r["rate_rps"] is not None for r in data)
+
+
+def test_an_open_loop_cell_is_known_by_its_load_not_its_name(tmp_path):
+    """Each record says its load (job.cell.load.kind): a cell of arrivals at a rate is decomposed
+    under traffic (its runs paired) whatever its name says, and a closed loop never is."""
+    results = []
+    for run in range(2):
+        for stack, tpot in (("hf-fp16", 0.08), ("vllm-fp16", 0.01), ("vllm-marlin", 0.008)):
+            res = open_loop(stack, 4, run, ttft=0.1, tpot=tpot, goodput=4.0)
+            res.cell = res.job.cell.cell = "steady-mix-greedy"  # a name no rule of naming reads
+            results.append(res)
+    f = frames(tmp_path, results)
+    assert set(f["runs"]["load"]) == {"open"}
+    assert set(f["traffic_factors"]["cell"]) == {"steady-mix-greedy"}
+    assert set(f["traffic"]["cell"]) == {"steady-mix-greedy"}
+    closed = [fake_result(s, 8, r, 100.0 + r) for s in CHAINS["study"] for r in range(2)]
+    for res in closed:
+        res.cell = res.job.cell.cell = "r8-wide-greedy"  # named as a rate's cell, a closed loop
+    (tmp_path / "closed").mkdir()
+    g = frames(tmp_path / "closed", closed)
+    assert set(g["runs"]["load"]) == {"closed"} and g["traffic_factors"].is_empty()

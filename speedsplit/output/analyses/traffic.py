@@ -18,7 +18,7 @@ from speedsplit.planning.grid import cells as grid_cells
 FIRST_SCREEN = ["goodput", "throughput", "TTFT p50", "TPOT p50", "E2E p50"]
 # a sessions cell's own (its first turns' TTFT is in TTFT p50's company: shown in the tables)
 SESSION_SCREEN = ["returning-turn TTFT p50", "session p50"]
-SESSION_CELL = pl.col("cell").str.starts_with("s")  # grid.Cell.name of a sessions cell: s{rate}-...
+SESSION_CELL = pl.col("load") == "sessions"
 
 
 def build(b: Basis) -> dict[str, pl.DataFrame]:
@@ -56,7 +56,7 @@ def headlines(factors: pl.DataFrame) -> list[str]:
             if len(steps) > 1 and total.height:
                 steps.append(f"= {_x(total['value'][0], total['lo'][0], total['hi'][0])}")
             parts.append(f"{metric}: {' × '.join(steps[:-1]) + ' ' + steps[-1] if len(steps) > 1 else steps[0]}")
-        unit = "sessions/s" if top["cell"].startswith("s") else "req/s"
+        unit = "sessions/s" if top["load"] == "sessions" else "req/s"
         rate = f" ({top['rate_rps']:g} {unit})" if top["rate_rps"] is not None else ""
         out.append(f"{chain} at {top['cell']}{rate}, {top['model']}: " + "; ".join(parts) + ".")
     return out
