@@ -40,7 +40,7 @@ rule plots:
         report(directory("results/plots"), patterns=["{name}.svg"], caption="../docs/report/plots.rst", category="Plots"),
     params:
         chains=list(CFG["chains"]),
-        kernel_reference=ss_config.kernel_reference(CFG),
+        kernel_reference=ss_grid.kernel_reference(CFG),
     log:
         "results/logs/plots.log",
     conda:

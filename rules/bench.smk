@@ -31,11 +31,11 @@ onstart:
     # platform must come from the config or profile, never from this machine.
     if not workflow.local_exec:
         try:
-            ss_config.check_cluster_platform(CFG)
-        except ss_config.ConfigError as exc:
+            ss_grid.check_cluster_platform(CFG)
+        except ConfigError as exc:
             raise SystemExit(f"speedsplit: {exc}")
     ss_plan.write_plan(CFG, PLAN, FINISHED)
-    if PLATFORM == "cpu" and ss_config.has_int4_stack(CFG):
+    if PLATFORM == "cpu" and ss_grid.has_int4_stack(CFG):
         from speedsplit.serving.vllm_cpu import cpu_int4_route
 
         print(f"speedsplit: {cpu_int4_route()[1]}", file=sys.stderr)
@@ -121,14 +121,14 @@ rule measurements:
 # would take the cards of its idle server and make its next cell start a new one.
 rule link:
     input:
-        models=[f"resources/models/{m}/fp16" for m in ss_config.bench_models(CFG)],
+        models=[f"resources/models/{m}/fp16" for m in ss_grid.bench_models(CFG)],
         after=ancient(bench_results()),
     output:
         "results/hardware/link.json",
     params:
         platform=PLATFORM,
         gpus=CFG["link_control"]["gpus"] if PLATFORM == "cuda" else 1,
-        users=sorted({c.users for c in ss_config.cells(CFG)}),
+        users=sorted({c.users for c in ss_grid.cells(CFG)}),
         max_mib=CFG["link_control"]["max_mib"],
     resources:
         gpu=CFG["link_control"]["gpus"] if PLATFORM == "cuda" else 1,

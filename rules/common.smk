@@ -7,7 +7,9 @@ import sys
 
 sys.path.insert(0, workflow.basedir)
 
+from speedsplit.core.errors import ConfigError
 from speedsplit.planning import config as ss_config
+from speedsplit.planning import grid as ss_grid
 from speedsplit.planning import estimate as ss_estimate
 from speedsplit.planning import plan as ss_plan
 from speedsplit.output import summary as ss_summary
@@ -16,13 +18,13 @@ from speedsplit.output import analyses as ss_analyses
 try:
     ss_config.check_paths(os.getcwd(), sys.executable)
     CFG = ss_config.validate(config)
-except ss_config.ConfigError as exc:
+except ConfigError as exc:
     raise SystemExit(f"speedsplit: {exc}")
 
 FINISHED = functools.cache(ss_plan.finished_as_planned(CFG))  # its result there, its params unchanged
 PREV = ss_plan.predecessors(CFG, FINISHED)
 JOBS = list(PREV)
-PLATFORM = ss_config.platform_of(CFG)
+PLATFORM = ss_grid.platform_of(CFG)
 PLAN = "results/plan.json"  # written when the workflow starts (rules/bench.smk)
 
 
@@ -34,7 +36,7 @@ wildcard_constraints:
     model=_alternatives(CFG["models"]),
     stack=_alternatives(CFG["stacks"]),
     topology=_alternatives(CFG["topologies"]),
-    cell=_alternatives(c.name for c in ss_config.cells(CFG)),
+    cell=_alternatives(c.name for c in ss_grid.cells(CFG)),
     run=r"\d+",
     variant=r"fp16|(gptq|awq)-w\d+g(\d+|pc)",
 
@@ -68,9 +70,9 @@ def profile_results():
     co = CFG["coordination"]
     if not co["enabled"]:
         return []
-    cell = ss_config.coordination_cell(CFG).name
+    cell = ss_grid.coordination_cell(CFG).name
     return [
-        f"results/profile/{m}/{co['stack']}/{t}/{cell}.json" for m in ss_config.bench_models(CFG) for t in co["topologies"]
+        f"results/profile/{m}/{co['stack']}/{t}/{cell}.json" for m in ss_grid.bench_models(CFG) for t in co["topologies"]
     ]
 
 
@@ -118,11 +120,11 @@ def bench_inputs(wc):
 
 
 def bench_stack(wc):
-    return ss_config.stack_params(CFG, wc.model, wc.stack, wc.topology)
+    return ss_grid.stack_params(CFG, wc.model, wc.stack, wc.topology)
 
 
 def bench_cell(wc):
-    return ss_config.cell_params(CFG, ss_config.cell_by_name(CFG, wc.cell))
+    return ss_grid.cell_params(CFG, ss_grid.cell_by_name(CFG, wc.cell))
 
 
 def bench_job_cell(wc):
@@ -151,7 +153,7 @@ def quantize_gpus(wc):
 
 def bench_gpus(wc):
     # On a CPU every server takes the one "card" so servers never overlap.
-    return ss_config.topology_gpus(CFG, wc.topology) if PLATFORM == "cuda" else 1
+    return ss_grid.topology_gpus(CFG, wc.topology) if PLATFORM == "cuda" else 1
 
 
 @functools.cache

@@ -185,8 +185,10 @@ def splits(config: dict) -> bool:
     CPU), so that its calibration must be too."""
     from speedsplit.planning import config as cfgmod
 
+    from speedsplit.planning import grid as gridmod
+
     cfg = cfgmod.validate(config)
-    return cfgmod.platform_of(cfg) == "cpu" and bool(cfg["benchmark"]["cpu_isolation"])
+    return gridmod.platform_of(cfg) == "cpu" and bool(cfg["benchmark"]["cpu_isolation"])
 
 
 def run(out: str | Path | None, users: list[int], split: bool = False) -> Calibration:

@@ -24,8 +24,11 @@ from speedsplit.core.record import read_result
 from speedsplit.core.results import atomic_dir
 from speedsplit.output import analyses, plots, report
 from speedsplit.output.analyses import quality
+from speedsplit.core.errors import ConfigError
 from speedsplit.planning import config as cfgmod
 
+
+from speedsplit.planning import grid as gridmod
 
 # The quantize rule's reports under a results folder.
 QUANTIZE_REPORTS = "quantize/*/*.json"
@@ -113,8 +116,6 @@ def evidence_frames(folder: str | Path) -> tuple[dict[str, pl.DataFrame], dict]:
     commits its tables as CSV only (docs/evidence/rebuild_tables.py)."""
     import yaml
 
-    from speedsplit.planning import config as cfgmod
-
     folder = Path(folder)
     how = yaml.safe_load((folder / "evidence.yaml").read_text())
     cfg = cfgmod.load(*[folder.parents[2] / c for c in how["config"]])
@@ -183,7 +184,7 @@ def config_meets_results(config: dict, stacks: set[str]) -> list[str]:
     measured = sorted(stacks)
     chains = config["chains"]
     if chains and not any(s in measured for chain in chains.values() for s in chain):
-        raise cfgmod.ConfigError(
+        raise ConfigError(
             f"the config's chains ({', '.join(chains)}) name none of the stacks these results hold "
             f"({', '.join(measured)}): give the config they were measured with (--configfile)"
         )
@@ -223,7 +224,7 @@ def aggregate_folders(config: dict, folders: list[str | Path], out: str | Path) 
         quantize_paths=sorted({str(p) for d in folders for p in d.glob(QUANTIZE_REPORTS)}),
         **analyses.analysis_spec(config),
     )
-    write_plots(out / "tables", list(config["chains"]), out / "plots", cfgmod.kernel_reference(config))
+    write_plots(out / "tables", list(config["chains"]), out / "plots", gridmod.kernel_reference(config))
     write_report(
         out / "report.html",
         config=config,

@@ -18,30 +18,18 @@ from pathlib import Path
 import yaml
 from jsonschema import Draft202012Validator, validators
 
+from speedsplit.core.errors import ConfigError
 from speedsplit.core.loads import ClosedLoopSettings
 from speedsplit.core.results import looks_secret, redact_secrets
 from speedsplit.planning.extends import resolve_stacks
-from speedsplit.planning.grid import (  # noqa: F401 (re-exported: callers read the config through this module)
-    Cell,
-    ConfigError,
+from speedsplit.planning.grid import (
     bench_models,
     bench_stacks,
-    capacity_spec,
-    cell_by_name,
-    cell_params,
     cells,
-    chain_steps,
-    check_cluster_platform,
-    coordination_cell,
-    factorial_spec,
     family,
     grid_cells,
-    has_int4_stack,
-    headline,
-    kernel_reference,
     kv_offload,
     platform_of,
-    stack_params,
     topology_gpus,
     trace_window,
 )

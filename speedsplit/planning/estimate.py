@@ -27,7 +27,6 @@ from pathlib import Path
 
 from speedsplit.core.record import CellParams, ResultError, read_result
 from speedsplit.models.checkpoint import ModelError, read_model_config, shape_config
-from speedsplit.planning import config as cfgmod
 from speedsplit.planning import grid as gridmod
 from speedsplit.planning import plan as planmod
 from speedsplit.planning import roofline
@@ -119,7 +118,7 @@ def _bandwidth(config: dict, path: str) -> float | None:
         measured = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
-    if measured.get("platform") != cfgmod.platform_of(config):
+    if measured.get("platform") != gridmod.platform_of(config):
         return None
     return measured.get("gb_s_median")
 
@@ -129,7 +128,7 @@ def roofline_rate(
 ) -> float | None:
     """Output tok/s at the decode roofline times the configured efficiency (cuda only), for a
     model of this shape (config.json) on cards of this copy bandwidth (GB/s)."""
-    if cfgmod.platform_of(config) != "cuda" or not bandwidth or not shape:
+    if gridmod.platform_of(config) != "cuda" or not bandwidth or not shape:
         return None
     variant = stack_config(config, stack).variant
     if variant in gridmod.INT4:
@@ -150,11 +149,11 @@ def roofline_rate(
 
 def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: str = BANDWIDTH) -> list[JobEstimate]:
     """Every bench job of the grid, in lane order, with its estimate."""
-    platform = cfgmod.platform_of(config)
+    platform = gridmod.platform_of(config)
     est = estimate_config(config)
     measured = Measured.read(results, platform)
     bandwidth = _bandwidth(config, bandwidth_json)  # read once, not per job
-    shapes = {model: model_shape(config, model) for model in cfgmod.bench_models(config)}
+    shapes = {model: model_shape(config, model) for model in gridmod.bench_models(config)}
     prev = planmod.predecessors(config)
     lanes: dict[planmod.BenchJob, int] = {}
     clock: dict[int, float] = {}  # each lane's time so far
@@ -164,7 +163,7 @@ def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: 
         before = prev[job]
         lanes[job] = lanes[before] if before else len(set(lanes.values()))
         first = before is None or planmod.session_key(config, before) != planmod.session_key(config, job)
-        cell = CellParams.model_validate(cfgmod.cell_params(config, cfgmod.cell_by_name(config, job.cell)))
+        cell = CellParams.model_validate(gridmod.cell_params(config, gridmod.cell_by_name(config, job.cell)))
         key = (job.model, job.stack, job.topology, job.cell)
         warmup = cell.warmup_requests if first or cell.warmup == "every_cell" else 0
         tokens = cell.users * (cell.requests_per_user + warmup) * cell.output_tokens
@@ -192,7 +191,7 @@ def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: 
 def _startup(config: dict, measured: Measured, job: planmod.BenchJob, at: float, compiled: dict) -> float:
     """A session's start-up: warm where a vLLM session of the same model, stack and topology
     had filled the shared compile cache before this one starts (results/cache/shared), else cold."""
-    platform, est, key = cfgmod.platform_of(config), estimate_config(config), (job.model, job.stack, job.topology)
+    platform, est, key = gridmod.platform_of(config), estimate_config(config), (job.model, job.stack, job.topology)
     cold = measured.startup.get(key, float(getattr(est.startup_s, platform)))
     if gridmod.family(stack_config(config, job.stack)) != "vllm":
         return cold  # no compile cache to reuse

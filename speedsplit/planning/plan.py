@@ -15,7 +15,8 @@ from pathlib import Path
 
 from speedsplit.core.specs import BenchJob, SessionPlan, session_of  # noqa: F401 (re-exported)
 from speedsplit.models.checkpoint import INT4_FORMATS
-from speedsplit.planning import config as cfgmod
+from speedsplit.core.errors import ConfigError
+from speedsplit.planning import grid as gridmod
 from speedsplit.planning.benchmark_config import benchmark_config
 from speedsplit.planning.grid_config import grid_config
 from speedsplit.planning.quality_config import quality_config, quantization_config
@@ -31,7 +32,7 @@ def session_key(config: dict, job: BenchJob) -> str:
 
 def bench_jobs(config: dict) -> list[BenchJob]:
     """Every benchmark job, in lane order (sessions run-major, cells in config order)."""
-    cells = cfgmod.cells(config)
+    cells = gridmod.cells(config)
     jobs = []
 
     def of(model: str, stack: str, topology: str, run: int) -> list[BenchJob]:
@@ -43,14 +44,14 @@ def bench_jobs(config: dict) -> list[BenchJob]:
 
     bench = benchmark_config(config)
     for topology in bench.topologies:
-        for model in cfgmod.bench_models(config):
+        for model in gridmod.bench_models(config):
             if bench.server_reuse == "per_stack":  # a session's jobs must be adjacent
-                for stack in cfgmod.bench_stacks(config, topology):
+                for stack in gridmod.bench_stacks(config, topology):
                     for run in range(grid_config(config).runs):
                         jobs += of(model, stack, topology, run)
                 continue
             for run in range(grid_config(config).runs):
-                for stack in cfgmod.bench_stacks(config, topology):
+                for stack in gridmod.bench_stacks(config, topology):
                     jobs += of(model, stack, topology, run)
     return jobs
 
@@ -90,7 +91,7 @@ def profiled_stacks(config: dict) -> list[str]:
     pr = mechanism_config(config).profile
     if pr.stacks is not None:
         return list(pr.stacks)
-    return [s for s in cfgmod.bench_stacks(config) if stack_config(config, s).dialect == "vllm"]
+    return [s for s in gridmod.bench_stacks(config) if stack_config(config, s).dialect == "vllm"]
 
 
 def profile_window(config: dict, job: BenchJob) -> dict | None:
@@ -105,15 +106,15 @@ def profile_window(config: dict, job: BenchJob) -> dict | None:
 def job_cell(config: dict, job: BenchJob) -> dict:
     """A job's cell as its job file holds it: the cell's params, and the window it profiles
     where it profiles one (only then: a cell without keeps the params it had)."""
-    cell = cfgmod.cell_params(config, cfgmod.cell_by_name(config, job.cell))
+    cell = gridmod.cell_params(config, gridmod.cell_by_name(config, job.cell))
     window = profile_window(config, job)
     return {**cell, "profile": window} if window else cell
 
 
 def lane_count(config: dict, topology: str) -> int:
-    if cfgmod.platform_of(config) != "cuda":
+    if gridmod.platform_of(config) != "cuda":
         return benchmark_config(config).cpu_lanes  # one server at a time on a CPU, unless told
-    return max(1, config["gpus_available"] // cfgmod.topology_gpus(config, topology))
+    return max(1, config["gpus_available"] // gridmod.topology_gpus(config, topology))
 
 
 def predecessors(config: dict, finished: Callable[[BenchJob], bool] | None = None) -> dict[BenchJob, BenchJob | None]:
@@ -135,7 +136,7 @@ def predecessors(config: dict, finished: Callable[[BenchJob], bool] | None = Non
     # On a CPU every topology's servers share the same cores: its lanes are one pool (lanes per
     # topology let a job of another topology run between two cells of a session, whose idle
     # server its lease then stopped: the session was launched twice for one run).
-    cpu = cfgmod.platform_of(config) != "cuda"
+    cpu = gridmod.platform_of(config) != "cuda"
     for key, members in sessions.items():
         topo = "cpu" if cpu else members[0].topology
         i = index_in_topology.get(topo, 0)
@@ -176,7 +177,7 @@ def session_plans(config: dict, finished: Callable[[BenchJob], bool] | None = No
     members: dict[str, list[BenchJob]] = {}
     for job in bench_jobs(config):
         members.setdefault(session_key(config, job), []).append(job)
-    in_flight = {c.name: _in_flight(config, c) for c in cfgmod.cells(config)}
+    in_flight = {c.name: _in_flight(config, c) for c in gridmod.cells(config)}
     plans = {}
     for key, jobs in members.items():
         plan = _session_plan(
@@ -189,7 +190,7 @@ def session_plans(config: dict, finished: Callable[[BenchJob], bool] | None = No
     return plans
 
 
-def _in_flight(config: dict, cell: cfgmod.Cell) -> int:
+def _in_flight(config: dict, cell: gridmod.Cell) -> int:
     """Tokens a cell keeps in flight at most: every user's prompt and output at once."""
     w = workload_config(config, cell.workload)
     return cell.users * (w.prompt_tokens + w.output_tokens)
@@ -233,7 +234,7 @@ def job_spec(config: dict, job: BenchJob, carriers: Collection[BenchJob] | None 
     from speedsplit.core.specs import JobSpec
 
     return JobSpec(
-        stack=cfgmod.stack_params(config, job.model, job.stack, job.topology),
+        stack=gridmod.stack_params(config, job.model, job.stack, job.topology),
         cell=job_cell(config, job),
         run=job.run,
         quality=quality_probe(config, job, carriers),
@@ -295,9 +296,9 @@ CALIBRATION = "results/hardware/calibration.json"
 
 def quantize_reports(config: dict) -> list[str]:
     """The quantize rule's reports behind the benchmarked stacks (one per model and INT4 folder)."""
-    dirs = {variant_dir(config, s) for s in cfgmod.bench_stacks(config)}
+    dirs = {variant_dir(config, s) for s in gridmod.bench_stacks(config)}
     dirs = {d for d in dirs if d.split("-")[0] in INT4_FORMATS}
-    return [QUANTIZE_REPORT.format(model=m, variant=d) for m in cfgmod.bench_models(config) for d in sorted(dirs)]
+    return [QUANTIZE_REPORT.format(model=m, variant=d) for m in gridmod.bench_models(config) for d in sorted(dirs)]
 
 
 def find_job(
@@ -307,5 +308,5 @@ def find_job(
     re-planning the whole grid on every lookup."""
     job = BenchJob(model, stack, topology, cell, int(run))
     if job not in (known if known is not None else set(bench_jobs(config))):
-        raise cfgmod.ConfigError(f"no benchmark job {job} in this config")
+        raise ConfigError(f"no benchmark job {job} in this config")
     return job

@@ -11,6 +11,8 @@ from speedsplit.analysis import answer as A
 from speedsplit.output import aggregate
 from speedsplit.planning import config as C
 
+from speedsplit.planning import grid as G
+
 CHAINS = {"study": ["hf-fp16", "vllm-fp16", "vllm-marlin"]}
 STEPS = {"study": ["runtime", "INT4 weights + kernel"]}
 # median output tok/s per (stack, users)
@@ -165,7 +167,7 @@ def test_step_names_follow_what_changes_between_the_stacks():
         "speculative": ["vllm-fp16", "vllm-fp16-ngram"],
         "offload": ["vllm-fp16-noprefix", "vllm-fp16", "vllm-fp16-offload"],
     }
-    assert C.chain_steps(cfg) == {
+    assert G.chain_steps(cfg) == {
         "study": ["runtime", "INT4 weights + kernel"],
         "format": ["runtime", "INT4 format", "kernel"],
         "hf": ["scheduler", "runtime"],
@@ -174,15 +176,15 @@ def test_step_names_follow_what_changes_between_the_stacks():
         "offload": ["prefix caching", "KV-cache offload (native)"],
     }
     cfg["stacks"]["vllm-fp16-noprefix"]["args"] += ["--max-num-seqs", "8"]  # more than the switch: not that step
-    assert C.chain_steps(cfg)["prefix"] == ["configuration"]
-    assert C.kernel_reference(cfg) == "vllm-fp16"
+    assert G.chain_steps(cfg)["prefix"] == ["configuration"]
+    assert G.kernel_reference(cfg) == "vllm-fp16"
     # two FP16-to-FP16 steps of one chain never read alike: stock generate() at another batch
     # ceiling is its own step, and steps that would share a name each name their stacks
     cfg["chains"] = {
         "hf": ["hf-generate", "hf-generate-b64", "hf-fp16"],
         "twice": ["vllm-fp16-noprefix", "vllm-fp16", "vllm-fp16-noprefix"],
     }
-    steps = C.chain_steps(cfg)
+    steps = G.chain_steps(cfg)
     assert steps["hf"] == ["batch ceiling", "scheduler"]
     assert steps["twice"] == [
         "configuration (vllm-fp16-noprefix → vllm-fp16)",

@@ -17,7 +17,9 @@ from records import cell_spec, fake_result, write_result
 from speedsplit.core.record import Slo, read_result
 from speedsplit.measuring.bench import capacity_skip
 from speedsplit.output import aggregate
+from speedsplit.core.errors import ConfigError
 from speedsplit.planning import config as C
+from speedsplit.planning import grid as G
 from speedsplit.planning import plan as P
 
 
@@ -105,16 +107,16 @@ def test_ladder_levels_are_cells_of_the_sweeping_stacks_run_zero_only():
     cfg = copy.deepcopy(C.load(REPO / "config" / "config.yaml"))
     cfg["capacity"] = {"enabled": True, "users": [8, 2, 16], "stacks": ["vllm-fp16", "vllm-marlin"]}
     cfg = C.validate(cfg)
-    levels = [c for c in C.cells(cfg) if c.below or c.users == 16]
+    levels = [c for c in G.cells(cfg) if c.below or c.users == 16]
     # u2 and u8 wide are grid cells already; u16 is new, above both
     assert [(c.name, c.below, c.runs) for c in levels] == [("u16-wide-greedy", ("u2-wide-greedy", "u8-wide-greedy"), 1)]
     jobs = [j for j in P.bench_jobs(cfg) if j.cell == "u16-wide-greedy"]
     assert {(j.stack, j.run) for j in jobs} == {("vllm-fp16", 0), ("vllm-marlin", 0)}
-    params = C.cell_params(cfg, levels[0])
+    params = G.cell_params(cfg, levels[0])
     assert params["capacity_below"] == ["u2-wide-greedy", "u8-wide-greedy"] and params["capacity_stop_after"] == 2
-    assert C.capacity_spec(cfg)["reference"] == "vllm-fp16"
+    assert G.capacity_spec(cfg)["reference"] == "vllm-fp16"
     cfg["capacity"]["stacks"] = ["vllm-fp17"]
-    with pytest.raises(C.ConfigError, match=r"capacity.stacks\[0\]: unknown stack 'vllm-fp17'"):
+    with pytest.raises(ConfigError, match=r"capacity.stacks\[0\]: unknown stack 'vllm-fp17'"):
         C.validate(cfg)
 
 
@@ -167,16 +169,16 @@ def test_an_open_loop_workload_sweeps_a_ladder_of_rates(tmp_path):
     cfg["workloads"]["mix"] = {"prompt_tokens": 16, "output_tokens": 8, "arrival": {"rates": [1], "requests": 4}}
     cfg["grid"]["cells"] = [{"users": 1, "workload": "mix", "sampling": "greedy"}]
     cfg["capacity"] = {"enabled": True, "workload": "mix", "stacks": ["vllm-fp16"]}
-    with pytest.raises(C.ConfigError, match=r"^config error at capacity.rates: an open-loop capacity workload needs"):
+    with pytest.raises(ConfigError, match=r"^config error at capacity.rates: an open-loop capacity workload needs"):
         C.validate(copy.deepcopy(cfg))
     cfg["capacity"]["rates"] = [4, 1, 2]
     cfg = C.validate(cfg)
-    levels = [(c.name, c.below) for c in C.cells(cfg) if c.below or c.rate == 4]
+    levels = [(c.name, c.below) for c in G.cells(cfg) if c.below or c.rate == 4]
     assert levels == [
         ("r2-mix-greedy", ("r1-mix-greedy",)),
         ("r4-mix-greedy", ("r1-mix-greedy", "r2-mix-greedy")),
     ]
-    assert C.cell_params(cfg, C.cell_by_name(cfg, "r4-mix-greedy"))["arrival"]["rate_rps"] == 4.0
+    assert G.cell_params(cfg, G.cell_by_name(cfg, "r4-mix-greedy"))["arrival"]["rate_rps"] == 4.0
 
     paths = []
     for stack, verdicts in {"vllm-fp16": (True, True, False), "vllm-marlin": (True, True, True)}.items():
@@ -203,5 +205,5 @@ def test_a_trace_cannot_be_the_capacity_workload():
     trace = {"path": str(REPO / "tests/data/mooncake-conversation-excerpt.jsonl"), "requests": 4, "speedups": [1]}
     cfg["workloads"]["replay"] = {"trace": trace}
     cfg["capacity"] = {"enabled": True, "workload": "replay", "rates": [1]}
-    with pytest.raises(C.ConfigError, match=r"^config error at capacity.workload: a trace workload sets its own load"):
+    with pytest.raises(ConfigError, match=r"^config error at capacity.workload: a trace workload sets its own load"):
         C.validate(cfg)

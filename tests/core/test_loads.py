@@ -7,7 +7,10 @@ from records import cell_spec
 
 from speedsplit.core.loads import ClosedLoop, OpenLoop, Sessions, TraceReplay
 from speedsplit.core.record import CellParams
+from speedsplit.core.errors import ConfigError
 from speedsplit.planning import config as C
+
+from speedsplit.planning import grid as G
 
 CONFIGS = [
     ["config/config.yaml"],
@@ -20,8 +23,8 @@ CONFIGS = [
 def test_every_cell_of_a_shipped_config_has_its_kind_of_load(files):
     cfg = C.load(*(REPO / f for f in files))
     kinds = set()
-    for cell in C.cells(cfg):
-        load = CellParams.model_validate(C.cell_params(cfg, cell)).load
+    for cell in G.cells(cfg):
+        load = CellParams.model_validate(G.cell_params(cfg, cell)).load
         expect = {"trace": TraceReplay, "sessions": Sessions, "open": OpenLoop, "closed": ClosedLoop}[cell.kind]
         assert type(load) is expect, cell.name
         if isinstance(load, ClosedLoop):
@@ -55,12 +58,12 @@ def test_a_closed_loop_setting_goes_from_the_workload_to_the_job_file_and_the_lo
     top = tmp_path / "top.yaml"
     top.write_text(yaml.safe_dump({"workloads": {"wide": {"think_s": 2}}}))
     cfg = C.load(top)
-    cell = next(c for c in C.cells(cfg) if c.workload == "wide")
-    params = C.cell_params(cfg, cell)
+    cell = next(c for c in G.cells(cfg) if c.workload == "wide")
+    params = G.cell_params(cfg, cell)
     assert params["think_s"] == 2.0 and isinstance(params["think_s"], float) and "ramp_s" not in params
     load = CellParams.model_validate(params).load
     assert load == ClosedLoop(users=cell.users, think_s=2.0)
-    assert "think_s" not in C.cell_params(C.load(), C.cells(C.load())[0])
+    assert "think_s" not in G.cell_params(C.load(), G.cells(C.load())[0])
 
 
 def test_a_sessions_workload_makes_a_cell_per_rate_whose_job_file_holds_its_sessions(tmp_path):
@@ -73,9 +76,9 @@ def test_a_sessions_workload_makes_a_cell_per_rate_whose_job_file_holds_its_sess
     top.write_text(yaml.safe_dump({"workloads": {"agent": {"prompt_tokens": 64, "output_tokens": 16, "sessions": sessions}},
                                    "grid": {"workloads": ["agent"]}}))  # fmt: skip
     cfg = C.load(top)
-    got = [c for c in C.cells(cfg) if c.workload == "agent"]
+    got = [c for c in G.cells(cfg) if c.workload == "agent"]
     assert [c.name for c in got] == ["s0.5-agent-greedy", "s2-agent-greedy"]
-    load = CellParams.model_validate(C.cell_params(cfg, got[0])).load
+    load = CellParams.model_validate(G.cell_params(cfg, got[0])).load
     assert load.sessions == SessionSchedule(rate_rps=0.5, count=6, turns=3, turn_tokens=16, think_s=0.5)
     assert load.schedule_s() == 6 / 0.5 + 2 * 0.5
     assert load.sessions.context_tokens(64, 16) == 64 + 2 * (16 + 16) + 16
@@ -98,5 +101,5 @@ def test_a_sessions_workload_that_cannot_run_is_refused_in_one_line(tmp_path, wo
     top = tmp_path / "top.yaml"
     body = {"prompt_tokens": 64, "output_tokens": 36, **workload}
     top.write_text(yaml.safe_dump({"workloads": {"agent": body}, "grid": {"workloads": ["agent"]}}))
-    with pytest.raises(C.ConfigError, match=error):
+    with pytest.raises(ConfigError, match=error):
         C.load(top)

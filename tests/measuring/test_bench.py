@@ -9,6 +9,9 @@ from speedsplit.probes import loadspec
 from speedsplit.planning import config as C
 
 
+from speedsplit.planning import grid as G
+
+
 def test_prompts_differ_between_cells_and_runs_and_match_across_stacks(tiny_model):
     wide, narrow = cell_spec(cell="u8-wide-greedy"), cell_spec(cell="u2-narrow-greedy", users=2)
     seeds = {loadspec.prompt_seed(c, r) for c in (wide, narrow) for r in (0, 1)}
@@ -77,8 +80,8 @@ def _skipped_level(tmp_path, tiny_model, **kw):
     from speedsplit.planning.plan import SessionPlan
 
     cfg = C.load(REPO / "config/config.yaml")
-    stack = kw.pop("stack", None) or C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
-    cell = C.cell_params(cfg, C.cells(cfg)[0])
+    stack = kw.pop("stack", None) or G.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
+    cell = G.cell_params(cfg, G.cells(cfg)[0])
     cell.update(capacity_below=["u2-wide-greedy", "u4-wide-greedy"], capacity_stop_after=2, cell="u8-wide-greedy")
     cell = kw.pop("cell", cell)
     for users in (2, 4):
@@ -131,10 +134,10 @@ def test_a_job_file_with_keys_of_another_version_is_an_error_result(tmp_path, ti
     from speedsplit.planning import config as C
 
     cfg = C.load(REPO / "config/config.yaml")
-    cell = {**C.cell_params(cfg, C.cells(cfg)[0]), "rate_rps": 3.0}
+    cell = {**G.cell_params(cfg, G.cells(cfg)[0]), "rate_rps": 3.0}
     res, path = _skipped_level(tmp_path, tiny_model, cell=cell)
     assert res.status == "error" and "rate_rps" in res.error.message and read_result(path).status == "error"
-    stack = {**C.stack_params(cfg, "tiny", "vllm-fp16", "tp1"), "gpu_arch": "sm90"}
+    stack = {**G.stack_params(cfg, "tiny", "vllm-fp16", "tp1"), "gpu_arch": "sm90"}
     res, path = _skipped_level(tmp_path / "stack", tiny_model, stack=stack)
     assert res.status == "error" and "stack: gpu_arch" in res.error.message
     assert read_result(path).job.stack.variant == "fp16"  # recorded without it
@@ -156,8 +159,8 @@ def test_an_open_loop_cell_on_a_real_server(tiny_model, tmp_path):
         "lengths": {"kind": "lognormal", "prompt_spread": 0.5, "output_spread": 0.5},
     }
     cfg = C.validate(C.merge(cfg, {"workloads": {"mix": mix}, "grid": {"workloads": ["mix"]}}))
-    stack = C.stack_params(cfg, "tiny", "hf-generate", "tp1")
-    cell = C.cell_params(cfg, C.cell_by_name(cfg, "r4-mix-greedy"))
+    stack = G.stack_params(cfg, "tiny", "hf-generate", "tp1")
+    cell = G.cell_params(cfg, G.cell_by_name(cfg, "r4-mix-greedy"))
     cell.update(min_measured_s=0.0)
     res, _ = measure_alone(stack, cell, tiny_model, tmp_path, startup_timeout_s=300.0)
     assert res.status == "ok", res.error
@@ -186,8 +189,8 @@ def test_a_trace_window_on_vllm_reaches_its_prefix_cache(tiny_model, tmp_path):
     conv = {"warmup_requests": 1, "prompt_tokens": 16, "output_tokens": 4}
     conv["trace"] = {"path": excerpt, "requests": 24, "speedups": [8], "length_scale": 0.25, "over_context": "cap"}
     cfg = C.validate(C.merge(cfg, {"workloads": {"conv": conv}, "grid": {"workloads": ["conv"]}}))
-    stack = C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
-    cell = C.cell_params(cfg, C.cell_by_name(cfg, "x8-conv-greedy"))
+    stack = G.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
+    cell = G.cell_params(cfg, G.cell_by_name(cfg, "x8-conv-greedy"))
     cell.update(min_measured_s=0.0, telemetry_s=0.1)
     res, _ = measure_alone(stack, cell, tiny_model, tmp_path)
     assert res.status == "ok", res.cause

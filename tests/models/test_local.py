@@ -11,6 +11,7 @@ from conftest import REPO
 
 from speedsplit.models.checkpoint import GPTQ_MODULES, acquire, check_model
 from speedsplit.models.local import inspect_quantized, safetensors_keys
+from speedsplit.core.errors import ConfigError
 from speedsplit.planning import config as C
 
 
@@ -56,7 +57,7 @@ def test_a_local_folder_is_checked_and_linked_in_place(tiny_model, tmp_path):
 )
 def test_an_incomplete_local_folder_is_one_line_naming_key_and_path(tiny_model, tmp_path, remove, says):
     folder = copy_without(tiny_model, tmp_path / "m", remove)
-    with pytest.raises(C.ConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         config_with({"source": "local", "path": str(folder)})
     msg = str(err.value)
     assert msg.startswith("config error at models.mine.path: ") and str(folder) in msg and says in msg
@@ -64,11 +65,11 @@ def test_an_incomplete_local_folder_is_one_line_naming_key_and_path(tiny_model, 
 
 
 def test_a_local_model_needs_a_folder_that_exists_and_a_path_is_only_for_local(tmp_path):
-    with pytest.raises(C.ConfigError, match="models.mine.path: .*/nowhere does not exist"):
+    with pytest.raises(ConfigError, match="models.mine.path: .*/nowhere does not exist"):
         config_with({"source": "local", "path": str(tmp_path / "nowhere")})
-    with pytest.raises(C.ConfigError, match="models.mine.path: a local model needs the folder's path"):
+    with pytest.raises(ConfigError, match="models.mine.path: a local model needs the folder's path"):
         config_with({"source": "local"})
-    with pytest.raises(C.ConfigError, match="models.mine.path: a path is for source local, not synthetic"):
+    with pytest.raises(ConfigError, match="models.mine.path: a path is for source local, not synthetic"):
         config_with({"source": "synthetic", "path": str(tmp_path)})
 
 
@@ -101,14 +102,14 @@ def test_a_prequantized_checkpoint_is_checked_against_bits_and_group_size(tiny_m
         (tiny_model, "is not a GPTQ checkpoint (quant_method None)"),
     ]
     for folder, says in cases:
-        with pytest.raises(C.ConfigError) as err:
+        with pytest.raises(ConfigError) as err:
             config_with({"prequantized": {"gptq": str(folder)}})
         msg = str(err.value)
         assert msg.startswith("config error at models.mine.prequantized.gptq: ") and says in msg, msg
         assert str(folder.resolve()) in msg
-    with pytest.raises(C.ConfigError, match="models.mine.path: .* is gptq-quantized: give it as prequantized.gptq"):
+    with pytest.raises(ConfigError, match="models.mine.path: .* is gptq-quantized: give it as prequantized.gptq"):
         config_with({"source": "local", "path": str(good)})
-    with pytest.raises(C.ConfigError, match="prequantized.gptq: quantization.method dummy"):
+    with pytest.raises(ConfigError, match="prequantized.gptq: quantization.method dummy"):
         config_with({"prequantized": {"gptq": str(good)}}, quantization={"method": "dummy"})
 
 
@@ -138,7 +139,7 @@ def test_fp8_and_awq_stacks_say_in_one_line_what_the_platform_cannot_do(tiny_mod
     """FP8 needs a CUDA card's FP8 units; AWQ is made by GPTQModel on a CPU or a card, or given
     as a checkpoint; method dummy writes GPTQ only."""
     chains = {"fmt": ["vllm-fp16", "vllm-fp8"]}
-    with pytest.raises(C.ConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         config_with({}, chains=chains, platform="cpu", benchmark={"models": ["mine"], "stacks": []})
     assert str(err.value) == (
         "config error at stacks.vllm-fp8.variant: fp8 (vLLM's dynamic W8A8) needs a CUDA card with FP8 units "
@@ -152,7 +153,7 @@ def test_fp8_and_awq_stacks_say_in_one_line_what_the_platform_cannot_do(tiny_mod
     awq = {"awq": ["vllm-fp16", "vllm-awq"]}
     made_here = config_with({}, chains=awq, platform="cpu", benchmark={"models": ["mine"], "stacks": []})
     assert made_here["quantization"]["method"] == "gptqmodel"  # the quantize rule makes it
-    with pytest.raises(C.ConfigError, match="quantization.method: dummy writes GPTQ configs only"):
+    with pytest.raises(ConfigError, match="quantization.method: dummy writes GPTQ configs only"):
         config_with({}, chains=awq, platform="cuda", quantization={"method": "dummy"}, benchmark={"models": ["mine"]})
     folder = gptq_folder(tiny_model, tmp_path)
     cfg = json.loads((folder / "config.json").read_text())

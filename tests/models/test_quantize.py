@@ -51,12 +51,14 @@ def test_vllm_serves_the_awq_checkpoint_gptqmodel_makes_on_a_cpu(tiny_model, tmp
     from speedsplit.models.quantize import quantize
     from speedsplit.planning import config as C
 
+    from speedsplit.planning import grid as G
+
     awq = tmp_path / "awq-w4g128"
     quantize(tiny_model, awq, fmt="awq", calibration_samples=4, calibration_tokens=64, eval_samples=1)
     cfg = C.load(REPO / "config/config.yaml")
-    stack = C.stack_params(cfg, "tiny", "vllm-awq", "tp1")
+    stack = G.stack_params(cfg, "tiny", "vllm-awq", "tp1")
     assert stack["expect_kernel"] == "CPUWNA16|AtenInt4"
-    cell = C.cell_params(cfg, C.cell_by_name(cfg, "u2-wide-greedy"))
+    cell = G.cell_params(cfg, G.cell_by_name(cfg, "u2-wide-greedy"))
     cell.update(min_measured_s=0.0)
     res, _ = measure_alone(stack, cell, awq, tmp_path / "run", startup_timeout_s=300.0)
     assert res.status == "ok", res.error

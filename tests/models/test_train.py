@@ -10,6 +10,7 @@ import pytest
 from speedsplit.models import corpus, train
 from speedsplit.models.checkpoint import synthesize
 from speedsplit.models.prompts import exact_prompt, load_tokenizer, word_ids
+from speedsplit.core.errors import ConfigError
 from speedsplit.planning import config as C
 
 SHORT = {"steps": 60, "seq_len": 64, "batch": 8, "warmup_steps": 5}
@@ -71,10 +72,10 @@ def test_the_same_seed_trains_the_same_weights(trained, tmp_path):
 def test_only_the_tiny_and_small_synthetic_shapes_are_trained_the_small_ones_on_a_card(tmp_path):
     cfg = tmp_path / "big.yaml"
     cfg.write_text("models:\n  big: {source: synthetic, shape: llama-3.1-8b, weights: trained}\n")
-    with pytest.raises(C.ConfigError, match=r"models\.big\.weights: trained is for a synthetic model of shape tiny"):
+    with pytest.raises(ConfigError, match=r"models\.big\.weights: trained is for a synthetic model of shape tiny"):
         C.load(cfg)
     cfg.write_text("models:\n  small: {source: synthetic, shape: small, weights: trained}\n")
-    with pytest.raises(C.ConfigError, match=r"models\.small\.shape: a trained small model trains on a CUDA card"):
+    with pytest.raises(ConfigError, match=r"models\.small\.shape: a trained small model trains on a CUDA card"):
         C.load(cfg)
     cfg.write_text("platform: cuda\nmodels:\n  small: {source: synthetic, shape: small, weights: trained}\n")
     assert C.load(cfg)["models"]["small"]["shape"] == "small"

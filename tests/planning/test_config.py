@@ -4,7 +4,9 @@ import pytest
 import yaml
 from conftest import REPO, snakemake_bin
 
+from speedsplit.core.errors import ConfigError
 from speedsplit.planning import config as C
+from speedsplit.planning import grid as G
 from speedsplit.planning.grid import draft_models
 
 
@@ -15,7 +17,7 @@ def base() -> dict:
 def test_default_and_study_configs_validate():
     for name in ("config.yaml", "study.yaml", "h200-smoke.yaml"):
         cfg = C.load(REPO / "config" / name)
-        assert cfg["models"] and C.cells(cfg)
+        assert cfg["models"] and G.cells(cfg)
 
 
 def test_defaults_are_filled():
@@ -93,7 +95,7 @@ def test_defaults_are_filled():
 def test_bad_values_fail_with_one_line_naming_the_key(edit, expect):
     cfg = base()
     edit(cfg)
-    with pytest.raises(C.ConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         C.validate(cfg)
     assert expect in str(err.value)
     assert "\n" not in str(err.value)
@@ -102,21 +104,21 @@ def test_bad_values_fail_with_one_line_naming_the_key(edit, expect):
 def test_the_factorial_names_known_stacks_and_sampling():
     cfg = C.load(REPO / "config/config.yaml")
     cfg["factorial"] = {"enabled": True, "high": "hf-generate-b128"}
-    with pytest.raises(C.ConfigError, match="config error at factorial.high: unknown stack 'hf-generate-b128'"):
+    with pytest.raises(ConfigError, match="config error at factorial.high: unknown stack 'hf-generate-b128'"):
         C.validate(cfg)
     cfg["factorial"] = {"enabled": True, "sampling": ["greedy", "nucleus"]}
-    with pytest.raises(C.ConfigError, match=r"factorial.sampling\[1\]: unknown sampling 'nucleus'"):
+    with pytest.raises(ConfigError, match=r"factorial.sampling\[1\]: unknown sampling 'nucleus'"):
         C.validate(cfg)
     cfg["factorial"] = {"enabled": True}
-    assert C.factorial_spec(C.validate(cfg))["workload"] == C.cells(cfg)[0].workload
+    assert G.factorial_spec(C.validate(cfg))["workload"] == G.cells(cfg)[0].workload
 
 
 def test_auto_platform_is_refused_for_a_cluster_run():
     cfg = C.validate(base())
     assert cfg["platform"] == "auto"  # fine where this machine runs the jobs
-    with pytest.raises(C.ConfigError, match="config key platform: 'auto' cannot be resolved for a cluster run"):
-        C.check_cluster_platform(cfg)
-    C.check_cluster_platform({**cfg, "platform": "cuda"})
+    with pytest.raises(ConfigError, match="config key platform: 'auto' cannot be resolved for a cluster run"):
+        G.check_cluster_platform(cfg)
+    G.check_cluster_platform({**cfg, "platform": "cuda"})
 
 
 @pytest.mark.snakemake
@@ -141,9 +143,9 @@ def test_misspelled_key_fails_fast_in_snakemake(tmp_path):
 
 def test_cells_and_params_are_plain_builtins():
     cfg = C.load(REPO / "config" / "config.yaml")
-    cell = C.cells(cfg)[0]
-    params = C.cell_params(cfg, cell)
-    stack = C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
+    cell = G.cells(cfg)[0]
+    params = G.cell_params(cfg, cell)
+    stack = G.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
     allowed = (int, float, str, bool, list, dict, type(None))
     assert all(isinstance(v, allowed) for v in {**params, **stack}.values())
     assert params["cell"] == cell.name == f"u{cell.users}-{cell.workload}-{cell.sampling}"
@@ -153,20 +155,20 @@ def test_cpu_isolation_applies_on_cuda_and_on_a_cpu():
     """On cuda a card's share of the cores; on a CPU the split between server and client."""
     cfg = C.load()
     for platform in ("cpu", "cuda"):
-        assert C.stack_params(C.merge(cfg, {"platform": platform}), "tiny", "vllm-fp16", "tp1")["cpu_isolation"]
+        assert G.stack_params(C.merge(cfg, {"platform": platform}), "tiny", "vllm-fp16", "tp1")["cpu_isolation"]
     cuda = C.merge(cfg, {"platform": "cuda"})
-    assert C.stack_params(cuda, "tiny", "vllm-fp16", "tp1")["cpu_isolation"] is True
+    assert G.stack_params(cuda, "tiny", "vllm-fp16", "tp1")["cpu_isolation"] is True
     off = C.merge(cuda, {"benchmark": {"cpu_isolation": False}})
-    assert C.stack_params(off, "tiny", "vllm-fp16", "tp1")["cpu_isolation"] is False
+    assert G.stack_params(off, "tiny", "vllm-fp16", "tp1")["cpu_isolation"] is False
 
 
 def test_with_a_capacity_sweep_the_report_headlines_the_grid_not_the_ladders_top():
     cfg = C.load(REPO / "config/h200-smoke.yaml", REPO / "config/h200-capacity.yaml")
-    assert max(c.users for c in C.cells(cfg)) == 512  # the ladder's top, past any cliff there
-    assert C.headline(cfg) == [{"users": 64, "workload": "h200-wide", "sampling": "greedy"}]
-    assert C.headline(C.load()) == []  # no sweep: the answer's own default (the most users)
+    assert max(c.users for c in G.cells(cfg)) == 512  # the ladder's top, past any cliff there
+    assert G.headline(cfg) == [{"users": 64, "workload": "h200-wide", "sampling": "greedy"}]
+    assert G.headline(C.load()) == []  # no sweep: the answer's own default (the most users)
     given = C.merge(cfg, {"report": {"headline": [{"users": 32, "workload": "h200-wide"}]}})
-    assert C.headline(C.validate(given)) == [{"users": 32, "workload": "h200-wide"}]
+    assert G.headline(C.validate(given)) == [{"users": 32, "workload": "h200-wide"}]
 
 
 def test_a_job_file_holds_no_secret_the_environment_has(tmp_path, monkeypatch):
@@ -200,9 +202,9 @@ def open_loop_config(**arrival):
 
 def test_an_open_loop_workload_is_a_cell_per_rate_whose_job_file_holds_its_arrivals():
     cfg = open_loop_config()
-    names = [c.name for c in C.cells(cfg)]
+    names = [c.name for c in G.cells(cfg)]
     assert names == ["u2-wide-greedy", "r0.5-mix-greedy", "r2-mix-greedy"]
-    p = C.cell_params(cfg, C.cell_by_name(cfg, "r2-mix-greedy"))
+    p = G.cell_params(cfg, G.cell_by_name(cfg, "r2-mix-greedy"))
     assert p["users"] == 0 and p["arrival"] == {
         "pattern": "gamma",
         "rate_rps": 2.0,
@@ -210,7 +212,7 @@ def test_an_open_loop_workload_is_a_cell_per_rate_whose_job_file_holds_its_arriv
         "requests": 10,
     }
     assert p["lengths"]["kind"] == "lognormal" and p["max_client_lag_s"] == 0.1
-    assert "arrival" not in C.cell_params(cfg, C.cell_by_name(cfg, "u2-wide-greedy"))  # closed loop as it was
+    assert "arrival" not in G.cell_params(cfg, G.cell_by_name(cfg, "u2-wide-greedy"))  # closed loop as it was
 
 
 @pytest.mark.parametrize(
@@ -233,7 +235,7 @@ def test_bad_open_loop_settings_fail_in_one_line(arrival, lengths, message):
     if message is None:
         C.validate(raw)
         return
-    with pytest.raises(C.ConfigError, match=message) as err:
+    with pytest.raises(ConfigError, match=message) as err:
         C.validate(raw)
     assert "\n" not in str(err.value)
 
@@ -246,8 +248,8 @@ def trace_workload(**trace):
 def test_a_trace_workload_is_a_cell_per_speedup():
     cfg = C.load(REPO / "config/config.yaml")
     cfg = C.validate(C.merge(cfg, {"workloads": {"conv": trace_workload()}, "grid": {"workloads": ["conv"]}}))
-    assert [c.name for c in C.cells(cfg)] == ["x1-conv-greedy", "x4-conv-greedy"]
-    p = C.cell_params(cfg, C.cell_by_name(cfg, "x4-conv-greedy"))
+    assert [c.name for c in G.cells(cfg)] == ["x1-conv-greedy", "x4-conv-greedy"]
+    p = G.cell_params(cfg, G.cell_by_name(cfg, "x4-conv-greedy"))
     assert p["trace"]["speedup"] == 4.0 and p["trace"]["length_scale"] == 0.05 and "speedups" not in p["trace"]
 
 
@@ -262,7 +264,7 @@ def test_a_trace_workload_is_a_cell_per_speedup():
 def test_bad_trace_settings_fail_in_one_line(trace, message):
     cfg = C.load(REPO / "config/config.yaml")
     raw = C.merge(cfg, {"workloads": {"conv": trace_workload(**trace)}, "grid": {"workloads": ["conv"]}})
-    with pytest.raises(C.ConfigError, match=message) as err:
+    with pytest.raises(ConfigError, match=message) as err:
         C.validate(raw)
     assert "\n" not in str(err.value)
 
@@ -278,8 +280,8 @@ def test_every_job_of_a_config_is_a_job_spec_its_file_reads_back(tmp_path, name)
 
     cfg = C.load(REPO / name)
     for j in bench_jobs(cfg):
-        stack = C.stack_params(cfg, j.model, j.stack, j.topology)
-        cell = C.cell_params(cfg, C.cell_by_name(cfg, j.cell))
+        stack = G.stack_params(cfg, j.model, j.stack, j.topology)
+        cell = G.cell_params(cfg, G.cell_by_name(cfg, j.cell))
         job = JobSpec(stack=stack, cell=cell, run=j.run)
         write_job_file(tmp_path / "job.json", job.model_dump(mode="json"))
         assert read_job(tmp_path / "job.json", j.run) == (job, [])
@@ -293,7 +295,7 @@ def test_kv_cache_offload_on_a_cpu_is_refused_in_one_line_naming_the_stack(tmp_p
     top = tmp_path / "top.yaml"
     top.write_text(yaml.safe_dump({"benchmark": {"stacks": ["vllm-fp16", "vllm-fp16-offload"]}}))
     with pytest.raises(
-        C.ConfigError, match=r"^config error at stacks.vllm-fp16-offload: vLLM offloads its KV cache on CUDA"
+        ConfigError, match=r"^config error at stacks.vllm-fp16-offload: vLLM offloads its KV cache on CUDA"
     ):
         C.load(top)
     top.write_text(yaml.safe_dump({"platform": "cuda", "benchmark": {"stacks": ["vllm-fp16", "vllm-fp16-offload"]}}))
@@ -305,9 +307,9 @@ def test_a_model_that_only_drafts_is_not_benchmarked_and_a_draft_is_checked_in_o
     draft that is no model of the config, one the stack's args never name, or one of another
     tokenizer is refused naming the stack."""
     cfg = C.load()
-    assert "tiny-draft" in cfg["models"] and C.bench_models(cfg) == ["tiny"]
-    assert C.stack_params(cfg, "tiny", "vllm-fp16-draft", "tp1")["draft_model"] == "tiny-draft"
-    assert "draft_model" not in C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")  # other stacks' params as they were
+    assert "tiny-draft" in cfg["models"] and G.bench_models(cfg) == ["tiny"]
+    assert G.stack_params(cfg, "tiny", "vllm-fp16-draft", "tp1")["draft_model"] == "tiny-draft"
+    assert "draft_model" not in G.stack_params(cfg, "tiny", "vllm-fp16", "tp1")  # other stacks' params as they were
     top = tmp_path / "top.yaml"
     for stack, error in (
         ({"draft_model": "nope"}, r"stacks.vllm-fp16-draft.draft_model: unknown model 'nope'"),
@@ -319,13 +321,13 @@ def test_a_model_that_only_drafts_is_not_benchmarked_and_a_draft_is_checked_in_o
         top.write_text(
             yaml.safe_dump({"stacks": {"vllm-fp16-draft": stack}, "benchmark": {"stacks": ["vllm-fp16-draft"]}})
         )
-        with pytest.raises(C.ConfigError, match=error):
+        with pytest.raises(ConfigError, match=error):
             C.load(top)
     other = {"models": {"tiny-draft": {"weights": "random", "tokenizer": "gpt2"}}}
     top.write_text(yaml.safe_dump(other))
     assert C.load(top)  # a stack not benchmarked is not checked
     top.write_text(yaml.safe_dump({**other, "benchmark": {"stacks": ["vllm-fp16", "vllm-fp16-draft"]}}))
-    with pytest.raises(C.ConfigError, match=r"draft_model: tiny-draft and models.tiny have different tokenizers"):
+    with pytest.raises(ConfigError, match=r"draft_model: tiny-draft and models.tiny have different tokenizers"):
         C.load(top)
     # learnt tokenizers of another vocabulary, or from another text, differ too
     for draft in ({"shape": "small-draft"}, {"training": {"corpus_bytes": 8_000_000}}):
@@ -334,7 +336,7 @@ def test_a_model_that_only_drafts_is_not_benchmarked_and_a_draft_is_checked_in_o
                 {"platform": "cuda", "models": {"tiny-draft": draft}, "benchmark": {"stacks": ["vllm-fp16-draft"]}}
             )
         )
-        with pytest.raises(C.ConfigError, match=r"tiny-draft and models.tiny have different tokenizers"):
+        with pytest.raises(ConfigError, match=r"tiny-draft and models.tiny have different tokenizers"):
             C.load(top)
 
 
@@ -342,6 +344,6 @@ def test_the_speculative_gpu_config_serves_the_small_pair():
     """config/h100-speculative.yaml: the small model benchmarked, its draft trained beside it
     (the same learnt tokenizer), n-gram and draft-model steps from vLLM FP16."""
     cfg = C.load(REPO / "config/h200-smoke.yaml", REPO / "config/h100-speculative.yaml")
-    assert C.bench_models(cfg) == ["small"] and draft_models(cfg) == {"small-draft"}
-    assert C.stack_params(cfg, "small", "vllm-fp16-draft", "tp1")["draft_model"] == "small-draft"
+    assert G.bench_models(cfg) == ["small"] and draft_models(cfg) == {"small-draft"}
+    assert G.stack_params(cfg, "small", "vllm-fp16-draft", "tp1")["draft_model"] == "small-draft"
     assert cfg["chains"] == {"study": ["vllm-fp16", "vllm-fp16-ngram"], "kernel": ["vllm-fp16", "vllm-fp16-draft"]}

@@ -8,6 +8,7 @@ from records import fake_result, write_result
 from speedsplit import cli
 from speedsplit.models.checkpoint import shape_config
 from speedsplit.planning import config as C
+from speedsplit.planning import grid as G
 from speedsplit.planning import estimate as E
 from speedsplit.planning import plan, roofline
 
@@ -18,7 +19,7 @@ def ci():
 
 
 def tokens(cfg, cell_name):
-    c = C.cell_params(cfg, C.cell_by_name(cfg, cell_name))
+    c = G.cell_params(cfg, G.cell_by_name(cfg, cell_name))
     return c["users"] * (c["requests_per_user"] + c["warmup_requests"]) * c["output_tokens"]
 
 
@@ -41,7 +42,7 @@ def test_a_closed_loop_job_lasts_its_users_ramp_and_thinking_too(ci, tmp_path):
     cfg = C.merge(ci, {"workloads": {w: {"ramp_s": 2, "think_s": 3} for w in ci["workloads"]}})
     est = E.job_estimates(cfg, results=str(tmp_path / "none/*.json"))
     for a, b in zip(plain, est):
-        c = C.cell_params(cfg, C.cell_by_name(cfg, b.job.cell))
+        c = G.cell_params(cfg, G.cell_by_name(cfg, b.job.cell))
         waits = 2 * (c["users"] - 1) / c["users"] + 3 * (c["requests_per_user"] - 1)
         assert b.load_s == pytest.approx(a.load_s + waits), b.job
 
@@ -117,7 +118,7 @@ def test_warming_up_only_at_a_sessions_start_counts_the_warm_up_once(ci, tmp_pat
     once = C.merge(ci, {"benchmark": {"warmup": "session_start"}})
     every = {e.job: e for e in E.job_estimates(ci, results=str(tmp_path / "none/*.json"))}
     for e in E.job_estimates(once, results=str(tmp_path / "none/*.json")):
-        cell = C.cell_params(ci, C.cell_by_name(ci, e.job.cell))
+        cell = G.cell_params(ci, G.cell_by_name(ci, e.job.cell))
         warm_up = cell["users"] * cell["warmup_requests"] * cell["output_tokens"] / 20
         saved = 0.0 if e.start_s else warm_up  # the session's first job still warms up
         assert e.load_s == pytest.approx(every[e.job].load_s - saved)

@@ -4,7 +4,9 @@ import pytest
 import yaml
 from conftest import REPO
 
+from speedsplit.core.errors import ConfigError
 from speedsplit.planning import config as C
+from speedsplit.planning import grid as G
 from speedsplit.planning.stack_config import stacks_of
 
 DEFAULT = REPO / "config" / "config.yaml"
@@ -102,7 +104,7 @@ def test_extends_chains_and_args_replace():
     ],
 )
 def test_a_wrong_extends_is_one_line_naming_its_key(stacks, chains, expect):
-    with pytest.raises(C.ConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         config_with(stacks, chains=chains)
     assert str(err.value) == expect
 
@@ -111,7 +113,7 @@ def test_an_override_of_a_base_in_a_later_file_reaches_the_stacks_extending_it(t
     top = tmp_path / "top.yaml"
     top.write_text(yaml.safe_dump({"stacks": {"vllm": {"env": {"VLLM_LOGGING_LEVEL": "DEBUG"}}}}))
     cfg = C.load(top)
-    vllm_stacks = [name for name, s in stacks_of(cfg).items() if C.family(s) == "vllm"]
+    vllm_stacks = [name for name, s in stacks_of(cfg).items() if G.family(s) == "vllm"]
     assert len(vllm_stacks) >= 10
     assert all(cfg["stacks"][name]["env"]["VLLM_LOGGING_LEVEL"] == "DEBUG" for name in vllm_stacks)
     assert cfg["stacks"]["vllm-marlin"]["env"]["VLLM_DISABLED_KERNELS"] == "MacheteLinearKernel"
@@ -122,7 +124,7 @@ def test_the_default_config_states_the_vllm_command_and_its_cpu_overlay_once():
     assert text.count("vllm.entrypoints.openai.api_server") == 1
     assert text.count("VLLM_CPU_KVCACHE_SPACE") == 1
     cfg = C.load()
-    vllm_stacks = {name: s for name, s in stacks_of(cfg).items() if C.family(s) == "vllm"}
+    vllm_stacks = {name: s for name, s in stacks_of(cfg).items() if G.family(s) == "vllm"}
     base_args = yaml.safe_load(text)["stacks"]["vllm"]["args"]
     for name, s in vllm_stacks.items():
         assert s.args[: len(base_args)] == base_args, name
@@ -132,4 +134,4 @@ def test_the_default_config_states_the_vllm_command_and_its_cpu_overlay_once():
     assert cfg["stacks"]["vllm-fp16-noprefix"]["args"] == base_args + ["--no-enable-prefix-caching"]
     assert cfg["stacks"]["vllm-marlin"]["args"] == base_args + ["--quantization", "gptq_marlin"]
     assert cfg["stacks"]["hf-generate-b64"]["args"][-2:] == ["--max-batch", "64"]
-    assert C.chain_steps({**cfg, "chains": {"f": ["hf-generate", "hf-generate-b64"]}})["f"] == ["batch ceiling"]
+    assert G.chain_steps({**cfg, "chains": {"f": ["hf-generate", "hf-generate-b64"]}})["f"] == ["batch ceiling"]

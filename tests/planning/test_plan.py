@@ -4,7 +4,9 @@ import re
 import pytest
 from conftest import REPO
 
+from speedsplit.core.errors import ConfigError
 from speedsplit.planning import config as C
+from speedsplit.planning import grid as G
 from speedsplit.planning import plan as P
 
 
@@ -90,7 +92,7 @@ def test_topology_stack_lists_and_unknown_jobs():
         "tp4": {"vllm-fp16", "vllm-marlin"},
         "4x1": {"vllm-fp16", "vllm-marlin"},
     }
-    with pytest.raises(C.ConfigError, match="no benchmark job"):
+    with pytest.raises(ConfigError, match="no benchmark job"):
         P.find_job(cfg, "llama-3.1-8b", "hf-fp16", "tp4", "u8-study-wide-greedy", 0)
 
 
@@ -101,7 +103,7 @@ def test_a_job_finds_its_session_in_the_plan_file(cfg, tmp_path):
     jobs = P.bench_jobs(cfg)
     plan = P.session_of(tmp_path / "plan.json", jobs[1].result)
     assert plan == P.session_plans(cfg)[P.session_key(cfg, jobs[1])]
-    with pytest.raises(C.ConfigError, match="no job writes results/bench/x.json"):
+    with pytest.raises(ConfigError, match="no job writes results/bench/x.json"):
         P.session_of(tmp_path / "plan.json", "results/bench/x.json")
 
 
@@ -135,7 +137,7 @@ def test_a_cell_with_a_stack_list_is_measured_by_those_stacks_only(cfg):
     plans = P.session_plans(cfg)
     assert plans[P.session_key(cfg, jobs[0])].last_job.endswith("u2-wide-greedy/run0.json")
     cfg["grid"]["cells"][1]["stacks"] = ["vllm-fp17"]
-    with pytest.raises(C.ConfigError, match=r"grid.cells\[1\].stacks\[0\]: unknown stack 'vllm-fp17'"):
+    with pytest.raises(ConfigError, match=r"grid.cells\[1\].stacks\[0\]: unknown stack 'vllm-fp17'"):
         C.validate(cfg)
 
 
@@ -220,11 +222,11 @@ def test_a_profiled_window_goes_with_run_0_of_each_named_cell_on_each_vllm_stack
     """mechanism.profile: only run 0 of a named cell on a vLLM stack profiles (transformers serve
     has no profiler); only its sessions' servers are armed; a cell that profiles nothing keeps
     its job-file params (no key added), so turning the profile on reruns only the profiled cells."""
-    cell = C.cells(cfg)[0].name
+    cell = G.cells(cfg)[0].name
     plain = {j: P.job_cell(cfg, j) for j in P.bench_jobs(cfg)}
     c = C.merge(cfg, {"mechanism": {"profile": {"cells": [cell], "iterations": 8}}})
     profiled = [j for j in P.bench_jobs(c) if P.profile_window(c, j)]
-    vllm = [s for s in C.bench_stacks(c) if s.startswith("vllm")]
+    vllm = [s for s in G.bench_stacks(c) if s.startswith("vllm")]
     assert sorted((j.stack, j.cell, j.run) for j in profiled) == sorted((s, cell, 0) for s in vllm)
     assert P.job_spec(c, profiled[0]).cell.profile.iterations == 8
     for job, before in plain.items():
@@ -257,5 +259,5 @@ def test_a_profile_of_an_unknown_cell_or_of_a_stack_without_the_profiler_is_refu
             ]
         },
     }
-    with pytest.raises(C.ConfigError, match=re.escape(said)):
+    with pytest.raises(ConfigError, match=re.escape(said)):
         C.validate(C.merge(C.load(REPO / "config/config.yaml"), {**mix, "mechanism": {"profile": profile}}))

@@ -9,6 +9,7 @@ import yaml
 from conftest import REPO
 from jsonschema import Draft202012Validator
 
+from speedsplit.core.errors import ConfigError
 from speedsplit.planning import config as C
 from speedsplit.planning import (
     benchmark_config,
@@ -110,7 +111,7 @@ def _refusal(tmp_path, top: dict) -> str:
     """The one line a config with `top` over the default is refused with."""
     path = tmp_path / "top.yaml"
     path.write_text(yaml.safe_dump(top))
-    with pytest.raises(C.ConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         C.load(path)
     assert "\n" not in str(err.value)
     return str(err.value)

@@ -97,11 +97,12 @@ def test_the_workflow_measures_it_as_any_stack(tiny_model, tmp_path):
     """Started, held and stopped by the session machinery, read by the load generator."""
     from speedsplit.core import procs
     from speedsplit.planning import config as C
+    from speedsplit.planning import grid as G
     from speedsplit.serving import session
 
     cfg = C.load(REPO / "config/config.yaml")
-    stack = C.stack_params(cfg, "tiny", "hf-generate", "tp1")
-    cell = C.cell_params(cfg, C.cells(cfg)[0])
+    stack = G.stack_params(cfg, "tiny", "hf-generate", "tp1")
+    cell = G.cell_params(cfg, G.cells(cfg)[0])
     cell.update(users=3, requests_per_user=2, output_tokens=8, min_measured_s=0.0)
     res, plan = measure_alone(stack, cell, tiny_model, tmp_path, startup_timeout_s=300.0)
     assert res.status == "ok", res.server

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from speedsplit.models import gguf
+from speedsplit.core.errors import ConfigError
 from speedsplit.planning import config as cfgmod
 from speedsplit.planning.grid import chain_steps, stack_params
 from conftest import run_snakemake
@@ -47,19 +48,17 @@ def test_only_a_stack_that_drops_connections_says_so_in_its_params():
 
 def test_what_a_llama_cpp_stack_lacks_is_one_line_at_config_time(tmp_path, monkeypatch):
     wordlevel = {**ENGINES, "models": {"tiny": {"tokenizer": "wordlevel", "weights": "random"}}}
-    with pytest.raises(cfgmod.ConfigError, match=r"models\.tiny\.tokenizer: .* set tokenizer: gpt2"):
+    with pytest.raises(ConfigError, match=r"models\.tiny\.tokenizer: .* set tokenizer: gpt2"):
         _config(tmp_path, wordlevel)
 
     monkeypatch.setenv("SPEEDSPLIT_LLAMA_CPP", str(tmp_path / "nothing"))
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("SPEEDSPLIT_LLAMA_SERVER", raising=False)
-    with pytest.raises(
-        cfgmod.ConfigError, match=r"stacks\.llamacpp-f16\.args: llama-server not found \(make llama-cpp"
-    ):
+    with pytest.raises(ConfigError, match=r"stacks\.llamacpp-f16\.args: llama-server not found \(make llama-cpp"):
         _config(tmp_path, ENGINES)
     monkeypatch.setenv("SPEEDSPLIT_LLAMA_SERVER", "/usr/bin/true")
     with pytest.raises(
-        cfgmod.ConfigError,
+        ConfigError,
         match=r"stacks\.llamacpp-f16\.variant: gguf: llama.cpp's converter is not in .*: make llama-cpp",
     ):
         _config(tmp_path, ENGINES)

@@ -247,14 +247,16 @@ def test_the_continuous_batching_stack_serves_a_50k_vocabulary_on_a_cpu(tmp_path
     from speedsplit.models.checkpoint import synthesize
     from speedsplit.planning import config as C
 
+    from speedsplit.planning import grid as G
+
     model = tmp_path / "gpt2-vocab"
     synthesize("tiny", model, tokenizer="gpt2")
     cfg = C.validate(
         C.merge(C.load(REPO / "config/config.yaml"), {"models": {"tiny": {"tokenizer": "gpt2", "weights": "random"}}})
     )
-    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    stack = G.stack_params(cfg, "tiny", "hf-fp16", "tp1")
     assert stack["host_cache_cap"]
-    cell = C.cell_params(cfg, C.cell_by_name(cfg, "u2-wide-greedy"))
+    cell = G.cell_params(cfg, G.cell_by_name(cfg, "u2-wide-greedy"))
     cell.update(min_measured_s=0.0)
     res, _ = measure_alone(stack, cell, model, tmp_path / "run", startup_timeout_s=300.0)
     assert res.status == "ok", res.error

@@ -53,6 +53,7 @@ def test_a_vllm_cache_sized_by_hand_is_passed_in_bytes_and_a_capped_cache_above_
 
     from speedsplit.core.facts import MemoryCap
     from speedsplit.measuring import checks
+    from speedsplit.core.errors import ConfigError
     from speedsplit.planning import config as C
     from speedsplit.probes import slo
 
@@ -106,7 +107,7 @@ def test_a_vllm_cache_sized_by_hand_is_passed_in_bytes_and_a_capped_cache_above_
 
     cfg = C.load()
     cfg["stacks"]["hf-fp16"]["kv_cache_gib"] = 4
-    with pytest.raises(C.ConfigError, match=r"^config error at stacks.hf-fp16.kv_cache_gib: only a vLLM stack"):
+    with pytest.raises(ConfigError, match=r"^config error at stacks.hf-fp16.kv_cache_gib: only a vLLM stack"):
         C.validate(cfg)
 
 

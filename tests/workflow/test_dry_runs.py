@@ -144,7 +144,8 @@ def test_a_working_folder_with_a_space_is_refused_at_once_in_one_line(tmp_path):
 
 
 def test_a_python_with_a_space_in_its_path_is_refused_in_one_line():
-    from speedsplit.planning.config import ConfigError, check_paths
+    from speedsplit.planning.config import check_paths
+    from speedsplit.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"the Python that runs the jobs \(/tmp/my env/bin/python\) has a space"):
         check_paths("/work", "/tmp/my env/bin/python")

@@ -21,6 +21,7 @@ from speedsplit.core.record import read_result
 from speedsplit.core.specs import StackSpec
 from speedsplit.measuring import bench, checks
 from speedsplit.planning import config as C
+from speedsplit.planning import grid as G
 from speedsplit.planning import plan
 from speedsplit.serving import lease, session, stacks
 from speedsplit.serving.vllm_cpu import cpu_int4_route
@@ -47,7 +48,7 @@ AVX2 = {"PYTHONPATH": str(REPO / "tests/cpu_avx2"), "SPEEDSPLIT_EMULATE_CPU": "a
 
 
 def cell(cfg, **kw):
-    params = C.cell_params(cfg, C.cells(cfg)[0])
+    params = G.cell_params(cfg, G.cells(cfg)[0])
     params.update(kw)
     return params
 
@@ -181,7 +182,7 @@ def test_server_killed_mid_cell(cfg, tmp_path, tiny_model, gptq_model):
     """vLLM's API server process killed during the measured phase (its engine core left
     orphaned): server_died, completed requests kept, every process of the server gone. The stack
     claims Marlin, which vLLM's CPU build does not have: the kernel check flags it."""
-    stack = C.stack_params(cfg, "tiny", "vllm-marlin", "tp1")
+    stack = G.stack_params(cfg, "tiny", "vllm-marlin", "tp1")
     stack["expect_kernel"] = "Marlin"
     params = cell(cfg, users=2, output_tokens=400, requests_per_user=8, warmup_requests=1, prompt_tokens=16)
     key = "faults/kill/run0"
@@ -221,7 +222,7 @@ def test_server_killed_mid_cell(cfg, tmp_path, tiny_model, gptq_model):
 
 def test_stack_that_cannot_start(cfg, tmp_path, tiny_model):
     """A real vLLM given an argument it does not know: startup_failed with its log tail."""
-    stack = C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
+    stack = G.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
     stack["args"] = stack["args"] + ["--no-such-flag"]
     t0 = time.monotonic()
     res = run_cell(tmp_path, stack, cell(cfg), tiny_model, tiny_model, "faults/nostart/run0")
@@ -251,7 +252,7 @@ def test_a_bytecode_file_a_full_disk_cut_short_fails_one_start_and_is_rebuilt_by
     subprocess.run([sys.executable, "-m", "py_compile", str(src / "served.py")], env={**os.environ, **env}, check=True)
     (pyc,) = prefix.rglob("served*.pyc")
     pyc.write_bytes(pyc.read_bytes()[:40])  # the header whole, the code cut short
-    stack = C.stack_params(cfg, "tiny", "hf-generate", "tp1")
+    stack = G.stack_params(cfg, "tiny", "hf-generate", "tp1")
     # a server whose first import is the broken file (its address as every stack is given one)
     stack["args"] = ["{python}", "-c", "import served", "--host", "{host}", "--port", "{port}"]
     stack["env"] = {**stack["env"], **env}
@@ -285,7 +286,7 @@ def test_a_bytecode_file_a_full_disk_cut_short_fails_one_start_and_is_rebuilt_by
 def test_a_cell_planned_for_cuda_on_a_node_without_one(cfg, tmp_path, tiny_model):
     """What a cluster job gets when the submitting host planned the wrong platform: the
     result says it did not run, and that the node had the other platform."""
-    stack = C.stack_params({**cfg, "platform": "cuda"}, "tiny", "hf-fp16", "tp1")
+    stack = G.stack_params({**cfg, "platform": "cuda"}, "tiny", "hf-fp16", "tp1")
     res = run_cell(tmp_path, stack, cell(cfg), tiny_model, tiny_model, "faults/platform/run0")
     assert res.status != "ok" and res.summary is None
     assert res.job.stack.platform == "cuda" and res.provenance.hardware.platform == "cpu"
@@ -296,7 +297,7 @@ def test_a_cell_planned_for_cuda_on_a_node_without_one(cfg, tmp_path, tiny_model
 def test_server_that_never_gets_ready(cfg, tmp_path, tiny_model):
     """Start-up timeout: startup_failed in bounded time, and the server that was starting (with
     every process it had started) is gone."""
-    stack = C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
+    stack = G.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
     key = "faults/slow/run0"
     seen: list = []
 
@@ -323,7 +324,7 @@ def test_server_that_never_gets_ready(cfg, tmp_path, tiny_model):
 
 
 def test_missing_or_corrupt_model_folder(cfg, tmp_path, tiny_model):
-    stack = C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
+    stack = G.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
     bad = tmp_path / "corrupt"
     shutil.copytree(tiny_model, bad)
     (bad / "config.json").write_text("{not json")
@@ -331,13 +332,13 @@ def test_missing_or_corrupt_model_folder(cfg, tmp_path, tiny_model):
     assert res.status == "startup_failed" and "config.json is corrupt" in res.server.error
     res = run_cell(tmp_path, stack, cell(cfg), tmp_path / "absent", tiny_model, "faults/absent/run0")
     assert res.status == "startup_failed" and "does not exist" in res.server.error
-    gptq = C.stack_params(cfg, "tiny", "vllm-marlin", "tp1")
+    gptq = G.stack_params(cfg, "tiny", "vllm-marlin", "tp1")
     res = run_cell(tmp_path, gptq, cell(cfg), tiny_model, tiny_model, "faults/notgptq/run0")
     assert res.status == "startup_failed" and "not GPTQ-quantized" in res.server.error
 
 
 def test_lease_not_had_in_time(cfg, tmp_path, tiny_model):
-    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    stack = G.stack_params(cfg, "tiny", "hf-fp16", "tp1")
     with lease.acquire_gpus(1, timeout_s=5, devices=["cpu"]):  # someone else holds the card
         t0 = time.monotonic()
         res = run_cell(tmp_path, stack, cell(cfg), tiny_model, tiny_model, "faults/lease/run0", lease_timeout_s=1.0)
@@ -348,7 +349,7 @@ def test_lease_not_had_in_time(cfg, tmp_path, tiny_model):
 def test_a_foreign_server_on_our_port_is_not_adopted(cfg, tmp_path, tiny_model):
     """Another server takes the port our lease handed out before ours binds it: ours must not
     take the other one's answers for its own (startup_failed: port taken)."""
-    stack = StackSpec.model_validate(C.stack_params(cfg, "tiny", "hf-fp16", "tp1"))
+    stack = StackSpec.model_validate(G.stack_params(cfg, "tiny", "hf-fp16", "tp1"))
     with lease.Lease() as held:
         port = held.port()
         foreign = stacks.launch(stack, tiny_model, "tiny", port, [], tmp_path / "foreign.log")
@@ -366,7 +367,7 @@ def test_a_foreign_server_on_our_port_is_not_adopted(cfg, tmp_path, tiny_model):
 def test_a_tokenizer_error_is_an_error_result(cfg, tmp_path, tiny_model):
     """An exception nobody foresaw (here: no tokenizer where the prompts are built) still ends
     in a result file: status error, the exception's class and message, and no server left."""
-    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    stack = G.stack_params(cfg, "tiny", "hf-fp16", "tp1")
     empty = tmp_path / "no-tokenizer"
     empty.mkdir()
     key = "faults/tokenizer/run0"
@@ -381,7 +382,7 @@ def test_a_tokenizer_error_is_an_error_result(cfg, tmp_path, tiny_model):
 def test_hanging_server_is_server_hung(cfg, tmp_path, tiny_model):
     """transformers serve frozen (SIGSTOP) mid-run: requests stall, status server_hung, and
     speedsplit's cleanup ends the frozen server and everything below it."""
-    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    stack = G.stack_params(cfg, "tiny", "hf-fp16", "tp1")
     params = cell(cfg, users=2, output_tokens=400, requests_per_user=6, warmup_requests=1, prompt_tokens=16)
     key = "faults/hang/run0"
     seen = {}
@@ -476,8 +477,8 @@ from speedsplit.measuring import bench
 from speedsplit.planning import config as C, plan
 from speedsplit.core import procs
 cfg = C.load({config!r})
-stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
-cell = C.cell_params(cfg, C.cells(cfg)[0])
+stack = G.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+cell = G.cell_params(cfg, G.cells(cfg)[0])
 cell.update(users=2, output_tokens={output_tokens}, requests_per_user=5, warmup_requests=1, prompt_tokens=16)
 t = Path({tmp!r})
 def progress(msg):
@@ -570,7 +571,7 @@ def test_a_full_filesystem_while_a_cell_is_measured(cfg, small_disk, tiny_model,
     and its session's logs, filled during the measured phase: with a little room left, the cell
     gets an error result naming the full disk; with none, the job fails with that cause and
     leaves nothing half-written. Either way its server and daemon are gone and the card free."""
-    stack = C.stack_params(cfg, "tiny", "reference", "tp1")
+    stack = G.stack_params(cfg, "tiny", "reference", "tp1")
     params = cell(cfg, users=2, requests_per_user=40, output_tokens=16, prompt_tokens=8, warmup_requests=1)
     key = f"faults/enospc{leave}/run0"
     seen = {}
@@ -601,7 +602,7 @@ def test_two_workflows_with_the_same_names_keep_their_own_servers(cfg, tmp_path,
     the other's idle server until it has gone foreign_idle_s without a cell (no stopping each
     other's servers between cells), says on its terminal who holds the card, and its result
     records the wait and for whom; the stopped session's state names who stopped it."""
-    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    stack = G.stack_params(cfg, "tiny", "hf-fp16", "tp1")
     key = "faults/twowf/run0"
     wd = {name: tmp_path / name for name in ("a", "b")}
     for d in wd.values():
@@ -659,7 +660,7 @@ def test_eviction_racing_a_cell_that_attaches(cfg, tmp_path, tiny_model):
     """A cell found its session ready, and another job evicts it before the cell takes it: the
     cell never measures on the stopped server, it starts a fresh one. A session a cell holds
     is never evicted."""
-    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    stack = G.stack_params(cfg, "tiny", "hf-fp16", "tp1")
     key = "faults/race/run0"
     # what a bench job launches: the stack with its start-up timeout (from the plan)
     launch = {
@@ -708,7 +709,7 @@ def test_eviction_racing_a_cell_that_attaches(cfg, tmp_path, tiny_model):
 def test_sigterm_during_the_daemons_cleanup(cfg, tmp_path, tiny_model):
     """A second SIGTERM while the daemon stops its servers: nothing is left, and the card is
     free only once the servers are gone."""
-    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    stack = G.stack_params(cfg, "tiny", "hf-fp16", "tp1")
     key = "faults/cleanup/run0"
     # what a bench job launches: the stack with its start-up timeout (from the plan)
     launch = {
@@ -741,7 +742,7 @@ def test_an_api_key_keeps_other_users_of_the_host_out(cfg, tmp_path, tiny_model,
     it; a stack whose engine has no key option runs without one and says so; a variable the
     engine does not read fails the start with the reason."""
     monkeypatch.setenv("SPEEDSPLIT_API_KEY", "sk-from-the-users-shell")  # never handed on
-    stack = C.stack_params(cfg, "tiny", "reference", "tp1")
+    stack = G.stack_params(cfg, "tiny", "reference", "tp1")
     params = cell(cfg, users=2, requests_per_user=2, output_tokens=8, prompt_tokens=8, warmup_requests=1)
     key = "faults/apikey/run0"
     res = run_cell(tmp_path, stack, params, tiny_model, tiny_model, key, False, api_key_env="SPEEDSPLIT_API_KEY")
@@ -773,7 +774,7 @@ def test_an_api_key_keeps_other_users_of_the_host_out(cfg, tmp_path, tiny_model,
 def test_a_rerun_after_editing_the_stacks_environment_reports_the_new_launch(cfg, tmp_path, tiny_model):
     """The same session log gets a second launch after the stack's environment changed (the KV
     cache space vLLM's CPU build gets): the facts are the new launch's, not the first's."""
-    stack = C.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
+    stack = G.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
     params = cell(cfg, users=1, requests_per_user=1, output_tokens=4, prompt_tokens=8, warmup_requests=0)
     key = "faults/envedit/run0"
     first = run_cell(tmp_path, stack, params, tiny_model, tiny_model, key)
@@ -792,7 +793,7 @@ def test_int4_on_a_cpu_without_avx512(cfg, tmp_path, tiny_model, gptq_model):
     (today's failure on such CPUs) the session's first request fails (vLLM streams its
     internal server error): the start
     fails at once with the cause from the server's own log, no cell waits for a timeout."""
-    stack = C.stack_params(cfg, "tiny", "vllm-marlin", "tp1")
+    stack = G.stack_params(cfg, "tiny", "vllm-marlin", "tp1")
     stack["env"] = {**stack["env"], **AVX2}
     params = cell(
         cfg, users=2, output_tokens=16, requests_per_user=2, warmup_requests=1, prompt_tokens=16, min_measured_s=0.0
@@ -821,7 +822,7 @@ def test_int4_on_a_cpu_without_avx512(cfg, tmp_path, tiny_model, gptq_model):
 def test_a_daemon_killed_mid_cell_is_said_so(cfg, tmp_path, tiny_model):
     """The session's daemon SIGKILLed during the measured phase (its servers get SIGTERM from
     the kernel as it dies): server_died, labelled SessionLost, and nothing left running."""
-    stack = C.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    stack = G.stack_params(cfg, "tiny", "hf-fp16", "tp1")
     params = cell(cfg, users=2, output_tokens=300, requests_per_user=6, warmup_requests=1, prompt_tokens=16)
     key = "faults/daemon/run0"
     seen = {}
@@ -860,7 +861,7 @@ def test_a_probe_that_kills_its_server_spoils_no_later_cell(cfg, tmp_path, tiny_
     from speedsplit.core.quality import QualityProbe
     from speedsplit.planning.quality_config import quality_config
 
-    stack = C.stack_params(cfg, "tiny", "reference", "tp1")
+    stack = G.stack_params(cfg, "tiny", "reference", "tp1")
     stack["args"] = [*stack["args"], "--dead-after-probe"]  # up, but HTTP 500 from the probe on
     q = quality_config(cfg)
     probe = {k: getattr(q, k) for k in QualityProbe.model_fields if k != "lm_eval"}
@@ -895,7 +896,7 @@ def test_on_a_cpu_the_server_and_the_client_get_cores_of_their_own(cfg, tmp_path
         pytest.skip("one core: nothing to split")
     monkeypatch.delenv(lease.NO_CPU_SPLIT_ENV, raising=False)  # the parallel tier turns it off
     server, client = lease.cpu_split()
-    stack = C.stack_params(cfg, "tiny", "reference", "tp1")
+    stack = G.stack_params(cfg, "tiny", "reference", "tp1")
     assert stack["cpu_isolation"] is True
     stack["env"] = {**stack["env"], "SPLIT_THREADS": "{server_cpu_count}", "SPLIT_CORES": "{server_cpus}"}
     params = cell(cfg, users=2, requests_per_user=2, output_tokens=8, prompt_tokens=8, min_measured_s=0.0)

@@ -98,14 +98,14 @@ def table_names(config: dict) -> list[str]:
 def analysis_spec(config: dict) -> dict:
     """What the tables are built with (aggregate.build_frames' keyword arguments), as plain
     builtins (Snakemake params)."""
-    from speedsplit.planning import config as cfgmod
+    from speedsplit.planning import grid as gridmod
     from speedsplit.planning import output_config
 
     return {
         "chains": config["chains"],
         "tolerate_flags": list(output_config.analysis_config(config).tolerate_flags),
-        "steps": cfgmod.chain_steps(config),
-        "headline": cfgmod.headline(config),
+        "steps": gridmod.chain_steps(config),
+        "headline": gridmod.headline(config),
         "specs": {a.name: a.spec(config) for a in REGISTRY if a.enabled(config)},
     }
 
