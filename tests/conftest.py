@@ -118,7 +118,7 @@ def measure_alone(stack: dict, cell: dict, model, tmp_path: Path, startup_timeou
     request records at tmp_path / "r.requests.jsonl"."""
     from speedsplit.core import procs
     from speedsplit.measuring import bench
-    from speedsplit.planning.plan import BenchJob, SessionPlan
+    from speedsplit.core.specs import BenchJob, SessionPlan
 
     last = BenchJob(stack["model"], stack["stack"], stack["topology"], cell["cell"], 0).result
     key = f"alone/{stack['stack']}/{cell['cell']}"

@@ -2,7 +2,6 @@
 workflow would)."""
 
 from speedsplit.core.record import (
-    CellParams,
     Distribution,
     EngineFacts,
     Provenance,
@@ -12,6 +11,7 @@ from speedsplit.core.record import (
     Summary,
     to_json,
 )
+from speedsplit.core.specs import CellParams
 from speedsplit.core.facts import Hardware
 from speedsplit.core.results import write_json_atomic
 from speedsplit.core.specs import StackSpec

@@ -47,10 +47,7 @@ from speedsplit.core.facts import (
 )
 from speedsplit.core.quality import QualityRecord
 from speedsplit.core.trace_split import ProfileRecord
-from speedsplit.core.specs import (  # noqa: F401 (re-exported: the record's cell)
-    OUTLIER_FACTOR,
-    OUTLIER_MIN_S,
-    CellParams,
+from speedsplit.core.specs import (
     JobSpec,
     StackSpec,
     load_from_flat,

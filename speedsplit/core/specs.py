@@ -69,7 +69,7 @@ class StackSpec(BaseModel):
         None,
         description="the model its speculative decoding drafts with ({draft_dir}: its FP16 folder beside the served one)",
     )
-    # set by the session plan (planning/plan.SessionPlan.with_startup), not by the config's cell
+    # set by the session plan (core/specs.SessionPlan.with_startup), not by the config's cell
     startup_timeout_s: float | None = Field(None, description="seconds the server may take to be ready")
     api_key: bool = Field(False, description="the server demands a key (benchmark.api_key)")
     api_key_env: str | None = Field(None, description="the variable its engine reads the key from")

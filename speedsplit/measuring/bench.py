@@ -16,7 +16,6 @@ from typing import Callable
 from speedsplit.core import procs
 from speedsplit.core.record import (
     Calibration,
-    CellParams,
     EngineFacts,
     ErrorInfo,
     ModelShape,
@@ -31,6 +30,7 @@ from speedsplit.core.record import (
     read_result,
     to_json,
 )
+from speedsplit.core.specs import CellParams
 from speedsplit.core.facts import QuantConfig
 from speedsplit.core.quality import QualityRecord
 from speedsplit.core.trace_split import ProfileRecord

@@ -8,7 +8,8 @@ import urllib.error
 import urllib.request
 
 from speedsplit.core import plausible, procs
-from speedsplit.core.record import CLIENT_STALL_S, CellParams, EngineFacts, ErrorInfo, RunResult
+from speedsplit.core.record import CLIENT_STALL_S, EngineFacts, ErrorInfo, RunResult
+from speedsplit.core.specs import CellParams
 from speedsplit.core.specs import StackSpec
 from speedsplit.core.requestlog import RequestRecord
 from speedsplit.serving import serverlog

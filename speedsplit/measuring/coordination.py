@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from speedsplit.core import procs
-from speedsplit.core.record import CellParams
+from speedsplit.core.specs import CellParams
 from speedsplit.core.results import provenance, redact, write_json_atomic
 from speedsplit.core.specs import StackSpec
 from speedsplit.probes.loadspec import cell_load

@@ -10,7 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from speedsplit.planning.typed_config import AboveOne, AtLeastOne, Entry, NonNegative, Positive, plain_schema
+from speedsplit.planning.typed_config import Entry, plain_schema
+from speedsplit.core.numbers import AboveOne, AtLeastOne, NonNegative, Positive
 
 
 class BenchmarkConfig(Entry):

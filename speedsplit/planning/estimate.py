@@ -25,7 +25,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from speedsplit.core.record import CellParams, ResultError, read_result
+from speedsplit.core.record import ResultError, read_result
+from speedsplit.core.specs import CellParams
 from speedsplit.models.checkpoint import ModelError, read_model_config, shape_config
 from speedsplit.planning import grid as gridmod
 from speedsplit.planning import plan as planmod

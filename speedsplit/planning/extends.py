@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 
-from speedsplit.planning.grid import ConfigError
+from speedsplit.core.errors import ConfigError
 
 _OVERLAYS = ("on_cpu", "on_gpu")
 _ARG_EDITS = ("add_args", "set_args")

@@ -11,9 +11,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from speedsplit.core.errors import ConfigError  # noqa: F401 (re-exported: planning raises it)
+from speedsplit.core.errors import ConfigError
 from speedsplit.core.loads import ClosedLoopSettings
-from speedsplit.core.record import OUTLIER_FACTOR, OUTLIER_MIN_S
+from speedsplit.core.specs import OUTLIER_FACTOR, OUTLIER_MIN_S
 from speedsplit.models.checkpoint import INT4_FORMATS
 from speedsplit.planning.benchmark_config import benchmark_config
 from speedsplit.planning.grid_config import grid_config, sampling_config, topology_config

@@ -11,7 +11,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from speedsplit.planning.typed_config import Entry, NonNegative, Share, plain_schema
+from speedsplit.planning.typed_config import Entry, plain_schema
+from speedsplit.core.numbers import NonNegative, Share
 
 
 class SamplingConfig(Entry):

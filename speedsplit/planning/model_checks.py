@@ -4,7 +4,8 @@ pre-quantized checkpoints, weight formats the platform can make or run, llama.cp
 
 from __future__ import annotations
 
-from speedsplit.planning.grid import ConfigError, bench_models, bench_stacks, platform_of
+from speedsplit.planning.grid import bench_models, bench_stacks, platform_of
+from speedsplit.core.errors import ConfigError
 from speedsplit.planning.model_config import ModelConfig, model_config
 from speedsplit.planning.quality_config import quantization_config
 from speedsplit.planning.stack_config import stack_config, stacks_of

@@ -9,7 +9,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from speedsplit.planning.typed_config import Entry, Positive, plain_schema
+from speedsplit.planning.typed_config import Entry, plain_schema
+from speedsplit.core.numbers import Positive
 
 
 class Prequantized(Entry):

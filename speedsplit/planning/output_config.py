@@ -9,17 +9,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from speedsplit.planning.typed_config import (
-    AtLeastOne,
-    Entry,
-    NonNegative,
-    Number,
-    Positive,
-    Share,
-    absent,
-    nested,
-    section_schema,
-)
+from speedsplit.planning.typed_config import Entry, absent, nested, section_schema
+from speedsplit.core.numbers import AtLeastOne, NonNegative, Number, Positive, Share
 
 
 class CardPrices(Entry):

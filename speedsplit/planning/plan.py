@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from speedsplit.core.specs import BenchJob, SessionPlan, session_of  # noqa: F401 (re-exported)
+from speedsplit.core.specs import BenchJob, SessionPlan
 from speedsplit.models.checkpoint import INT4_FORMATS
 from speedsplit.core.errors import ConfigError
 from speedsplit.planning import grid as gridmod

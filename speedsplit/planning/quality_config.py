@@ -10,7 +10,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from speedsplit.planning.typed_config import Entry, Positive, Share, nested, section_schema
+from speedsplit.planning.typed_config import Entry, nested, section_schema
+from speedsplit.core.numbers import Positive, Share
 
 
 class QuantizationConfig(Entry):

@@ -13,7 +13,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from speedsplit.planning.typed_config import AtLeastOne, Positive, absent, Entry, plain_schema
+from speedsplit.planning.typed_config import absent, Entry, plain_schema
+from speedsplit.core.numbers import AtLeastOne, Positive
 
 
 class _Overlay(Entry):

@@ -10,7 +10,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from speedsplit.planning.typed_config import Entry, Positive, absent, section_schema
+from speedsplit.planning.typed_config import Entry, absent, section_schema
+from speedsplit.core.numbers import Positive
 
 
 class CapacityConfig(Entry):

@@ -11,8 +11,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from speedsplit.core.numbers import AboveOne, AtLeastOne, NonNegative, Number, Positive, Share  # noqa: F401 (re-exported)
-
 
 def _no_default(schema: dict) -> None:
     """A key that is absent unless given: no default for the schema to fill, and no null."""

@@ -12,7 +12,8 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from speedsplit.core.loads import ClosedLoopSettings, SessionSchedule
-from speedsplit.planning.typed_config import Entry, NonNegative, Positive, absent, plain_schema
+from speedsplit.planning.typed_config import Entry, absent, plain_schema
+from speedsplit.core.numbers import NonNegative, Positive
 
 # exactly one of the two says how long an open loop or a trace window lasts
 _ONE_SPAN = {"oneOf": [{"required": ["requests"]}, {"required": ["duration_s"]}]}

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from speedsplit.core.loads import DueRequest, ClosedLoop, ClosedLoopSettings, OpenLoop, Sessions, TraceReplay
-from speedsplit.core.record import OUTLIER_FACTOR, OUTLIER_MIN_S
+from speedsplit.core.specs import OUTLIER_FACTOR, OUTLIER_MIN_S
 from speedsplit.core.specs import CellParams, StackSpec
 from speedsplit.models.prompts import block_prompts, load_tokenizer, prompts_of, token_counter
 

@@ -6,7 +6,7 @@ from conftest import REPO
 from records import cell_spec
 
 from speedsplit.core.loads import ClosedLoop, OpenLoop, Sessions, TraceReplay
-from speedsplit.core.record import CellParams
+from speedsplit.core.specs import CellParams
 from speedsplit.core.errors import ConfigError
 from speedsplit.planning import config as C
 

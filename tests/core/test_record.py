@@ -11,7 +11,6 @@ from records import fake_result, write_result
 
 from speedsplit.core.record import (
     SCHEMA_VERSION,
-    JobSpec,
     ResultError,
     StackDef,
     json_schema,
@@ -19,6 +18,7 @@ from speedsplit.core.record import (
     read_result,
     to_json,
 )
+from speedsplit.core.specs import JobSpec
 from speedsplit.core.requestlog import read_requests, requests_path
 
 SCHEMA = REPO / "docs" / "result-schema.json"

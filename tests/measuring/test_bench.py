@@ -2,7 +2,7 @@ import pytest
 from conftest import REPO, measure_alone
 from records import cell_spec, stack_spec
 
-from speedsplit.core.record import CellParams
+from speedsplit.core.specs import CellParams
 
 from speedsplit.measuring import bench, checks
 from speedsplit.probes import loadspec
@@ -77,7 +77,7 @@ def _skipped_level(tmp_path, tiny_model, **kw):
 
     from speedsplit.core import procs
     from speedsplit.planning import config as C
-    from speedsplit.planning.plan import SessionPlan
+    from speedsplit.core.specs import SessionPlan
 
     cfg = C.load(REPO / "config/config.yaml")
     stack = kw.pop("stack", None) or G.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
@@ -106,7 +106,7 @@ def _skipped_level(tmp_path, tiny_model, **kw):
 
 def test_a_plan_that_cannot_be_read_still_ends_in_a_result(tmp_path, tiny_model):
     from speedsplit.core.record import read_result
-    from speedsplit.planning.plan import session_of
+    from speedsplit.core.specs import session_of
 
     res, path = _skipped_level(tmp_path, tiny_model, session=lambda: session_of(tmp_path / "absent.json", "x"))
     assert res.status == "error" and res.error.type == "FileNotFoundError" and "absent.json" in res.error.message

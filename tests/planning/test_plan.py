@@ -4,6 +4,7 @@ import re
 import pytest
 from conftest import REPO
 
+from speedsplit.core import specs
 from speedsplit.core.errors import ConfigError
 from speedsplit.planning import config as C
 from speedsplit.planning import grid as G
@@ -101,10 +102,10 @@ def test_a_job_finds_its_session_in_the_plan_file(cfg, tmp_path):
 
     write_json_atomic(tmp_path / "plan.json", P.plan_json(cfg))
     jobs = P.bench_jobs(cfg)
-    plan = P.session_of(tmp_path / "plan.json", jobs[1].result)
+    plan = specs.session_of(tmp_path / "plan.json", jobs[1].result)
     assert plan == P.session_plans(cfg)[P.session_key(cfg, jobs[1])]
     with pytest.raises(ConfigError, match="no job writes results/bench/x.json"):
-        P.session_of(tmp_path / "plan.json", "results/bench/x.json")
+        specs.session_of(tmp_path / "plan.json", "results/bench/x.json")
 
 
 def test_a_sessions_cells_to_run_share_a_group_that_a_finished_cell_splits(cfg):

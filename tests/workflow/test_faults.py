@@ -18,11 +18,10 @@ from conftest import REPO, fill, planned_outputs, run_snakemake, snakemake_bin
 
 from speedsplit.core import procs
 from speedsplit.core.record import read_result
-from speedsplit.core.specs import StackSpec
+from speedsplit.core.specs import BenchJob, SessionPlan, StackSpec
 from speedsplit.measuring import bench, checks
 from speedsplit.planning import config as C
 from speedsplit.planning import grid as G
-from speedsplit.planning import plan
 from speedsplit.serving import lease, session, stacks
 from speedsplit.serving.vllm_cpu import cpu_int4_route
 
@@ -68,8 +67,8 @@ def session_plan(
 ):
     """The plan of a one-cell session (or, last_in_session=False, of a longer one); given
     api_key_env, with benchmark.api_key on."""
-    own = plan.BenchJob(stack["model"], stack["stack"], stack["topology"], cell_params["cell"], 0).result
-    return plan.SessionPlan(
+    own = BenchJob(stack["model"], stack["stack"], stack["topology"], cell_params["cell"], 0).result
+    return SessionPlan(
         key=key,
         log=str(tmp_path / "session.log"),
         cache_dir=str(tmp_path / "cache"),
@@ -474,8 +473,8 @@ import os, sys
 sys.path.insert(0, {repo!r})
 from pathlib import Path
 from speedsplit.measuring import bench
-from speedsplit.planning import config as C, plan
-from speedsplit.core import procs
+from speedsplit.planning import config as C, grid as G
+from speedsplit.core import procs, specs
 cfg = C.load({config!r})
 stack = G.stack_params(cfg, "tiny", "hf-fp16", "tp1")
 cell = G.cell_params(cfg, G.cells(cfg)[0])
@@ -484,8 +483,8 @@ t = Path({tmp!r})
 def progress(msg):
     with open(t / "progress.txt", "a") as f:
         f.write(msg + "\\n")
-session = plan.SessionPlan(key={key!r}, log=str(t / "session.log"), cache_dir=str(t / "cache"),
-                           last_job=plan.BenchJob("tiny", "hf-fp16", "tp1", cell["cell"], 0).result,
+session = specs.SessionPlan(key={key!r}, log=str(t / "session.log"), cache_dir=str(t / "cache"),
+                           last_job=specs.BenchJob("tiny", "hf-fp16", "tp1", cell["cell"], 0).result,
                            idle_timeout_s=120.0, lease_timeout_s=3600.0, startup_timeout_s=300.0,
                            request_timeout_s=600.0, stall_timeout_s=120.0)
 bench.measure(job={{"stack": stack, "cell": cell, "run": 0}}, run=0, session=session, model_dir={model!r},

@@ -12,6 +12,7 @@ import yaml
 from conftest import PLANTED_TOKEN, REPO, planned_outputs, run_snakemake, snakemake_bin
 
 from speedsplit.core.record import read_result
+from speedsplit.core.specs import BenchJob
 from speedsplit.serving import session_state
 from speedsplit.serving.vllm_cpu import cpu_int4_route
 
@@ -373,9 +374,9 @@ def test_editing_one_cell_reruns_exactly_that_cell(workdir):
         finished = P.finished_as_planned(edited)
         prev = P.predecessors(edited, finished)
         sessions = P.session_plans(edited, finished)
-        assert finished(P.BenchJob("tiny", "vllm-fp16", "tp1", "u4-ci-wide-greedy", 0))  # unchanged
+        assert finished(BenchJob("tiny", "vllm-fp16", "tp1", "u4-ci-wide-greedy", 0))  # unchanged
         assert P.finished_as_planned(C.load(workdir / "ci.yaml"))(
-            P.BenchJob("tiny", "vllm-fp16", "tp1", "u2-ci-narrow-greedy", 1)
+            BenchJob("tiny", "vllm-fp16", "tp1", "u2-ci-narrow-greedy", 1)
         )
         todo = [job for job in prev if not finished(job)]
     finally:
