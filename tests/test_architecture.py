@@ -2,6 +2,7 @@
 the modules one cell's run goes through."""
 
 import ast
+import re
 import subprocess
 import sys
 
@@ -66,3 +67,22 @@ print(" ".join(sorted(m for m in sys.modules if m.startswith("speedsplit.") and 
         f"on the cell's path now: {sorted(loaded - expected)}; off it: {sorted(expected - loaded)} "
         "(a new module here is read by whoever follows a cell: say so in docs/architecture.md)"
     )
+
+
+def _architecture() -> str:
+    return (REPO / "docs/architecture.md").read_text()
+
+
+def test_the_map_names_every_module():
+    """A newcomer reads the package from docs/architecture.md's map: a module it leaves out is
+    one they cannot place."""
+    drawn = _architecture().split("```")[1]
+    modules = [p for p in (REPO / "speedsplit").rglob("*.py") if p.name != "__init__.py"]
+    missing = [str(p.relative_to(REPO)) for p in modules if not re.search(rf"\b{p.stem}\b", drawn)]
+    assert not missing, f"not on docs/architecture.md's map: {missing}"
+
+
+def test_the_path_of_one_cell_names_every_module_it_runs_on():
+    path = _architecture().split("## The path of one cell")[1]
+    missing = [f"{f}/{m}" for f, mods in CELL_PATH.items() for m in mods if not re.search(rf"\b{f}/{m}\b", path)]
+    assert not missing, f"on the cell's path, not named in docs/architecture.md's walk through it: {missing}"
