@@ -45,6 +45,7 @@ from speedsplit.core.specs import SessionPlan
 from speedsplit.probes import loadgen, slo, telemetry
 from speedsplit.serving import lease as leases
 from speedsplit.serving import session as sessions
+from speedsplit.serving.session_state import READY, Launch, Session, SessionState, transition
 
 
 def _model_shape(model_dir) -> ModelShape:
@@ -108,20 +109,20 @@ def measure(
                 raise ConfigError(f"the job file has keys of another version ({'; '.join(unknown)})")
             result.weights = ModelSource(**model_info(model_dir))
             result.model_shape = _model_shape(model_dir)
-            launch = {
-                "stack": stack.model_dump(),
-                "model_dir": str(Path(model_dir).resolve()),
-                "model": model_identity(model_dir),
-                "cache_dir": str(Path(session.cache_dir).resolve()),
-                "shared_cache_dir": str(Path(session.shared_cache_dir).resolve()),
-                "kv_tokens": session.kv_tokens,  # what a CPU server sizes its caches for (host_cache_cap)
-                "cpu_slots": session.cpu_slots,  # how many CPU servers may run at once
-            }
+            launch = Launch(
+                stack=stack,
+                model_dir=str(Path(model_dir).resolve()),
+                model=model_identity(model_dir),
+                cache_dir=str(Path(session.cache_dir).resolve()),
+                shared_cache_dir=str(Path(session.shared_cache_dir).resolve()),
+                kv_tokens=session.kv_tokens,
+                cpu_slots=session.cpu_slots,
+            )
             skip = capacity_skip(out_json, job.run, cell)
             if skip:  # past the cliff: not measured, and a session this job would end is stopped
                 result.status, result.error = "skipped", ErrorInfo(type="CapacitySkip", message=skip)
                 if session.is_last(result):
-                    sessions.retire(sessions.Session(session.key, workdir), wait_s=60.0)
+                    sessions.retire(Session(session.key, workdir), wait_s=60.0)
             else:
                 records = _measure_on_session(
                     result, launch, session, job, tokenizer_dir, owner or sessions.workflow_owner(), progress
@@ -213,7 +214,7 @@ def _write(result: RunResult, records: list[RequestRecord], out_json, out_reques
 
 def _measure_on_session(
     result: RunResult,
-    launch: dict,
+    launch: Launch,
     plan: SessionPlan,
     job: JobSpec,
     tokenizer_dir,
@@ -233,11 +234,11 @@ def _measure_on_session(
         ) as held:
             _server_facts(result, held.state, held.reused)
             records = _run_load(result, held.state, job, tokenizer_dir, progress, held.api_key)
-            sessions.transition(
+            transition(
                 held.sess,
                 held.generation,
-                sessions.READY,
-                cells_measured=held.state["cells_measured"] + 1,
+                READY,
+                cells_measured=held.state.cells_measured + 1,
                 last_used=time.time(),  # another workflow waits foreign_idle_s from here (evict_idle)
             )
             checks.check_servers(result, records, held.sess, held.generation, held.state, job.stack)
@@ -277,16 +278,16 @@ def profile_decode(held, plan: SessionPlan, job: JobSpec, tokenizer_dir, progres
     keep = Path(plan.profiler_dir) / f"{job.cell.cell}-run{job.run}"
 
     def run_load() -> int:
-        spec = cell_load(held.state, job.stack, job.cell, 1000 + job.run, tokenizer_dir, 1, 0)
+        spec = cell_load(held.state.urls, held.state.model_id, job.stack, job.cell, 1000 + job.run, tokenizer_dir, 1, 0)
         spec.api_key = held.api_key
         summary, _ = loadgen.run(spec)
         return summary.completed
 
     ranks = job.stack.tensor_parallel * job.stack.instances
-    return profiler.profile_window(held.state["urls"], held.api_key, window, plan.profiler_dir, keep, ranks, run_load)
+    return profiler.profile_window(held.state.urls, held.api_key, window, plan.profiler_dir, keep, ranks, run_load)
 
 
-def probe_quality(state: dict, job: JobSpec, tokenizer_dir, api_key: str | None, progress) -> QualityRecord:
+def probe_quality(state: SessionState, job: JobSpec, tokenizer_dir, api_key: str | None, progress) -> QualityRecord:
     """The job's quality probe on the session's (first) server, after its load; what fails is
     in the quality record, never in the cell's speed result."""
     from speedsplit.probes import quality  # the first job of a stack's run 0 alone probes it
@@ -294,8 +295,8 @@ def probe_quality(state: dict, job: JobSpec, tokenizer_dir, api_key: str | None,
     try:
         timeout = job.cell.request_timeout_s or 600.0
         return quality.run(
-            state["urls"][0],
-            state["model_id"],
+            state.urls[0],
+            state.model_id,
             job.stack.dialect,
             job.quality,
             tokenizer_dir,
@@ -314,30 +315,30 @@ def _no_server(error: str) -> ServerFacts:
     return ServerFacts(**{**facts, "error": error, "reused": False, "cells_before": 0})
 
 
-def _server_facts(result: RunResult, state: dict, reused: bool) -> None:
-    keys = [k for k in ServerFacts.model_fields if k not in ("reused", "cells_before")]
-    cells_before = state.get("cells_measured", 0)
-    result.server = ServerFacts(
-        **{k: state.get(k) for k in keys}, reused=reused or bool(cells_before), cells_before=cells_before
-    )
-    result.engine = EngineFacts(**(state.get("facts") or {}))
+def _server_facts(result: RunResult, state: SessionState, reused: bool) -> None:
+    """What the session's state says of its servers, as the result's ServerFacts (the fields
+    both hold) and EngineFacts."""
+    copied = state.model_dump(include=set(ServerFacts.model_fields) & set(SessionState.model_fields))
+    cells_before = state.cells_measured
+    result.server = ServerFacts(**copied, reused=reused or bool(cells_before), cells_before=cells_before)
+    result.engine = EngineFacts(**(state.facts or {}))
 
 
 def _run_load(
-    result: RunResult, state: dict, job: JobSpec, tokenizer_dir, progress, api_key: str | None
+    result: RunResult, state: SessionState, job: JobSpec, tokenizer_dir, progress, api_key: str | None
 ) -> list[RequestRecord]:
     cell = job.cell
     # the client on its servers' cores, off the other lanes' (cards), or on the core left to it (no cards)
-    client = state.get("client_cpus") or state.get("cpus")
+    client = state.client_cpus or state.cpus
     if client:
         os.sched_setaffinity(0, leases.parse_cpu_ranges(client))
-    warm = 0 if cell.warmup == "session_start" and state.get("cells_measured") else None
-    load = cell_load(state, job.stack, cell, job.run, tokenizer_dir, warmup_requests=warm)
+    warm = 0 if cell.warmup == "session_start" and state.cells_measured else None
+    load = cell_load(state.urls, state.model_id, job.stack, cell, job.run, tokenizer_dir, warmup_requests=warm)
     result.job.cell.warmup_requests = load.warmup_requests
     load.api_key = api_key
     sampler = telemetry.Sampler(
-        telemetry.ServerProbe(state["urls"], api_key=api_key),
-        telemetry.GpuProbe(state.get("devices") or []),
+        telemetry.ServerProbe(state.urls, api_key=api_key),
+        telemetry.GpuProbe(state.devices or []),
         cell.telemetry_s,
     )
     shared = sessions.measuring_elsewhere()
@@ -353,7 +354,7 @@ def _run_load(
     s = result.summary
     result.slo = slo.assess(records, s, cell.slo_ttft_p99_s, cell.slo_tpot_p99_s)
     result.telemetry = telemetry.summarize(
-        sampler, s.measured_from, s.measured_from + s.wall_s, s.output_tokens, state.get("devices") or []
+        sampler, s.measured_from, s.measured_from + s.wall_s, s.output_tokens, state.devices or []
     )
     checks.late_facts(result, state)
     return records

@@ -7,13 +7,14 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 
-from speedsplit.core import plausible, procs
+from speedsplit.core import plausible
 from speedsplit.core.record import CLIENT_STALL_S, EngineFacts, ErrorInfo, RunResult
 from speedsplit.core.specs import CellParams
 from speedsplit.core.specs import StackSpec
 from speedsplit.core.requestlog import RequestRecord
 from speedsplit.serving import serverlog
 from speedsplit.serving import session as sessions
+from speedsplit.serving.session_state import READY, SessionState, daemon_alive
 
 
 def health(url: str, path: str = "/health") -> int | None:
@@ -27,48 +28,46 @@ def health(url: str, path: str = "/health") -> int | None:
         return None
 
 
-def unhealthy(state: dict, stack: StackSpec) -> str | None:
+def unhealthy(state: SessionState, stack: StackSpec) -> str | None:
     """Why a session's servers can no longer be handed to another cell (None: they can): one
     that no longer answers its health check, or whose process is gone, with what its log names."""
-    answers = [health(u, stack.ready_path) for u in state["urls"]]
-    servers = [procs.Proc.from_record(r) for r in state.get("servers") or []]
-    if all(a == 200 for a in answers) and all(p is not None and p.alive() for p in servers):
+    answers = [health(u, stack.ready_path) for u in state.urls]
+    if all(a == 200 for a in answers) and all(p.alive() for p in state.servers):
         return None
     said = next((f"HTTP {a}" for a in answers if a not in (None, 200)), "no answer")
     cause = server_log_cause(state)
     return f"its health check gave {said}" + (f"; its log: {cause}" if cause else "")
 
 
-def late_facts(result: RunResult, state: dict) -> None:
+def late_facts(result: RunResult, state: SessionState) -> None:
     """Engine facts logged after the server was ready fill the gaps of those read at ready
     (transformers' continuous batching sizes its KV cache at its first request)."""
     known = result.engine.model_dump()
     if None not in known.values():
         return
-    logs = zip(state.get("server_logs") or [], state.get("log_offsets") or [])
+    logs = zip(state.server_logs, state.log_offsets)
     late = serverlog.engine_facts("\n".join(serverlog.launch_output(path, offset) for path, offset in logs))
     result.engine = EngineFacts(**{k: known[k] if known[k] is not None else late.get(k) for k in known})
 
 
 def check_servers(
-    result: RunResult, records: list[RequestRecord], sess, generation: str, state: dict, stack: StackSpec
+    result: RunResult, records: list[RequestRecord], sess, generation: str, state: SessionState, stack: StackSpec
 ) -> None:
     """Set the run's status from the load's outcome and what its servers do now; every status
     but ok comes with its cause in result.error (the failing answer, the server's exit, the
     failure its log names)."""
-    answers = [health(u, stack.ready_path) for u in state["urls"]]
+    answers = [health(u, stack.ready_path) for u in state.urls]
     s = result.summary
     if all(a == 200 for a in answers) and s.completed:
         result.status = "ok"
         return
-    servers = [procs.Proc.from_record(r) for r in state.get("servers") or []]
-    running = all(p is not None and p.alive() for p in servers)
+    running = all(p.alive() for p in state.servers)
     cause = server_log_cause(state)
     server_side = {k: n for k, n in s.failures.items() if k.startswith("http_5") or k == "server_error"}
     now = sess.state()
     # the daemon records a server's death (DIED) before it ends; one that vanished without a
     # word was killed from outside, and its servers went with it
-    lost = not sessions.daemon_alive(now) and now.get("generation") == generation and now.get("state") == sessions.READY
+    lost = not daemon_alive(now) and now.generation == generation and now.state == READY
     if server_side:
         first = next((f"{r.error}: {r.detail}" for r in records if r.error in server_side and r.detail), "no detail")
         after = "" if running or lost else f"; then the server {_exit_of(sess, generation, result)}"
@@ -76,7 +75,7 @@ def check_servers(
         kind, message = "ServerError", f"{_counts(server_side)} ({first}){after}"
     elif lost:
         result.status = "server_died"
-        daemon = (state.get("daemon") or {}).get("pid")
+        daemon = state.daemon.pid if state.daemon else None
         kind = "SessionLost"
         message = f"the session's daemon (pid {daemon}) ended mid-cell, killed from outside; its servers went with it"
     elif not running:
@@ -102,14 +101,14 @@ def _exit_of(sess, generation: str, result: RunResult) -> str:
     """How the session's dead server ended (the daemon, its parent, records it), also kept in
     result.server."""
     died = sessions.wait_final(sess, generation, 10.0)
-    result.server.log_tail = died.get("log_tail", "")
-    result.server.exit_code = died.get("exit_code")
+    result.server.log_tail = died.log_tail or ""
+    result.server.exit_code = died.exit_code
     return serverlog.exit_cause(result.server.exit_code) if result.server.exit_code is not None else "ended"
 
 
-def server_log_cause(state: dict) -> str:
+def server_log_cause(state: SessionState) -> str:
     """The failure the session's server logs name since its launch (empty if none)."""
-    logs = zip(state.get("server_logs") or [], state.get("log_offsets") or [])
+    logs = zip(state.server_logs, state.log_offsets)
     return serverlog.log_cause("\n".join(serverlog.launch_output(path, offset) for path, offset in logs))
 
 

@@ -27,6 +27,7 @@ from speedsplit.probes import loadgen
 from speedsplit.core.trace_split import ProfileWindow, split_trace
 from speedsplit.probes.profiler import post, read_trace, trace_files, wait_for_traces
 from speedsplit.serving import session as sessions
+from speedsplit.serving.session_state import Launch, SessionState
 
 
 def profile_cell(
@@ -71,12 +72,12 @@ def profile_cell(
             ]
         }
     )
-    launch = {
-        "stack": profiled.model_dump(),
-        "model_dir": str(Path(model_dir).resolve()),
-        "model": model_identity(model_dir),
-        "cache_dir": str(Path(session.cache_dir).resolve()),
-    }
+    launch = Launch(
+        stack=profiled,
+        model_dir=str(Path(model_dir).resolve()),
+        model=model_identity(model_dir),
+        cache_dir=str(Path(session.cache_dir).resolve()),
+    )
     with procs.stop_on_signals():
         try:
             with sessions.hold_ready(
@@ -104,12 +105,14 @@ def profile_cell(
 
 
 def _profile_load(
-    result: dict, held: dict, stack: StackSpec, cell: CellParams, tokenizer_dir, api_key: str | None
+    result: dict, held: SessionState, stack: StackSpec, cell: CellParams, tokenizer_dir, api_key: str | None
 ) -> None:
     """Warm the server with the cell once, arm the profiler, run the cell again under it."""
 
     def load(run: int) -> loadgen.LoadSpec:  # one request per user: all decode together
-        spec = cell_load(held, stack, cell, run, tokenizer_dir, requests_per_user=1, warmup_requests=0)
+        spec = cell_load(
+            held.urls, held.model_id, stack, cell, run, tokenizer_dir, requests_per_user=1, warmup_requests=0
+        )
         spec.api_key = api_key
         return spec
 
@@ -118,10 +121,10 @@ def _profile_load(
         first = next((r for r in records if not r.ok), None)
         why = f"{first.error}: {first.detail}" if first and first.detail else (first.error if first else "none sent")
         raise RuntimeError(f"the profiled server answered none of the warm-up requests ({why})")
-    for url in held["urls"]:
+    for url in held.urls:
         post(url + "/start_profile", 60.0, api_key)
     summary, _ = loadgen.run(load(1001))
-    for url in held["urls"]:
+    for url in held.urls:
         post(url + "/stop_profile", 900.0, api_key)  # flushes the traces; ignored if already stopped
     result["load"] = {"output_tok_s": summary.output_tok_s, "completed": summary.completed, "failed": summary.failed}
 

@@ -169,7 +169,8 @@ def prompt_seed(cell: CellParams, run: int) -> int:
 
 
 def cell_load(
-    state: dict,
+    urls: list[str],
+    model_id: str,
     stack: StackSpec,
     cell: CellParams,
     run: int,
@@ -177,7 +178,7 @@ def cell_load(
     requests_per_user: int | None = None,
     warmup_requests: int | None = None,
 ) -> LoadSpec:
-    """The load of one cell run on a ready session (its URLs and model id in state), with the
+    """The load of one cell run on a ready session's servers (their URLs and model id), with the
     cell's own request counts unless others are given; prompts are the run's own."""
     per_user = cell.requests_per_user if requests_per_user is None else requests_per_user
     warmup = cell.warmup_requests if warmup_requests is None else warmup_requests
@@ -188,8 +189,8 @@ def cell_load(
     if isinstance(load, Sessions):  # the sessions' texts follow the warm-up's prompts
         sessions, prompts = prompts[warmup], prompts[:warmup]
     return LoadSpec(
-        urls=state["urls"],
-        model=state["model_id"],
+        urls=urls,
+        model=model_id,
         prompts=prompts,
         users=cell.users or 1,
         prompt_tokens=cell.prompt_tokens,

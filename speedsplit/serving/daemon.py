@@ -25,59 +25,57 @@ from speedsplit.probes import loadgen, telemetry
 from speedsplit.serving import lease as leases
 from speedsplit.serving import caches, serverlog, stacks
 from speedsplit.serving.stacks import host_cache_gib
-from speedsplit.serving.session import (
+from speedsplit.serving.session import evict_idle, lease_holders
+from speedsplit.serving.session_state import (
     DIED,
     READY,
     STARTING,
     STARTUP_FAILED,
     STOPPED,
     STOPPING,
+    LaunchFile,
     Session,
     _read_private_json,
-    daemon_of,
-    FOREIGN_IDLE_S,
-    evict_idle,
-    lease_holders,
     transition,
 )
 
 
 def _daemon(launch_path: Path) -> int:
-    meta = _read_private_json(launch_path)
-    launch, key, generation = meta["launch"], meta["key"], meta["generation"]
-    sess = Session(key, meta["workdir"])
-    stack = StackSpec.model_validate(launch["stack"])
+    told = LaunchFile.model_validate(_read_private_json(launch_path))  # read through no link
+    launch, key, generation = told.launch, told.key, told.generation
+    sess = Session(key, told.workdir)
+    stack = launch.stack
     with sess.locked(sess.spawn_lock):  # the spawning job has finished writing its own state
         st = sess.state()
-    if st.get("generation") != generation or daemon_of(st) != procs.me():
+    if st.generation != generation or st.daemon != procs.me():
         print(f"[session {key}] superseded before it started", flush=True)
         return 0
     servers: list[stacks.Server] = []  # filled as they start, so that a failed start stops them
     held = cache = None
-    shared = Path(launch.get("shared_cache_dir") or launch["cache_dir"])  # compile caches, bytecode
+    shared = Path(launch.shared_cache_dir or launch.cache_dir)  # compile caches, bytecode
     pycache = caches.bytecode_prefix(shared)
     with stop_on_signals():
         try:
-            check_model(launch["model_dir"], stack.variant)
+            check_model(launch.model_dir, stack.variant)
             # a CPU is one "card" (its servers never overlap), or benchmark.cpu_lanes of them
-            slots = int(launch.get("cpu_slots") or 1)
+            slots = launch.cpu_slots
             platform_devices = None if stack.platform == "cuda" else ["cpu"] + [f"cpu{i}" for i in range(1, slots)]
             need = stack.tensor_parallel * stack.instances if platform_devices is None else 1
             t_lease = time.monotonic()
             held = leases.acquire_gpus(
                 need,
-                timeout_s=meta["lease_timeout_s"],
+                timeout_s=told.lease_timeout_s,
                 devices=platform_devices,
-                on_wait=LeaseWait(sess, generation, platform_devices, meta.get("foreign_idle_s", FOREIGN_IDLE_S)),
+                on_wait=LeaseWait(sess, generation, platform_devices, told.foreign_idle_s),
             )
             t_start = time.monotonic()
             cache = caches.compile_cache(
                 shared,
-                Path(launch["cache_dir"]),
+                Path(launch.cache_dir),
                 stack,
-                launch.get("model") or {"path": launch["model_dir"]},  # its identity (bench gives it)
+                launch.model or {"path": launch.model_dir},  # its identity (bench gives it)
             )
-            pinned = _start(sess, generation, meta, stack, held, platform_devices is None, cache, pycache, servers)
+            pinned = _start(sess, generation, told, held, platform_devices is None, cache, pycache, servers)
             required = key_required(servers[0], stack) if stack.api_key else None
             cache.release()
             startup_s = time.monotonic() - t_start
@@ -104,8 +102,8 @@ def _daemon(launch_path: Path) -> int:
             )
             if st is None:
                 raise Stop("the session was stopped while it started")
-            print(f"[session {key}] ready in {st['startup_s']:.1f} s at {st['urls']}", flush=True)
-            _hold(sess, generation, servers, meta)
+            print(f"[session {key}] ready in {st.startup_s:.1f} s at {st.urls}", flush=True)
+            _hold(sess, generation, servers, told)
             dead = next((s for s in servers if not s.alive()), None)
             if dead is not None:
                 transition(
@@ -136,8 +134,7 @@ def _daemon(launch_path: Path) -> int:
 def _start(
     sess: Session,
     generation: str,
-    meta: dict,
-    stack: StackSpec,
+    told: LaunchFile,
     held: leases.Lease,
     on_cards: bool,
     cache,
@@ -146,8 +143,8 @@ def _start(
 ) -> list[int]:
     """Launch the stack's instances on the lease (each appended to servers as it starts), wait
     until every one is ready, and check each with one request; the host cores pinned."""
-    launch = meta["launch"]
-    log_path = Path(meta["log_path"])
+    launch, stack = told.launch, told.launch.stack
+    log_path = Path(told.log_path)
     pinned: list[int] = []
     for i in range(stack.instances):
         devs = held.devices[i * stack.tensor_parallel : (i + 1) * stack.tensor_parallel] if on_cards else []
@@ -161,7 +158,7 @@ def _start(
         servers.append(
             stacks.launch(
                 env_stack,
-                Path(launch["model_dir"]),
+                Path(launch.model_dir),
                 stack.model,
                 held.port(),
                 devs,
@@ -170,12 +167,12 @@ def _start(
                 keep_fds=held.fds(),
                 cpus=cpus,
                 card_total_gib=total,
-                host_cache=host_cache_gib(stack, launch["model_dir"], launch.get("kv_tokens", 0)),
+                host_cache=host_cache_gib(stack, launch.model_dir, launch.kv_tokens),
                 pycache=pycache,
-                api_key=meta.get("api_key"),
+                api_key=told.api_key,
             )
         )
-        if transition(sess, generation, STARTING, servers=[s.proc_id.as_record() for s in servers]) is None:
+        if transition(sess, generation, STARTING, servers=[s.proc_id for s in servers]) is None:
             raise Stop("the session was stopped while it started")
     for srv in servers:
         srv.ready(stack.ready_path, stack.startup_timeout_s)
@@ -319,26 +316,26 @@ class LeaseWait:
         return bool(stopped)
 
 
-def _hold(sess: Session, generation: str, servers: list[stacks.Server], meta: dict) -> None:
+def _hold(sess: Session, generation: str, servers: list[stacks.Server], told: LaunchFile) -> None:
     """Return when a server dies, the owner is gone, the session sat idle too long or someone
     moved it to stopping."""
-    owner = procs.Proc.from_record(meta["owner"])
+    owner = told.owner
     idle_since = time.monotonic()
     while all(s.alive() for s in servers):
         st = sess.state()
-        if st.get("generation") != generation or st.get("state") != READY:
-            if st.get("evicted_by"):
-                print(f"[session {meta['key']}] stopped, idle, for {st['evicted_by']}", flush=True)
+        if st.generation != generation or st.state != READY:
+            if st.evicted_by:
+                print(f"[session {told.key}] stopped, idle, for {st.evicted_by}", flush=True)
             return
-        if owner is None or not owner.alive():
-            print(f"[session {meta['key']}] workflow process {meta['owner']} is gone", flush=True)
+        if not owner.alive():
+            print(f"[session {told.key}] workflow process {owner.as_record()} is gone", flush=True)
             transition(sess, generation, STOPPING)
             return
         with sess.locked(sess.cell_lock, blocking=False) as idle:
             if not idle:
                 idle_since = time.monotonic()
-            elif time.monotonic() - idle_since > meta["idle_timeout_s"]:
-                print(f"[session {meta['key']}] idle for {meta['idle_timeout_s']:.0f} s", flush=True)
+            elif time.monotonic() - idle_since > told.idle_timeout_s:
+                print(f"[session {told.key}] idle for {told.idle_timeout_s:.0f} s", flush=True)
                 transition(sess, generation, STOPPING)  # under the cell lock: no cell is attaching
                 return
         time.sleep(1.0)

@@ -18,8 +18,6 @@ alone: a state file that outlived its daemon never gets a recycled pid signalled
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import signal
 import subprocess
@@ -30,7 +28,6 @@ from pathlib import Path
 
 from speedsplit.core import apikey, procs
 from speedsplit.core.results import write_json_atomic
-from speedsplit.core.specs import StackSpec
 from speedsplit.core.specs import SessionPlan
 from speedsplit.serving import lease as leases
 from speedsplit.serving.session_state import (
@@ -43,11 +40,12 @@ from speedsplit.serving.session_state import (
     STARTUP_FAILED,
     STOPPED,
     STOPPING,
+    Launch,
+    LaunchFile,
     Session,
+    SessionState,
     _new_generation,
-    _read_private_json,
     daemon_alive,
-    daemon_of,
     host_states,
     transition,
 )
@@ -55,10 +53,6 @@ from speedsplit.serving.session_state import (
 
 class SessionBusy(RuntimeError):
     """The session's server must be replaced, but a cell keeps measuring on it."""
-
-
-def launch_digest(launch: dict) -> str:
-    return hashlib.sha256(json.dumps(launch, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def workflow_owner() -> procs.Proc:
@@ -70,7 +64,7 @@ def workflow_owner() -> procs.Proc:
 
 def open_session(
     key: str,
-    launch: dict,
+    launch: Launch,
     log_path: Path,
     owner: procs.Proc,
     idle_timeout_s: float,
@@ -83,32 +77,33 @@ def open_session(
     Returns the session, whether an existing daemon was reused, and its generation.
     """
     sess = Session(key)
-    digest = launch_digest(launch)
+    digest = launch.digest()
     with sess.locked(sess.spawn_lock):
         st = sess.state()
-        if st.get("digest") == digest:
-            if st.get("state") in ATTACHABLE and daemon_alive(st):
-                return sess, True, st["generation"]
-            if st.get("state") == STARTUP_FAILED and st.get("owner") == owner.as_record():
-                return sess, True, st["generation"]  # a start that failed in this workflow run is not retried per cell
+        if st.digest == digest:
+            if st.state in ATTACHABLE and daemon_alive(st):
+                return sess, True, st.generation
+            if st.state == STARTUP_FAILED and st.owner == owner:
+                return sess, True, st.generation  # a start that failed in this workflow run is not retried per cell
         if daemon_alive(st) and not retire(sess, wait_s=lease_timeout_s):
             # an edited stack, or a session on its way out, that a cell still measures on
             raise SessionBusy(f"session {key}: another cell held its server for {lease_timeout_s:.0f} s")
-        meta = {
-            "launch": launch,
-            "digest": digest,
-            "owner": owner.as_record(),
-            "idle_timeout_s": idle_timeout_s,
-            "lease_timeout_s": lease_timeout_s,
-            "foreign_idle_s": foreign_idle_s,
-            "log_path": str(log_path),
-            "key": key,
-            "workdir": sess.workdir,
+        st = _new_generation(sess, digest=digest, owner=owner)
+        told = LaunchFile(
+            launch=launch,
+            digest=digest,
+            generation=st.generation,
+            key=key,
+            workdir=sess.workdir,
+            owner=owner,
+            log_path=str(log_path),
+            idle_timeout_s=idle_timeout_s,
+            lease_timeout_s=lease_timeout_s,
+            foreign_idle_s=foreign_idle_s,
             # drawn per session, kept only here (mode 0600) and in the servers' environment
-            "api_key": apikey.new() if StackSpec.model_validate(launch["stack"]).api_key_env else None,
-        }
-        st = _new_generation(sess, digest=digest, owner=owner.as_record())
-        write_json_atomic(sess.launch_path, {**meta, "generation": st["generation"]}, mode=0o600)
+            api_key=apikey.new() if launch.stack.api_key_env else None,
+        )
+        write_json_atomic(sess.launch_path, told.model_dump(mode="json"), mode=0o600)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
@@ -120,41 +115,41 @@ def open_session(
                 cwd=sess.workdir,
             )
         daemon = procs.Proc.of(proc.pid)
-        if transition(sess, st["generation"], STARTING, daemon=daemon.as_record() if daemon else None) is None:
+        if transition(sess, st.generation, STARTING, daemon=daemon) is None:
             raise RuntimeError(f"session {key}: state changed while its daemon was spawned")
-    return sess, False, st["generation"]
+    return sess, False, st.generation
 
 
-def wait_ready(sess: Session, generation: str, timeout_s: float, on_wait=None) -> dict:
+def wait_ready(sess: Session, generation: str, timeout_s: float, on_wait=None) -> SessionState:
     """This generation's state once ready or final (bounded by timeout_s); a daemon that is gone
     without saying so, or a timeout, reads as startup_failed. on_wait(state) is called at each
     look at a session not ready yet."""
     deadline = time.monotonic() + timeout_s
     while True:
         st = sess.state()
-        if on_wait is not None and st.get("generation") == generation and st.get("state") == STARTING:
+        if on_wait is not None and st.generation == generation and st.state == STARTING:
             on_wait(st)
-        if st.get("generation") != generation:
-            return {"state": STOPPED, "error": "the session was replaced by another start"}
-        if st.get("state") == READY or st.get("state") in FINAL:
+        if st.generation != generation:
+            return SessionState(state=STOPPED, error="the session was replaced by another start")
+        if st.state == READY or st.state in FINAL:
             return st
-        if st.get("state") == STARTING and not daemon_alive(st):
+        if st.state == STARTING and not daemon_alive(st):
             st = sess.state()  # it may have written its last state just now
-            if st.get("state") == READY or st.get("state") in FINAL:
+            if st.state == READY or st.state in FINAL:
                 return st
-            return {"state": STARTUP_FAILED, "error": "the server daemon ended before its servers were ready"}
+            return SessionState(state=STARTUP_FAILED, error="the server daemon ended before its servers were ready")
         if time.monotonic() > deadline:
-            return {"state": STARTUP_FAILED, "error": f"servers not ready within {timeout_s:.0f} s"}
+            return SessionState(state=STARTUP_FAILED, error=f"servers not ready within {timeout_s:.0f} s")
         time.sleep(POLL_S)
 
 
-def wait_final(sess: Session, generation: str, timeout_s: float) -> dict:
+def wait_final(sess: Session, generation: str, timeout_s: float) -> SessionState:
     """This generation's state once its daemon has recorded how it ended (died, stopped,...),
     or as it is after timeout_s, or once the daemon is gone without recording it."""
     deadline = time.monotonic() + timeout_s
     while True:
         st = sess.state()
-        if st.get("generation") != generation or st.get("state") in FINAL or not daemon_alive(st):
+        if st.generation != generation or st.state in FINAL or not daemon_alive(st):
             return st
         if time.monotonic() > deadline:
             return st
@@ -171,12 +166,12 @@ def waiting_told(progress):
         return None
     told = {"holders": None, "at": 0.0}
 
-    def on_wait(st: dict) -> None:
-        holders = st.get("waiting_for")
+    def on_wait(st: SessionState) -> None:
+        holders = st.waiting_for
         if not holders or (holders == told["holders"] and time.monotonic() - told["at"] < WAIT_TOLD_EVERY_S):
             return
         told.update(holders=holders, at=time.monotonic())
-        waited = time.time() - float(st.get("waiting_since") or time.time())
+        waited = time.time() - (st.waiting_since or time.time())
         progress(f"waiting {waited:.0f} s for the cards, held by: {'; '.join(holders)}")
 
     return on_wait
@@ -184,8 +179,8 @@ def waiting_told(progress):
 
 def api_key_of(sess: Session, generation: str) -> str | None:
     """The API key the session's servers of this generation demand (None: none)."""
-    meta = _read_private_json(sess.launch_path)
-    return meta.get("api_key") if meta.get("generation") == generation else None
+    told = sess.launch_file()
+    return told.api_key if told is not None and told.generation == generation else None
 
 
 @contextlib.contextmanager
@@ -194,7 +189,7 @@ def attached(sess: Session, generation: str):
     stopped (evicted, idle, replaced) between finding it and taking the cell lock."""
     with sess.locked(sess.cell_lock):
         st = sess.state()
-        if st.get("generation") != generation or st.get("state") != READY or not daemon_alive(st):
+        if st.generation != generation or st.state != READY or not daemon_alive(st):
             yield None
         else:
             yield st
@@ -210,7 +205,7 @@ class Held:
     sess: Session
     generation: str
     reused: bool  # an existing daemon was found, not spawned by this job
-    state: dict  # the session's ready state: urls, servers, facts, cells_measured
+    state: SessionState  # the session's ready state: urls, servers, facts, cells_measured
     api_key: str | None = field(default=None, repr=False)  # what its servers demand (core/apikey.py)
 
 
@@ -219,13 +214,13 @@ class NotReady(Exception):
     records (startup_failed or server_died); `state` and `reused` describe the last attempt
     (state is None when no session was had at all)."""
 
-    def __init__(self, status: str, error: str, state: dict | None = None, reused: bool = False):
+    def __init__(self, status: str, error: str, state: SessionState | None = None, reused: bool = False):
         super().__init__(error)
         self.status, self.error, self.state, self.reused = status, error, state, reused
 
 
 @contextlib.contextmanager
-def hold_ready(plan: SessionPlan, launch: dict, owner: procs.Proc, ready_timeout_s: float, keep: bool, progress=None):
+def hold_ready(plan: SessionPlan, launch: Launch, owner: procs.Proc, ready_timeout_s: float, keep: bool, progress=None):
     """Find or start the servers of a planned session and hold them, ready, for one job (its
     cell lock). While its start waits for cards others hold, progress (if given) is told who
     holds them and for how long it has waited.
@@ -254,12 +249,12 @@ def hold_ready(plan: SessionPlan, launch: dict, owner: procs.Proc, ready_timeout
                 ended_cleanly = True
                 raise NotReady(STARTUP_FAILED, str(busy)) from None
             state = wait_ready(sess, generation, ready_timeout_s, waiting_told(progress))
-            if state["state"] in (STOPPING, STOPPED):
+            if state.state in (STOPPING, STOPPED):
                 continue  # stopped before we attached: start again
-            if state["state"] != READY:  # died before this job, or never ready
+            if state.state != READY:  # died before this job, or never ready
                 ended_cleanly = True
-                status = "server_died" if state["state"] == DIED else STARTUP_FAILED
-                raise NotReady(status, state.get("error") or f"server session {state['state']}", state, reused)
+                status = "server_died" if state.state == DIED else STARTUP_FAILED
+                raise NotReady(status, state.error or f"server session {state.state}", state, reused)
             with attached(sess, generation) as held:
                 if held is None:
                     continue  # evicted between finding it and taking the cell lock
@@ -275,28 +270,26 @@ def hold_ready(plan: SessionPlan, launch: dict, owner: procs.Proc, ready_timeout
             stop_daemon(sess, generation)
 
 
-def _stop_processes(st: dict, timeout_s: float) -> None:
+def _stop_processes(st: SessionState, timeout_s: float) -> None:
     """Stop a session's daemon (it stops its servers), then whatever servers it left."""
-    daemon = daemon_of(st)
+    daemon = st.daemon
     if daemon is not None and daemon.signal(signal.SIGTERM):
         deadline = time.monotonic() + timeout_s
         while daemon.alive() and time.monotonic() < deadline:
             time.sleep(POLL_S)
         daemon.signal_group(signal.SIGKILL)
-    for rec in st.get("servers") or []:  # left by a daemon that was killed
-        server = procs.Proc.from_record(rec)
-        if server is not None:
-            procs.stop_group(server)
+    for server in st.servers:  # left by a daemon that was killed
+        procs.stop_group(server)
 
 
 def stop_daemon(sess: Session, generation: str | None = None, timeout_s: float = 60.0) -> None:
     """Move the session to `stopping` (no cell attaches any more) and wait until its daemon and
     servers are gone. Only this generation's, when one is given."""
     st = sess.state()
-    generation = generation or st.get("generation")
-    if not generation or st.get("generation") != generation:
+    generation = generation or st.generation
+    if not generation or st.generation != generation:
         return
-    if st.get("state") in ATTACHABLE:
+    if st.state in ATTACHABLE:
         st = transition(sess, generation, STOPPING) or sess.state()
     _stop_processes(st, timeout_s)
     transition(sess, generation, STOPPED)  # if the daemon could not say so itself
@@ -309,9 +302,9 @@ def retire(sess: Session, wait_s: float) -> bool:
         if not idle:
             return False
         st = sess.state()
-        if st.get("state") in ATTACHABLE:
-            transition(sess, st["generation"], STOPPING)
-    stop_daemon(sess, st.get("generation"))
+        if st.state in ATTACHABLE:
+            transition(sess, st.generation, STOPPING)
+    stop_daemon(sess, st.generation)
     return True
 
 
@@ -333,30 +326,30 @@ def evict_idle(except_key: str | None = None, foreign_idle_s: float = FOREIGN_ID
     me = str(Path.cwd().resolve())
     stopped = []
     for st in host_states():
-        if not st.get("key") or not st.get("workflow"):
+        if not st.key or not st.workflow:
             continue  # written before sessions knew their workflow: nothing of ours to stop
-        sess = Session(st["key"], st["workflow"])
+        sess = Session(st.key, st.workflow)
         if except_key == sess.key and sess.workdir == me:
             continue
-        if st.get("state") != READY or not daemon_alive(st):
+        if st.state != READY or not daemon_alive(st):
             continue  # a starting session is about to be used by the cell that started it
-        if sess.workdir != me and time.time() - float(st.get("last_used") or 0.0) < foreign_idle_s:
+        if sess.workdir != me and time.time() - (st.last_used or 0.0) < foreign_idle_s:
             continue  # another workflow's, between two of its cells
         with sess.locked(sess.cell_lock, blocking=False) as idle:
             if not idle:
                 continue
             cur = sess.state()
             by = f"workflow {me}" + (f" (session {except_key})" if except_key else "")
-            if transition(sess, cur.get("generation"), STOPPING, evicted_by=by) is None:
+            if transition(sess, cur.generation, STOPPING, evicted_by=by) is None:
                 continue
-        stop_daemon(sess, cur["generation"])
+        stop_daemon(sess, cur.generation)
         stopped.append(describe(cur))
     return stopped
 
 
-def describe(state: dict) -> str:
+def describe(state: SessionState) -> str:
     """A session in words, for the terminal and the result: whose it is and what it does."""
-    return f"workflow {state.get('workflow')}, session {state.get('key')} ({state.get('state', '?')})"
+    return f"workflow {state.workflow}, session {state.key} ({state.state or '?'})"
 
 
 def measuring_elsewhere() -> list[str]:
@@ -365,19 +358,19 @@ def measuring_elsewhere() -> list[str]:
     me = str(Path.cwd().resolve())
     out = []
     for st in host_states():
-        if st.get("workflow") in (None, me) or st.get("state") != READY or not daemon_alive(st):
+        if st.workflow in (None, me) or st.state != READY or not daemon_alive(st):
             continue
-        sess = Session(st["key"], st["workflow"])
+        sess = Session(st.key, st.workflow)
         with sess.locked(sess.cell_lock, blocking=False) as idle:
             if not idle:
-                out.append(f"workflow {st['workflow']}, session {st['key']}")
+                out.append(f"workflow {st.workflow}, session {st.key}")
     return out
 
 
 def lease_holders(devices: list[str]) -> list[str]:
     """Who holds the cards (or CPU slots) a waiting session wants, in words: the session whose
     daemon holds each, or the process (a quantize job, say)."""
-    daemons = {d.pid: st for st in host_states() if (d := daemon_of(st)) is not None and d.alive()}
+    daemons = {st.daemon.pid: st for st in host_states() if daemon_alive(st)}
     out = []
     for pid in leases.holders(devices):
         if pid in daemons:

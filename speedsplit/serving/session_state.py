@@ -1,5 +1,7 @@
-"""A server session's published state: its files and locks on this host (Session), and the
-state machine every change of its state goes through (transition).
+"""A server session's published state: its files and locks on this host (Session), what a
+bench job hands its daemon (LaunchFile: the Launch, its owner and timeouts) and the state the
+daemon publishes (SessionState), both typed, and the state machine every change of that state
+goes through (transition).
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import time
 import uuid
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from speedsplit.core import procs
 from speedsplit.core.results import write_json_atomic
+from speedsplit.core.specs import StackSpec
 from speedsplit.serving import lease as leases
 
 POLL_S = 0.25
@@ -35,6 +40,88 @@ TRANSITIONS = {
     DIED: set(),
     STOPPED: set(),
 }
+
+
+class Launch(BaseModel):
+    """What a session launches: the stack, the model and where its caches live. Its digest is
+    the session's identity within its workflow: an edited stack starts another server."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stack: StackSpec
+    model_dir: str
+    model: dict | None = None  # the model's identity (models/checkpoint.model_identity)
+    cache_dir: str  # this session's compile cache
+    shared_cache_dir: str | None = None  # the caches sessions share (bytecode; else cache_dir)
+    kv_tokens: int = 0  # what a CPU server sizes its caches for (serving/memcap.host_cache_gib)
+    cpu_slots: int = 1  # how many CPU servers may run at once (benchmark.cpu_lanes)
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
+
+
+class LaunchFile(BaseModel):
+    """The session's .launch.json (mode 0600): what its daemon is told, by the job that spawned it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    launch: Launch
+    digest: str
+    generation: str
+    key: str
+    workdir: str
+    owner: procs.Proc  # the workflow's process: the daemon lives no longer than it
+    log_path: str
+    idle_timeout_s: float
+    lease_timeout_s: float
+    foreign_idle_s: float
+    # drawn per session, kept only here and in the servers' environment (core/apikey.py)
+    api_key: str | None = Field(default=None, repr=False)
+
+
+class SessionState(BaseModel):
+    """A session's published state (its .json): where the state machine has it, who runs it, and
+    once ready what its servers are (the cells' results copy those facts: core/facts.ServerFacts).
+    An empty state (no generation) is a session nobody has started."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state: str | None = None
+    generation: str | None = None
+    key: str | None = None
+    workflow: str | None = None  # the workflow's folder
+    digest: str | None = None  # its Launch's
+    owner: procs.Proc | None = None
+    daemon: procs.Proc | None = None
+    servers: list[procs.Proc] = []  # (a daemon that was killed leaves them to whoever stops it)
+    # while its start waits for cards others hold
+    waiting_for: list[str] | None = None
+    waiting_since: float | None = None
+    lease_holders: list[str] | None = None
+    # once ready (daemon._ready_facts)
+    startup_s: float | None = None
+    lease_wait_s: float | None = None
+    urls: list[str] = []
+    model_id: str | None = None
+    devices: list[str] | None = None
+    cpus: str | None = None  # the servers' cores
+    client_cpus: str | None = None  # the cells' client's, where the split left it its own
+    facts: dict | None = None  # what the engine logged about itself (serving/serverlog.engine_facts)
+    argv: str | None = None
+    server_logs: list[str] = []
+    log_offsets: list[int] = []
+    memory_cap: dict | None = None
+    host_memory: str | None = None
+    compile_cache_dir: str | None = None
+    wide_listeners: list[str] | None = None
+    api_key_required: bool | None = None
+    cells_measured: int = 0
+    last_used: float | None = None
+    # how it ended
+    error: str | None = None
+    log_tail: str | None = None
+    exit_code: int | None = None
+    evicted_by: str | None = None
 
 
 def sessions_dir() -> Path:
@@ -60,9 +147,9 @@ class Session:
         self.cell_lock = Path(base + ".cells.lock")
         self.state_lock = Path(base + ".state.lock")
 
-    def state(self) -> dict:
-        """The published state ({} if none)."""
-        return _read_private_json(self.state_path)
+    def state(self) -> SessionState:
+        """The published state (an empty one if none, or unreadable)."""
+        return _read_state(self.state_path)
 
     @contextlib.contextmanager
     def locked(self, path: Path, blocking: bool = True, timeout_s: float | None = None):
@@ -83,8 +170,16 @@ class Session:
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
-    def write(self, state: dict) -> None:
-        write_json_atomic(self.state_path, state, mode=0o600)
+    def write(self, state: SessionState) -> None:
+        write_json_atomic(self.state_path, state.model_dump(mode="json", exclude_defaults=True), mode=0o600)
+
+    def launch_file(self) -> LaunchFile | None:
+        """What its daemon was told (None: no launch written, or unreadable)."""
+        data = _read_private_json(self.launch_path)
+        try:
+            return LaunchFile.model_validate(data) if data else None
+        except ValueError:
+            return None
 
 
 def _read_private_json(path: Path) -> dict:
@@ -95,36 +190,40 @@ def _read_private_json(path: Path) -> dict:
     return {}
 
 
-def host_states() -> list[dict]:
+def _read_state(path: Path) -> SessionState:
+    """A session's state file as its type (an empty state where there is none, or one of
+    another version: nobody's session, which a start replaces)."""
+    try:
+        return SessionState.model_validate(_read_private_json(path))
+    except ValueError:
+        return SessionState()
+
+
+def host_states() -> list[SessionState]:
     """The published state of every session on this host, of every workflow."""
     paths = (p for p in sorted(sessions_dir().glob("*.json")) if not p.name.endswith(".launch.json"))
-    return [st for st in map(_read_private_json, paths) if st]
+    return [st for st in map(_read_state, paths) if st.generation]
 
 
-def daemon_of(state: dict) -> procs.Proc | None:
-    return procs.Proc.from_record(state.get("daemon"))
+def daemon_alive(state: SessionState) -> bool:
+    return state.daemon is not None and state.daemon.alive()
 
 
-def daemon_alive(state: dict) -> bool:
-    daemon = daemon_of(state)
-    return daemon is not None and daemon.alive()
-
-
-def transition(sess: Session, generation: str, to: str, **fields) -> dict | None:
-    """Move this generation's session to state `to` (with fields) if the state machine allows
-    it; returns the new state, or None (nothing written) if it does not or another generation
-    owns the session now."""
+def transition(sess: Session, generation: str | None, to: str, **fields) -> SessionState | None:
+    """Move this generation's session to state `to` (with fields of SessionState) if the state
+    machine allows it; returns the new state, or None (nothing written) if it does not or
+    another generation owns the session now."""
     with sess.locked(sess.state_lock):
         st = sess.state()
-        if st.get("generation") != generation or to not in TRANSITIONS.get(st.get("state"), set()):
+        if st.generation != generation or to not in TRANSITIONS.get(st.state, set()):
             return None
-        st.update(fields, state=to)
+        st = SessionState.model_validate({**st.model_dump(), **fields, "state": to})
         sess.write(st)
         return st
 
 
-def _new_generation(sess: Session, **fields) -> dict:
+def _new_generation(sess: Session, **fields) -> SessionState:
     with sess.locked(sess.state_lock):
-        st = {"state": SPAWNING, "generation": uuid.uuid4().hex, "key": sess.key, "workflow": sess.workdir, **fields}
+        st = SessionState(state=SPAWNING, generation=uuid.uuid4().hex, key=sess.key, workflow=sess.workdir, **fields)
         sess.write(st)
         return st

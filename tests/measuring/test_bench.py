@@ -35,7 +35,7 @@ def test_a_length_mix_with_a_shared_prefix_opens_every_prompt_with_the_same_toke
         lengths={"kind": "lognormal", "prompt_spread": 0.6, "output_spread": 0.3, "shared_prefix_tokens": 16},
     )  # fmt: skip
     stack = stack_spec(max_model_len=256)
-    load = loadspec.cell_load({"urls": ["http://127.0.0.1:1"], "model_id": "m"}, stack, cell, 0, tiny_model)
+    load = loadspec.cell_load(["http://127.0.0.1:1"], "m", stack, cell, 0, tiny_model)
     tok = load_tokenizer(tiny_model)
     ids = [tok.encode(p, add_special_tokens=False) for p in load.prompts[1:]]  # after the warm-up
     assert [len(x) for x in ids] == [a.prompt_tokens for a in load.schedule]
@@ -44,7 +44,7 @@ def test_a_length_mix_with_a_shared_prefix_opens_every_prompt_with_the_same_toke
     assert all(x[:16] == prefix[: len(x)] for x in ids)
     assert len({tuple(x[16:]) for x in ids if len(x) > 17}) == len([x for x in ids if len(x) > 17])  # own tails
     assert tok.encode(load.prompts[0], add_special_tokens=False)[:16] != prefix  # the warm-up is not it
-    again = loadspec.cell_load({"urls": ["http://127.0.0.1:1"], "model_id": "m"}, stack, cell, 1, tiny_model)
+    again = loadspec.cell_load(["http://127.0.0.1:1"], "m", stack, cell, 1, tiny_model)
     assert tok.encode(again.prompts[1], add_special_tokens=False)[:16] != prefix  # each run its own system prompt
 
 

@@ -95,10 +95,9 @@ def test_a_request_for_another_model_is_refused(server):
 
 def test_the_workflow_measures_it_as_any_stack(tiny_model, tmp_path):
     """Started, held and stopped by the session machinery, read by the load generator."""
-    from speedsplit.core import procs
     from speedsplit.planning import config as C
     from speedsplit.planning import grid as G
-    from speedsplit.serving import session
+    from speedsplit.serving import session_state
 
     cfg = C.load(REPO / "config/config.yaml")
     stack = G.stack_params(cfg, "tiny", "hf-generate", "tp1")
@@ -107,8 +106,8 @@ def test_the_workflow_measures_it_as_any_stack(tiny_model, tmp_path):
     res, plan = measure_alone(stack, cell, tiny_model, tmp_path, startup_timeout_s=300.0)
     assert res.status == "ok", res.server
     assert res.summary.completed == 6 and res.summary.wrong_output_length == 0 and res.flags == []
-    st = session.Session(plan.key).state()
-    assert st["state"] == "stopped" and not any(procs.Proc.from_record(r).alive() for r in st["servers"])
+    st = session_state.Session(plan.key).state()
+    assert st.state == "stopped" and not any(r.alive() for r in st.servers)
 
 
 def post(url, body, timeout=60):

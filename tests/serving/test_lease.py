@@ -131,7 +131,7 @@ def test_a_file_planted_by_another_user_in_the_lock_folder_is_refused(tmp_path, 
     fails the lease naming the file."""
     import json
 
-    from speedsplit.serving import session
+    from speedsplit.serving import session_state
 
     monkeypatch.setenv("SPEEDSPLIT_LOCK_DIR", str(tmp_path / "locks"))
     planted = lease.lock_dir() / "gpu-0.lock"
@@ -139,12 +139,18 @@ def test_a_file_planted_by_another_user_in_the_lock_folder_is_refused(tmp_path, 
     os.chown(planted, 65534, 65534)
     with pytest.raises(lease.LeaseError, match="gpu-0.lock is not a plain file of yours"):
         lease.acquire_gpus(1, timeout_s=1, devices=["0"])
-    sess = session.Session("m/s/tp1/run0", tmp_path)
-    forged = {"state": "ready", "key": sess.key, "urls": ["http://127.0.0.1:1"], "daemon": {"pid": 1, "start": 1}}
+    sess = session_state.Session("m/s/tp1/run0", tmp_path)
+    forged = {
+        "state": "ready",
+        "generation": "g",
+        "key": sess.key,
+        "urls": ["http://127.0.0.1:1"],
+        "daemon": {"pid": 1, "start": 1},
+    }
     sess.state_path.write_text(json.dumps(forged))
     os.chown(sess.state_path, 65534, 65534)
-    assert sess.state() == {}
-    assert forged["urls"] not in [st.get("urls") for st in session.host_states()]
+    assert sess.state() == session_state.SessionState()  # none
+    assert forged["urls"] not in [st.urls for st in session_state.host_states()]
 
 
 def test_each_card_gets_its_own_block_of_the_cores_this_process_may_use():

@@ -8,7 +8,9 @@ import time
 import pytest
 
 from speedsplit.core import procs
+from speedsplit.core.results import write_json_atomic
 from speedsplit.serving import session as S
+from speedsplit.serving import session_state
 from speedsplit.serving.session_state import TRANSITIONS
 
 
@@ -23,26 +25,31 @@ def sleeper():
 
 def test_the_state_machine_has_final_states_for_attaching_cells(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    sess = S.Session("m/s/tp1/run0")
-    gen = S._new_generation(sess)["generation"]
-    assert S.transition(sess, gen, S.READY) is None  # spawning cannot skip starting
-    assert S.transition(sess, gen, S.STARTING)["state"] == S.STARTING
-    assert S.transition(sess, "another-generation", S.READY) is None
-    assert S.transition(sess, gen, S.READY, urls=["u"])["urls"] == ["u"]
-    assert S.transition(sess, gen, S.STOPPING)["state"] == S.STOPPING
-    for later in (S.READY, S.STARTING, S.DIED, S.STARTUP_FAILED):  # stopping is final for cells
-        assert S.transition(sess, gen, later) is None
-    assert S.transition(sess, gen, S.STOPPED)["state"] == S.STOPPED
-    assert TRANSITIONS[S.STOPPED] == set()
+    sess = session_state.Session("m/s/tp1/run0")
+    gen = session_state._new_generation(sess).generation
+    assert session_state.transition(sess, gen, session_state.READY) is None  # spawning cannot skip starting
+    assert session_state.transition(sess, gen, session_state.STARTING).state == session_state.STARTING
+    assert session_state.transition(sess, "another-generation", session_state.READY) is None
+    assert session_state.transition(sess, gen, session_state.READY, urls=["u"]).urls == ["u"]
+    assert session_state.transition(sess, gen, session_state.STOPPING).state == session_state.STOPPING
+    for later in (
+        session_state.READY,
+        session_state.STARTING,
+        session_state.DIED,
+        session_state.STARTUP_FAILED,
+    ):  # stopping is final for cells
+        assert session_state.transition(sess, gen, later) is None
+    assert session_state.transition(sess, gen, session_state.STOPPED).state == session_state.STOPPED
+    assert TRANSITIONS[session_state.STOPPED] == set()
     with S.attached(sess, gen) as held:
         assert held is None
-    assert S.wait_ready(sess, gen, 1.0)["state"] == S.STOPPED  # wait_ready ends on final states
+    assert S.wait_ready(sess, gen, 1.0).state == session_state.STOPPED  # wait_ready ends on final states
 
 
 def test_session_files_are_private(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    sess = S.Session("m/s/tp1/run0")
-    S._new_generation(sess)
+    sess = session_state.Session("m/s/tp1/run0")
+    session_state._new_generation(sess)
     assert stat.S_IMODE(os.stat(sess.state_path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(sess.state_path.parent).st_mode) == 0o700
 
@@ -50,29 +57,31 @@ def test_session_files_are_private(tmp_path, monkeypatch):
 def test_the_same_key_in_two_workflows_is_two_sessions(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
-    assert S.Session("m/s/tp1/run0", a).state_path != S.Session("m/s/tp1/run0", b).state_path
+    assert session_state.Session("m/s/tp1/run0", a).state_path != session_state.Session("m/s/tp1/run0", b).state_path
 
 
 def test_a_stale_state_naming_a_live_unrelated_process_is_never_signalled(tmp_path, monkeypatch, sleeper):
     monkeypatch.chdir(tmp_path)
     real = procs.Proc.of(sleeper.pid)
     recycled = {"pid": sleeper.pid, "start": real.start - 1}  # the dead daemon's pid, reused since
-    sess = S.Session("m/s/tp1/run0")
+    sess = session_state.Session("m/s/tp1/run0")
     sess.write(
-        {
-            "state": S.READY,
-            "generation": "old",
-            "key": sess.key,
-            "workflow": sess.workdir,
-            "daemon": recycled,
-            "servers": [recycled],
-        }
+        session_state.SessionState(
+            state=session_state.READY,
+            generation="old",
+            key=sess.key,
+            workflow=sess.workdir,
+            daemon=recycled,
+            servers=[recycled],
+        )
     )
-    assert not S.daemon_alive(sess.state())
+    assert not session_state.daemon_alive(sess.state())
     assert S.evict_idle() == []
     S.stop_daemon(sess)
-    legacy = S.Session("m/s/tp1/run1")  # a state written before daemons had start times
-    legacy.write({"state": "ready", "pid": sleeper.pid, "key": legacy.key, "workflow": legacy.workdir})
+    legacy = session_state.Session("m/s/tp1/run1")  # a state written before daemons had start times
+    old = {"state": "ready", "pid": sleeper.pid, "key": legacy.key, "workflow": legacy.workdir}
+    write_json_atomic(legacy.state_path, old, mode=0o600)
+    assert legacy.state() == session_state.SessionState()  # of another version: nobody's session
     assert S.evict_idle() == []
     S.stop_daemon(legacy)
     assert sleeper.poll() is None
@@ -83,15 +92,15 @@ def test_only_an_idle_ready_session_is_evicted(tmp_path, monkeypatch, sleeper):
     stopped for another's cards (here its 'daemon' is a live process of our own)."""
     monkeypatch.chdir(tmp_path)
     daemon = procs.Proc.of(sleeper.pid).as_record()
-    sess = S.Session("m/s/tp1/run0")
-    gen = S._new_generation(sess)["generation"]
-    S.transition(sess, gen, S.STARTING, daemon=daemon)
+    sess = session_state.Session("m/s/tp1/run0")
+    gen = session_state._new_generation(sess).generation
+    session_state.transition(sess, gen, session_state.STARTING, daemon=daemon)
     assert S.evict_idle() == [] and sleeper.poll() is None
-    S.transition(sess, gen, S.READY)
+    session_state.transition(sess, gen, session_state.READY)
     with S.attached(sess, gen) as held:  # a cell measures on it
         assert held is not None and S.evict_idle() == []
     assert len(S.evict_idle()) == 1
-    assert sleeper.wait(10) is not None and sess.state()["state"] == S.STOPPED
+    assert sleeper.wait(10) is not None and sess.state().state == session_state.STOPPED
 
 
 def test_another_workflows_idle_session_is_stopped_only_after_foreign_idle_s(tmp_path, monkeypatch, sleeper):
@@ -100,10 +109,10 @@ def test_another_workflows_idle_session_is_stopped_only_after_foreign_idle_s(tmp
     for whom. While a cell measures on it, it is what a run elsewhere shares the host with."""
     (tmp_path / "other").mkdir()
     (tmp_path / "me").mkdir()
-    theirs = S.Session("m/s/tp1/run0", tmp_path / "other")
-    gen = S._new_generation(theirs)["generation"]
-    S.transition(theirs, gen, S.STARTING, daemon=procs.Proc.of(sleeper.pid).as_record())
-    S.transition(theirs, gen, S.READY, last_used=time.time() - 5.0)
+    theirs = session_state.Session("m/s/tp1/run0", tmp_path / "other")
+    gen = session_state._new_generation(theirs).generation
+    session_state.transition(theirs, gen, session_state.STARTING, daemon=procs.Proc.of(sleeper.pid).as_record())
+    session_state.transition(theirs, gen, session_state.READY, last_used=time.time() - 5.0)
     monkeypatch.chdir(tmp_path / "me")
     assert S.evict_idle("m/s/tp1/run0", foreign_idle_s=30.0) == []  # used 5 s ago
     with S.attached(theirs, gen) as held:
@@ -113,7 +122,7 @@ def test_another_workflows_idle_session_is_stopped_only_after_foreign_idle_s(tmp
     stopped = S.evict_idle("m/s/tp1/run0", foreign_idle_s=4.0)
     assert stopped == [f"workflow {theirs.workdir}, session m/s/tp1/run0 (ready)"]
     st = theirs.state()
-    assert st["state"] == S.STOPPED and st["evicted_by"] == f"workflow {tmp_path / 'me'} (session m/s/tp1/run0)"
+    assert st.state == session_state.STOPPED and st.evicted_by == f"workflow {tmp_path / 'me'} (session m/s/tp1/run0)"
     assert sleeper.wait(10) is not None  # its "daemon" was stopped
 
 
@@ -124,7 +133,7 @@ def test_who_holds_the_cards_is_named(tmp_path, monkeypatch, sleeper):
     monkeypatch.chdir(tmp_path)
     with lease.acquire_gpus(1, timeout_s=5, devices=["cpu"]):
         assert S.lease_holders(["cpu"]) == [f"process {os.getpid()} ({' '.join(procs.cmdline(os.getpid()))[:120]})"]
-        sess = S.Session("m/s/tp1/run0")
-        gen = S._new_generation(sess)["generation"]
-        S.transition(sess, gen, S.STARTING, daemon=procs.me().as_record())
+        sess = session_state.Session("m/s/tp1/run0")
+        gen = session_state._new_generation(sess).generation
+        session_state.transition(sess, gen, session_state.STARTING, daemon=procs.me().as_record())
         assert S.lease_holders(["cpu"]) == [f"workflow {sess.workdir}, session m/s/tp1/run0 (starting)"]

@@ -23,6 +23,7 @@ from speedsplit.measuring import bench, checks
 from speedsplit.planning import config as C
 from speedsplit.planning import grid as G
 from speedsplit.serving import lease, session, stacks
+from speedsplit.serving import session_state
 from speedsplit.serving.vllm_cpu import cpu_int4_route
 
 pytestmark = pytest.mark.slow
@@ -111,11 +112,11 @@ def run_cell(tmp_path, stack, cell_params, model_dir, tokenizer_dir, key, last_i
 
 
 def wait_state(key, want, timeout=300, workdir=None):
-    sess = session.Session(key, workdir)
+    sess = session_state.Session(key, workdir)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         st = sess.state()
-        if st.get("state") in want:
+        if st.state in want:
             return st
         time.sleep(0.2)
     raise AssertionError(f"session {key} never reached {want}")
@@ -124,8 +125,8 @@ def wait_state(key, want, timeout=300, workdir=None):
 def server_processes(state) -> list[procs.Proc]:
     """Every process of a session's servers: each server's group and everything below it."""
     out = []
-    for rec in state.get("servers") or []:
-        out += procs.tree(procs.Proc.from_record(rec).pid)
+    for server in state.servers:
+        out += procs.tree(server.pid)
     return out
 
 
@@ -196,9 +197,9 @@ def test_server_killed_mid_cell(cfg, tmp_path, tiny_model, gptq_model):
         st = wait_state(key, ("ready",))
         seen["tree"] = server_processes(st)
         seen["listen"] = listening_addresses(seen["tree"])
-        seen["daemon"] = session.daemon_of(st)
+        seen["daemon"] = st.daemon
         measuring.wait(300)
-        os.kill(st["servers"][0]["pid"], signal.SIGKILL)  # the API server only, not its group
+        os.kill(st.servers[0].pid, signal.SIGKILL)  # the API server only, not its group
 
     t = threading.Thread(target=killer)
     t.start()
@@ -303,10 +304,10 @@ def test_server_that_never_gets_ready(cfg, tmp_path, tiny_model):
     def watch():  # what the daemon says it launched, while it is starting
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            st = session.Session(key).state()
-            if st.get("servers"):
+            st = session_state.Session(key).state()
+            if st.servers:
                 seen.extend(server_processes(st))
-                if st["state"] != "starting" or len(seen) > 1:
+                if st.state != "starting" or len(seen) > 1:
                     return
             time.sleep(0.1)
 
@@ -373,9 +374,9 @@ def test_a_tokenizer_error_is_an_error_result(cfg, tmp_path, tiny_model):
     res = run_cell(tmp_path, stack, cell(cfg), tiny_model, empty, key)
     assert res.status == "error" and res.error.type and res.error.message
     assert read_result(tmp_path / "r.json").status == "error"
-    st = session.Session(key).state()
-    assert st["state"] == "stopped"
-    assert_gone(server_processes(st) + [session.daemon_of(st)])
+    st = session_state.Session(key).state()
+    assert st.state == "stopped"
+    assert_gone(server_processes(st) + [st.daemon])
 
 
 def test_hanging_server_is_server_hung(cfg, tmp_path, tiny_model):
@@ -392,7 +393,7 @@ def test_hanging_server_is_server_hung(cfg, tmp_path, tiny_model):
         seen["tree"] = server_processes(st)
         measuring.wait(240)
         time.sleep(0.5)
-        os.killpg(st["servers"][0]["pid"], signal.SIGSTOP)
+        os.killpg(st.servers[0].pid, signal.SIGSTOP)
 
     def progress(msg):
         if msg.startswith("measured"):
@@ -439,9 +440,9 @@ def test_interrupted_workflow_leaves_nothing_and_resumes(tmp_path_factory):
     assert first.exists(), proc.stdout.read().decode()[-3000:]
     time.sleep(1.0)  # the next cell of the same server is under way
     # the servers this workflow's sessions launched, as their state files name them
-    ours = [st for st in session.host_states() if st.get("workflow") == str(wd.resolve())]
+    ours = [st for st in session_state.host_states() if st.workflow == str(wd.resolve())]
     servers = [p for st in ours for p in server_processes(st)]
-    daemons = [session.daemon_of(st) for st in ours if session.daemon_alive(st)]
+    daemons = [st.daemon for st in ours if session_state.daemon_alive(st)]
     assert servers and daemons, "a session of this workflow should be serving"
     assert any("serve" in " ".join(procs.cmdline(p.pid)) for p in servers)
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in the terminal reaches the whole group
@@ -529,7 +530,7 @@ def test_sigterm_to_one_job_stops_its_server_and_writes_nothing(cfg, tmp_path, t
     wait_measuring(tmp_path, job)
     job.send_signal(signal.SIGTERM)
     job.wait(timeout=90)
-    assert_gone(tree + [session.daemon_of(st)])
+    assert_gone(tree + [st.daemon])
     assert not (tmp_path / "r.json").exists() and not list(tmp_path.glob(".r.json.*"))
     assert card_is_free()
 
@@ -558,7 +559,7 @@ def test_a_full_disk_while_the_result_is_written(cfg, tmp_path, tiny_model, limi
     else:
         assert job.returncode != 0 and b"File too large" in err
         assert not (tmp_path / "r.json").exists()
-    assert_gone(tree + [session.daemon_of(st)])
+    assert_gone(tree + [st.daemon])
     assert card_is_free()
     # the job's provenance reads git without taking the index lock it could not release
     assert not (REPO / ".git/index.lock").exists()
@@ -577,7 +578,7 @@ def test_a_full_filesystem_while_a_cell_is_measured(cfg, small_disk, tiny_model,
 
     def progress(msg):
         if "measured" in msg and not seen:
-            seen["state"] = session.Session(key).state()
+            seen["state"] = session_state.Session(key).state()
             fill(small_disk, leave)
 
     if leave:
@@ -591,7 +592,7 @@ def test_a_full_filesystem_while_a_cell_is_measured(cfg, small_disk, tiny_model,
     assert seen, "the measured phase never began"
     leftovers = [p.name for p in small_disk.iterdir() if p.name.startswith(".")]
     assert not leftovers, leftovers
-    assert_gone(server_processes(seen["state"]) + [session.daemon_of(seen["state"])])
+    assert_gone(server_processes(seen["state"]) + [seen["state"].daemon])
     assert card_is_free()
 
 
@@ -615,24 +616,24 @@ def test_two_workflows_with_the_same_names_keep_their_own_servers(cfg, tmp_path,
         return run_cell(out, stack, params, model, model, key, last_in_session=last, workdir=wd[name], **kw)
 
     def serving(name):
-        st = session.Session(key, wd[name]).state()
-        if st.get("state") != "ready" or not session.daemon_alive(st):
+        st = session_state.Session(key, wd[name]).state()
+        if st.state != "ready" or not session_state.daemon_alive(st):
             return None
-        cmd = " ".join(procs.cmdline(st["servers"][0]["pid"]))
+        cmd = " ".join(procs.cmdline(st.servers[0].pid))
         return str(wd[name] / "resources/models/tiny/fp16") in cmd
 
     short = cell(cfg, users=2, requests_per_user=1, output_tokens=8, prompt_tokens=16)
     a1 = cell_in("a", short)
     assert a1.status == "ok" and serving("a") is True
-    a_used = session.Session(key, wd["a"]).state()["last_used"]
+    a_used = session_state.Session(key, wd["a"]).state().last_used
     told = []
     b1 = cell_in("b", short, last=True, foreign_idle_s=15.0, progress=told.append)
     assert b1.status == "ok" and b1.server.reused is False
     # a's idle server was stopped for the card (a CPU has one) only once idle 15 s, never used by b
-    a_state, b_state = (session.Session(key, wd[n]).state() for n in "ab")
-    assert a_state["state"] == "stopped" and a_state["evicted_by"] == f"workflow {wd['b']} (session {key})"
-    assert b_state["waiting_since"] < a_used + 15.0  # b asked while a's server was protected
-    assert b_state["waiting_since"] + b1.server.lease_wait_s >= a_used + 15.0 - 0.5
+    a_state, b_state = (session_state.Session(key, wd[n]).state() for n in "ab")
+    assert a_state.state == "stopped" and a_state.evicted_by == f"workflow {wd['b']} (session {key})"
+    assert b_state.waiting_since < a_used + 15.0  # b asked while a's server was protected
+    assert b_state.waiting_since + b1.server.lease_wait_s >= a_used + 15.0 - 0.5
     assert b1.server.lease_holders and all(f"workflow {wd['a']}, session {key}" in h for h in b1.server.lease_holders)
     waits = [m for m in told if m.startswith("waiting") and f"held by: workflow {wd['a']}, session {key}" in m]
     assert waits, told
@@ -651,7 +652,7 @@ def test_two_workflows_with_the_same_names_keep_their_own_servers(cfg, tmp_path,
     a2 = read_result(out_a / "r.json")
     assert a2.status == "ok" and a2.summary.failed == 0
     for name in wd:
-        session.stop_daemon(session.Session(key, wd[name]))
+        session.stop_daemon(session_state.Session(key, wd[name]))
     assert card_is_free()
 
 
@@ -662,25 +663,23 @@ def test_eviction_racing_a_cell_that_attaches(cfg, tmp_path, tiny_model):
     stack = G.stack_params(cfg, "tiny", "hf-fp16", "tp1")
     key = "faults/race/run0"
     # what a bench job launches: the stack with its start-up timeout (from the plan)
-    launch = {
-        "stack": {**stack, "startup_timeout_s": 300.0},
-        "model_dir": str(tiny_model),
-        "cache_dir": str(tmp_path / "cache"),
-    }
+    launch = session_state.Launch(
+        stack={**stack, "startup_timeout_s": 300.0}, model_dir=str(tiny_model), cache_dir=str(tmp_path / "cache")
+    )
     sess, _, gen = session.open_session(key, launch, tmp_path / "s.log", procs.me(), 120, 60)
     st = session.wait_ready(sess, gen, 120)
-    assert st["state"] == "ready"
+    assert st.state == "ready"
     tree = server_processes(st)
     # held by a cell: not evicted
     with session.attached(sess, gen) as held:
         assert held is not None
         assert session.evict_idle() == []
-        assert checks.health(st["urls"][0]) == 200
+        assert checks.health(st.urls[0]) == 200
     # found ready, evicted before it was held: refused
     assert len(session.evict_idle()) == 1
     with session.attached(sess, gen) as held:
         assert held is None
-    assert_gone(tree + [session.daemon_of(st)])
+    assert_gone(tree + [st.daemon])
     # the whole cell, racing against an evictor that keeps trying
     stop = threading.Event()
 
@@ -711,15 +710,13 @@ def test_sigterm_during_the_daemons_cleanup(cfg, tmp_path, tiny_model):
     stack = G.stack_params(cfg, "tiny", "hf-fp16", "tp1")
     key = "faults/cleanup/run0"
     # what a bench job launches: the stack with its start-up timeout (from the plan)
-    launch = {
-        "stack": {**stack, "startup_timeout_s": 300.0},
-        "model_dir": str(tiny_model),
-        "cache_dir": str(tmp_path / "cache"),
-    }
+    launch = session_state.Launch(
+        stack={**stack, "startup_timeout_s": 300.0}, model_dir=str(tiny_model), cache_dir=str(tmp_path / "cache")
+    )
     sess, _, gen = session.open_session(key, launch, tmp_path / "s.log", procs.me(), 120, 60)
     st = session.wait_ready(sess, gen, 120)
     tree = server_processes(st)
-    daemon = session.daemon_of(st)
+    daemon = st.daemon
     assert tree and not card_is_free()
     early = []
     deadline = time.monotonic() + 60
@@ -732,7 +729,7 @@ def test_sigterm_during_the_daemons_cleanup(cfg, tmp_path, tiny_model):
     assert not early, f"the card was released while server processes lived: {early}"
     assert_gone(tree + [daemon])
     assert card_is_free()
-    assert session.Session(key).state()["state"] == "stopped"
+    assert session_state.Session(key).state().state == "stopped"
 
 
 def test_an_api_key_keeps_other_users_of_the_host_out(cfg, tmp_path, tiny_model, monkeypatch):
@@ -746,18 +743,18 @@ def test_an_api_key_keeps_other_users_of_the_host_out(cfg, tmp_path, tiny_model,
     key = "faults/apikey/run0"
     res = run_cell(tmp_path, stack, params, tiny_model, tiny_model, key, False, api_key_env="SPEEDSPLIT_API_KEY")
     assert res.status == "ok" and res.summary.completed == 4 and res.server.api_key_required is True, res.cause
-    sess = session.Session(key)
+    sess = session_state.Session(key)
     st = sess.state()
-    secret = session.api_key_of(sess, st["generation"])
+    secret = session.api_key_of(sess, st.generation)
     assert secret and secret.startswith("sk-speedsplit-")
     body = json.dumps({"model": "tiny", "prompt": "a", "max_tokens": 1}).encode()
     for headers in ({}, {"Authorization": "Bearer sk-from-the-users-shell"}):
-        req = urllib.request.Request(st["urls"][0] + "/v1/completions", data=body, headers=headers, method="POST")
+        req = urllib.request.Request(st.urls[0] + "/v1/completions", data=body, headers=headers, method="POST")
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(req, timeout=10)
         assert refused.value.code == 401
     session.stop_daemon(sess)
-    assert_gone(server_processes(st) + [session.daemon_of(st)])
+    assert_gone(server_processes(st) + [st.daemon])
     where = [p for d in (tmp_path, sess.launch_path.parent) for p in d.rglob("*") if p.is_file()]
     holding = [str(p) for p in where if secret.encode() in p.read_bytes()]
     assert holding == [str(sess.launch_path)] and oct(sess.launch_path.stat().st_mode & 0o777) == "0o600"
@@ -813,8 +810,8 @@ def test_int4_on_a_cpu_without_avx512(cfg, tmp_path, tiny_model, gptq_model):
     # stop and the result, far short of the 120 s a stalled request would wait (the start itself
     # took 60-160 s on 2-core hosts, with other tests running)
     assert ready and done - ready[0] < 60, (done, ready)
-    st = session.Session("faults/avx2off/run0").state()
-    assert_gone(server_processes(st) + [session.daemon_of(st)])
+    st = session_state.Session("faults/avx2off/run0").state()
+    assert_gone(server_processes(st) + [st.daemon])
     assert card_is_free()
 
 
@@ -830,10 +827,10 @@ def test_a_daemon_killed_mid_cell_is_said_so(cfg, tmp_path, tiny_model):
     def killer():
         st = wait_state(key, ("ready",))
         seen["tree"] = server_processes(st)
-        seen["sessions"] = {os.getsid(p.pid) for p in seen["tree"]} | {os.getsid(st["daemon"]["pid"])}
+        seen["sessions"] = {os.getsid(p.pid) for p in seen["tree"]} | {os.getsid(st.daemon.pid)}
         measuring.wait(240)
         time.sleep(0.5)
-        os.kill(st["daemon"]["pid"], signal.SIGKILL)
+        os.kill(st.daemon.pid, signal.SIGKILL)
 
     def progress(msg):
         if msg.startswith("measured"):
@@ -882,7 +879,7 @@ def test_a_probe_that_kills_its_server_spoils_no_later_cell(cfg, tmp_path, tiny_
     assert first.quality.status == "error"
     assert "the server was unhealthy after the probe" in first.quality.error
     assert "the engine died serving a quality probe" in first.quality.error  # its log's own words
-    assert session.Session(key).state()["state"] in ("stopped", "died")
+    assert session_state.Session(key).state().state in ("stopped", "died")
     second = run_cell(tmp_path, stack, params, tiny_model, tiny_model, key)
     assert second.status == "ok" and not second.flags and second.server.reused is False, second.cause
     assert card_is_free()
@@ -902,13 +899,13 @@ def test_on_a_cpu_the_server_and_the_client_get_cores_of_their_own(cfg, tmp_path
     key = "faults/split/run0"
     res = run_cell(tmp_path, stack, params, tiny_model, tiny_model, key, last_in_session=False)
     assert res.status == "ok" and res.server.cpus == lease.cpu_ranges(server), res.cause
-    st = session.Session(key).state()
-    assert st["client_cpus"] == lease.cpu_ranges(client)
-    pid = procs.Proc.from_record(st["servers"][0]).pid
+    st = session_state.Session(key).state()
+    assert st.client_cpus == lease.cpu_ranges(client)
+    pid = st.servers[0].pid
     assert os.sched_getaffinity(pid) == set(server)
     env = dict(line.split("=", 1) for line in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in line)
     assert env["SPLIT_THREADS"] == str(len(server)) and env["SPLIT_CORES"] == lease.cpu_ranges(server)
-    session.stop_daemon(session.Session(key))
+    session.stop_daemon(session_state.Session(key))
     assert lease.cpu_split([0]) == ([], []) and lease.cpu_split([3, 1]) == ([3], [1])
     monkeypatch.setenv(lease.NO_CPU_SPLIT_ENV, "1")
     assert lease.cpu_split([0, 1]) == ([], [])

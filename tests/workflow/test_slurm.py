@@ -13,9 +13,8 @@ import pytest
 from conftest import REPO, run_snakemake
 from slurm_cluster import SlurmUnavailable, one_node_cluster
 
-from speedsplit.core import procs
 from speedsplit.core.record import read_result
-from speedsplit.serving import session
+from speedsplit.serving import session_state
 
 pytestmark = pytest.mark.slow
 
@@ -141,11 +140,11 @@ def test_results_have_the_structure_of_a_local_run(slurm_run, local_run):
 
 
 def test_no_server_is_left_running(slurm_run):
-    ours = [st for st in session.host_states() if st.get("workflow") == str(slurm_run["dir"].resolve())]
-    assert sorted(st["key"] for st in ours) == ["tiny/hf-fp16/tp1/all", "tiny/vllm-fp16/tp1/all"]
+    ours = [st for st in session_state.host_states() if st.workflow == str(slurm_run["dir"].resolve())]
+    assert sorted(st.key for st in ours) == ["tiny/hf-fp16/tp1/all", "tiny/vllm-fp16/tp1/all"]
     for st in ours:
-        assert st["state"] == "stopped" and not session.daemon_alive(st)
-        assert not any(procs.Proc.from_record(r).alive() for r in st["servers"])
+        assert st.state == "stopped" and not session_state.daemon_alive(st)
+        assert not any(r.alive() for r in st.servers)
 
 
 def test_a_cluster_run_without_a_platform_is_refused_before_any_submission(cluster, tmp_path):

@@ -228,17 +228,15 @@ def test_tables_and_attribution_come_out(workdir):
 @pytest.mark.slow
 def test_no_server_is_left_running(workdir):
     """Every session this workflow ran is stopped, and every server process it published is gone."""
-    from speedsplit.core import procs
-    from speedsplit.serving import session
 
-    ours = [st for st in session.host_states() if st.get("workflow") == str(workdir.resolve())]
-    keys = sorted(st["key"] for st in ours)
+    ours = [st for st in session_state.host_states() if st.workflow == str(workdir.resolve())]
+    keys = sorted(st.key for st in ours)
     # one per stack (server_reuse: per_stack), and the coordination profile's own server
     want = [f"tiny/{s}/tp1/all" for s in ("hf-fp16", "vllm-fp16", "vllm-marlin")] + ["tiny/vllm-fp16/tp1/profile"]
     assert keys == sorted(want), keys
     for st in ours:
-        assert st["state"] == "stopped" and not session.daemon_alive(st)
-        assert st["servers"] and not any(procs.Proc.from_record(r).alive() for r in st["servers"])
+        assert st.state == "stopped" and not session_state.daemon_alive(st)
+        assert st.servers and not any(r.alive() for r in st.servers)
 
 
 @pytest.mark.slow
