@@ -151,6 +151,16 @@ RUNS_SCHEMA = {
 }
 
 
+def _session_turns(res: RunResult) -> int | None:
+    """A sessions cell's turns a session (a trace's: its sessions' mean; null: another load)."""
+    load, s = res.job.cell.load, res.summary
+    if load.kind != "sessions":
+        return None
+    if load.sessions.turns is not None:
+        return load.sessions.turns
+    return round(s.requests / load.sessions.count) if s and s.requests else None
+
+
 def _memory_cap(res: RunResult) -> float | None:
     cap = res.server.memory_cap if res.server else None
     return cap.card_memory_gib if cap and cap.applied else None
@@ -187,7 +197,7 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
                 f"{m}_median": getattr(s, m).median if ok and s and getattr(s, m) else None
                 for m in ("ttft_first_s", "ttft_return_s", "session_s")
             },
-            "session_turns": p.load.sessions.turns if p.load.kind == "sessions" else None,
+            "session_turns": _session_turns(res),
             "completed": s.completed if s else 0,
             "failed": s.failed if s else 0,
             "failures": json.dumps(s.failures if s else {}, sort_keys=True),

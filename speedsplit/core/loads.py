@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from speedsplit.core.numbers import NonNegative
 
@@ -115,7 +115,7 @@ class Sessions(_Load):
         """At least: the sessions' arrivals, then the last one's think times (its serving is not
         known before it runs)."""
         s = self.sessions
-        return s.count / s.rate_rps + s.think_s * (s.turns - 1)
+        return s.count / s.rate_rps + max(sum(t for _, _, t in turns) for turns in s.plans(1, 1))
 
 
 class TraceReplay(_Load):
@@ -133,7 +133,9 @@ class SessionSchedule(BaseModel):
     on. Turn 0 is a prompt of the workload's prompt_tokens (its first shared_prefix_tokens the
     same in every session: a system prompt); turn k > 0 is turn k-1's prompt, the answer the
     server gave it, and turn_tokens of new text (a user's message or a tool's result), sent
-    think_s after that answer ended. Every turn asks the workload's output_tokens."""
+    think_s after that answer ended. Every turn asks the workload's output_tokens. From a
+    session trace (`trace`: core/traffic.read_session_trace), its first `count` sessions instead
+    say each turn's new tokens, answer and delay."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -141,14 +143,41 @@ class SessionSchedule(BaseModel):
     rate_rps: float = Field(gt=0, description="sessions begun a second")
     burstiness: float = Field(1.0, gt=0)
     count: int = Field(ge=1, description="sessions in the measured phase")
-    turns: int = Field(ge=1, description="requests each session sends")
-    turn_tokens: int = Field(ge=1, description="new tokens each returning turn adds")
+    turns: int | None = Field(None, ge=1, description="requests each session sends (null: a trace's own)")
+    turn_tokens: int | None = Field(None, ge=1, description="new tokens each returning turn adds (null: a trace's)")
     think_s: NonNegative = Field(description="seconds from an answer's end to the session's next turn")
     shared_prefix_tokens: int = Field(0, ge=0, description="the first tokens of every first prompt, shared")
+    trace: str | None = Field(None, description="a session trace's file (null: sessions alike, as above)")
+    length_scale: float = Field(1.0, gt=0, description="a session trace's lengths times this")
+
+    @model_validator(mode="after")
+    def _turns_from_one_place(self):
+        if (self.trace is None) != (self.turns is not None and self.turn_tokens is not None):
+            raise ValueError("sessions: turns and turn_tokens, or a trace that says them, not both")
+        return self
+
+    def plans(self, prompt_tokens: int, output_tokens: int) -> list[list[tuple[int, int, float]]]:
+        """Each session's turns as (tokens it adds, tokens it asks, seconds after the last answer):
+        a first turn adds its whole prompt and waits for nothing."""
+        if self.trace is None:
+            later = [(self.turn_tokens, output_tokens, float(self.think_s))] * (self.turns - 1)
+            return [[(prompt_tokens, output_tokens, 0.0), *later] for _ in range(self.count)]
+        from speedsplit.core import traffic
+
+        sessions = traffic.read_session_trace(self.trace, self.length_scale)[: self.count]
+        return [
+            [(t.new_tokens, t.output_tokens or output_tokens, t.delay_s if k else 0.0) for k, t in enumerate(turns)]
+            for turns in sessions
+        ]
 
     def context_tokens(self, prompt_tokens: int, output_tokens: int) -> int:
-        """The tokens a session's last turn holds, its answer included."""
-        return prompt_tokens + (self.turns - 1) * (output_tokens + self.turn_tokens) + output_tokens
+        """The tokens the longest session's last turn holds, its answer included."""
+        return max(sum(new + asked for new, asked, _ in turns) for turns in self.plans(prompt_tokens, output_tokens))
+
+    def params(self) -> dict:
+        """As a job's params hold it: a schedule without a trace in the keys it always had (a
+        finished cell's params unchanged: it does not rerun)."""
+        return self.model_dump(exclude_none=True, exclude=set() if self.trace else {"length_scale"})
 
 
 @dataclass(frozen=True)

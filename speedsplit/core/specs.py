@@ -161,12 +161,10 @@ class CellParams(BaseModel):
     def flat_load(self) -> dict:
         """Its load as the keys a cell held it in before it was one field (FLAT_LOAD_KEYS: those
         its kind has not are None, a closed loop's settings their defaults)."""
-        return {
-            **dict.fromkeys(FLAT_LOAD_KEYS),
-            "users": self.users,
-            **self.closed.model_dump(),
-            **self.load.model_dump(exclude={"kind"}),
-        }
+        load = self.load.model_dump(exclude={"kind"})
+        if isinstance(self.load, Sessions):  # in the keys its params hold (no trace: none of a trace's)
+            load["sessions"] = self.load.sessions.params()
+        return {**dict.fromkeys(FLAT_LOAD_KEYS), "users": self.users, **self.closed.model_dump(), **load}
 
 
 class JobSpec(BaseModel):

@@ -11,7 +11,8 @@ Arrivals follow a pattern at a rate (requests per second):
 The phase holds `requests` requests, or as many as arrive within `duration_s`.
 
 A trace replays recorded arrivals instead (`read_trace`: the Mooncake format, with shared
-prompt blocks).
+prompt blocks); a session trace, recorded multi-turn sessions (`read_session_trace`: AIPerf's
+mooncake rows with a session_id and a delay).
 
 Lengths are per request: `fixed` (the workload's prompt_tokens and output_tokens),
 `lognormal` (by mean and spread, the standard deviation of the log; rounded, at least 1,
@@ -232,3 +233,54 @@ def read_trace(w: TraceWindow, max_model_len: int) -> tuple[list[DueRequest], di
         raise TrafficError(f"trace {path.name}: no request in the window")
     t0 = out[0].due_s
     return [DueRequest(a.due_s - t0, a.prompt_tokens, a.output_tokens, a.blocks) for a in out], counts
+
+
+@dataclass(frozen=True)
+class SessionTurn:
+    """One turn of a recorded session: the tokens it adds to the conversation (a first turn's:
+    its whole prompt), its answer's (None: the workload's output_tokens), and how long after its
+    session's last answer it is sent (a person reading, a tool running)."""
+
+    new_tokens: int
+    output_tokens: int | None
+    delay_s: float
+
+
+def _scaled(tokens: int, scale: float) -> int:
+    return max(1, round(tokens * scale))
+
+
+def read_session_trace(path: str | Path, length_scale: float = 1.0) -> list[list[SessionTurn]]:
+    """Multi-turn sessions recorded as AIPerf's mooncake-trace rows (JSON lines, plain or gzipped:
+    session_id, input_length the turn's new tokens, output_length, delay milliseconds after the
+    session's last answer), each session's turns in the file's order, sessions in the order they
+    first appear. A row's timestamp is not read (sessions begin at the cell's rate), nor a first
+    turn's delay. Lengths times length_scale, at least 1 token."""
+    import json
+
+    path = Path(path)
+    if not path.is_file():
+        raise TrafficError(f"session trace not found: {path}")
+    if not length_scale > 0:
+        raise TrafficError(f"session trace {path.name}: length_scale must be above 0")
+    sessions: dict[str, list[SessionTurn]] = {}
+    for n, line in _trace_lines(path):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+            sid, size = str(r["session_id"]), int(r["input_length"])
+            answer = None if r.get("output_length") is None else int(r["output_length"])
+            delay = float(r.get("delay") or 0.0) / 1000.0
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise TrafficError(
+                f"{path} line {n}: not a session trace row (session_id, input_length; output_length, delay ms)"
+            ) from None
+        if size < 1 or (answer is not None and answer < 1) or delay < 0:
+            raise TrafficError(f"{path} line {n}: input_length and output_length at least 1, delay not negative")
+        sessions.setdefault(sid, []).append(
+            SessionTurn(_scaled(size, length_scale), None if answer is None else _scaled(answer, length_scale), delay)
+        )
+    if not sessions:
+        raise TrafficError(f"session trace {path}: no rows")
+    return list(sessions.values())

@@ -124,9 +124,13 @@ def true_records(result: RunResult, measured: list[RequestRecord], speed: refere
         for r in sorted(mine, key=lambda r: (r.user, r.index)):
             turns.setdefault(r.user, []).append(r)
         sessions = [(rs[0].due, [_lengths(r, p) for r in rs]) for rs in turns.values()]
+        # each later turn's wait as its client planned it (due: the last answer's end and the wait)
+        waits = [
+            [0.0] + [b.due - a.end if b.due is not None else 0.0 for a, b in zip(rs, rs[1:])] for rs in turns.values()
+        ]
         by = {
             (e.user, e.index): e
-            for e in reference_speed.expected(speed, sessions=sessions, think_s=p.load.sessions.think_s)
+            for e in reference_speed.expected(speed, sessions=sessions, think_s=lambda s, k: waits[s][k])
         }
         position = {user: i for i, user in enumerate(turns)}  # sessions in the order expected() got them
         truth = [by[position[r.user], r.index] for r in mine]

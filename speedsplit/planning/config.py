@@ -295,12 +295,16 @@ def _check_references(config: dict) -> None:
         check_own_weights(config, model, entry)
         for wname in {c.workload for c in cells(config) if c.kind != "trace"}:
             w = workload_config.workload_config(config, wname)
-            held = w.sessions.schedule(1.0).context_tokens(w.prompt_tokens, w.output_tokens) if w.sessions else 0
+            held = _session_context(w, wname)
             if held > entry.max_model_len:
+                how = (
+                    "its turns' new tokens and answers, the trace's times length_scale"
+                    if w.sessions.trace
+                    else "prompt_tokens + (turns - 1) x (output_tokens + turn_tokens) + output_tokens"
+                )
                 raise ConfigError(
-                    f"config error at workloads.{wname}.sessions: a session's last turn holds {held} tokens (prompt_tokens + "
-                    f"(turns - 1) x (output_tokens + turn_tokens) + output_tokens), beyond models.{model}.max_model_len "
-                    f"({entry.max_model_len})"
+                    f"config error at workloads.{wname}.sessions: a session's last turn holds {held} tokens ({how}), "
+                    f"beyond models.{model}.max_model_len ({entry.max_model_len})"
                 )
             if w.prompt_tokens + w.output_tokens > entry.max_model_len:
                 raise ConfigError(
@@ -426,6 +430,28 @@ def _check_capacity(config: dict) -> None:
         raise ConfigError(f"config error at capacity.sampling: unknown sampling {cap.sampling!r}")
     if cap.reference is not None and cap.reference not in config["stacks"]:
         raise ConfigError(f"config error at capacity.reference: unknown stack {cap.reference!r}")
+
+
+def _session_context(w: workload_config.WorkloadConfig, name: str) -> int:
+    """The tokens the longest session's last turn holds (0: not a sessions workload); a session
+    trace that cannot be read is a one-line error naming it."""
+    from speedsplit.core import traffic
+
+    if not w.sessions:
+        return 0
+    s = w.sessions
+    if s.trace is not None and (s.turns is not None or s.turn_tokens is not None):
+        raise ConfigError(
+            f"config error at workloads.{name}.sessions: turns and turn_tokens come from the trace: give one"
+        )
+    if s.trace is None and None in (s.count, s.turns, s.turn_tokens):
+        raise ConfigError(
+            f"config error at workloads.{name}.sessions: count, turns and turn_tokens are needed without a trace"
+        )
+    try:
+        return w.sessions.schedule(1.0).context_tokens(w.prompt_tokens, w.output_tokens)
+    except traffic.TrafficError as exc:
+        raise ConfigError(f"config error at workloads.{name}.sessions.trace: {exc}") from None
 
 
 def _check_traffic(config: dict) -> None:

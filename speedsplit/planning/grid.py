@@ -408,7 +408,7 @@ def _open_loop(config: dict, cell: Cell) -> dict[str, Any]:
     if cell.kind == "trace":
         return {"trace": trace_window(w.trace, cell.rate), "max_client_lag_s": lag}
     if cell.kind == "sessions":
-        return {"sessions": w.sessions.schedule(float(cell.rate)).model_dump(), "max_client_lag_s": lag}
+        return {"sessions": w.sessions.schedule(float(cell.rate)).params(), "max_client_lag_s": lag}
     a = w.arrival
     span = {"requests": a.requests} if a.requests is not None else {"duration_s": float(a.duration_s)}
     arrival = {"pattern": a.pattern, "rate_rps": float(cell.rate), "burstiness": float(a.burstiness), **span}

@@ -67,11 +67,12 @@ class SessionsConfig(Entry):
     )
     rates: list[Positive] = Field(min_length=1, description="Sessions begun a second, one cell each.")
     burstiness: Positive = Field(1.0, description="gamma's shape: 1 Poisson, below 1 burstier.")
-    count: int = Field(ge=1, description="Sessions in the measured phase.")
-    turns: int = Field(ge=1, description="Turns (requests) of each session.")
-    turn_tokens: int = Field(
+    count: int | None = absent("Sessions in the measured phase (with a trace: its first this many; absent, all).", ge=1)
+    turns: int | None = absent("Turns (requests) of each session (not with a trace).", ge=1)
+    turn_tokens: int | None = absent(
+        "New tokens each turn after the first adds to the conversation (a user's message, a tool's result; "
+        "not with a trace).",
         ge=1,
-        description="New tokens each turn after the first adds to the conversation (a user's message, a tool's result).",
     )
     think_s: NonNegative = Field(
         1.0, description="Seconds from an answer's end to its session's next turn (a person reading, a tool running)."
@@ -82,9 +83,24 @@ class SessionsConfig(Entry):
         description="The first this many tokens of every session's first prompt are the same (a system prompt).",
     )
 
+    trace: str | None = absent(
+        "Sessions recorded in a file instead (AIPerf's mooncake-trace rows, JSON lines, plain or gzipped: "
+        "session_id; input_length, the turn's new tokens; output_length; delay, milliseconds after the session's "
+        "last answer): each turn's new tokens, answer and delay are the trace's; the sessions begin at the cell's "
+        "rate (a row's timestamp is not read)."
+    )
+    length_scale: Positive = Field(1.0, description="A trace's lengths times this (at least 1 token each).")
+
     def schedule(self, rate_rps: float) -> SessionSchedule:
-        """Its cell's sessions at one of its rates (core/loads.SessionSchedule)."""
-        return SessionSchedule(**self.model_dump(exclude={"rates"}), rate_rps=rate_rps)
+        """Its cell's sessions at one of its rates (core/loads.SessionSchedule); a trace's first
+        count sessions (all it holds, if fewer)."""
+        fields = self.model_dump(exclude={"rates"}, exclude_none=True)
+        if self.trace is not None:
+            from speedsplit.core import traffic
+
+            held = len(traffic.read_session_trace(self.trace, self.length_scale))
+            fields["count"] = min(self.count or held, held)
+        return SessionSchedule(**fields, rate_rps=rate_rps)
 
 
 class WorkloadConfig(Entry, ClosedLoopSettings):

@@ -260,18 +260,21 @@ async def _phase(
             nonlocal done
             url = spec.urls[s % len(spec.urls)]
             prompt, due = run.first[s], run.due_s[s]
-            for k in range(run.turns):
+            for k in range(run.turns(s)):
                 delay = due - (time.perf_counter() - t0)
                 if delay > 0:
                     await asyncio.sleep(delay)
                 rec = RequestRecord(user=s, index=k, phase=phase, url=url, sent=time.perf_counter() - t0, due=due)
                 rec._prompt = prompt
+                rec.asked_output_tokens = run.asked[s][k]
+                if k == 0:  # a later turn's length is what its conversation's text counts
+                    rec.asked_prompt_tokens = run.first_tokens[s]
                 records.append(rec)
-                body = request_body(spec, prompt, spec.seed + request_index(spec, phase, s, k))
+                body = request_body(spec, prompt, spec.seed + request_index(spec, phase, s, k), run.asked[s][k])
                 await _one_request(http, spec, rec, body, t0)
                 done += 1
                 if not rec.ok:
-                    for later in range(k + 1, run.turns):
+                    for later in range(k + 1, run.turns(s)):
                         records.append(
                             RequestRecord(
                                 user=s, index=later, phase=phase, url=url, sent=rec.end, end=rec.end,
@@ -279,9 +282,9 @@ async def _phase(
                             )
                         )  # fmt: skip
                     return
-                if k + 1 < run.turns:
+                if k + 1 < run.turns(s):
                     prompt += "".join(rec._text) + run.more[s][k]
-                    due = rec.end + run.think_s
+                    due = rec.end + run.think_s[s][k]
 
         await asyncio.gather(*(one(s) for s in range(len(run.first))))
 

@@ -28,21 +28,26 @@ IDLE_CLOSE_S = 4.0
 @dataclass(frozen=True)
 class SessionRun:
     """A sessions cell run's measured phase, the same on every stack: when each session begins,
-    its first prompt, and the new text of each of its later turns (core/loads.SessionSchedule
-    says how they go on)."""
+    its first prompt, the new text of each of its later turns, what each turn asks and how long
+    after its session's last answer it is sent (core/loads.SessionSchedule.plans)."""
 
     due_s: list[float]  # each session's first turn, seconds after the phase's start
     first: list[str]  # each session's first prompt
+    first_tokens: list[int]  # its length
     more: list[list[str]]  # each session's new text, one for each turn after the first
-    think_s: float  # from an answer's end to its session's next turn
+    asked: list[list[int]]  # each session's turns' output tokens, its first turn's included
+    think_s: list[list[float]]  # each later turn's wait from the last answer's end
 
-    @property
-    def turns(self) -> int:
-        return 1 + len(self.more[0]) if self.more else 1
+    def turns(self, session: int) -> int:
+        return 1 + len(self.more[session])
 
     @property
     def requests(self) -> int:
-        return len(self.first) * self.turns
+        return sum(self.turns(s) for s in range(len(self.first)))
+
+    def start_index(self, session: int) -> int:
+        """Its first turn's place among the phase's requests (sessions in order, turns in order)."""
+        return sum(self.turns(s) for s in range(session))
 
 
 @dataclass
@@ -98,7 +103,7 @@ def request_index(spec: LoadSpec, phase: str, user: int, i: int) -> int:
     if spec.schedule is not None:
         return spec.users * spec.warmup_requests + i
     if spec.sessions is not None:  # user: the session, i: its turn
-        return spec.users * spec.warmup_requests + user * spec.sessions.turns + i
+        return spec.users * spec.warmup_requests + spec.sessions.start_index(user) + i
     return spec.users * spec.warmup_requests + user * spec.requests_per_user + i
 
 
@@ -265,22 +270,27 @@ def _warmup_then_blocks(tokenizer_dir, cell: CellParams, warmup: int, seed: int,
 def _sessions(load: Sessions, cell: CellParams, stack: StackSpec, tokenizer_dir, per_user: int, warmup: int, seed: int):
     """The warm-up's prompts, then the sessions (SessionRun, in the prompts' last place): when
     each begins, its first prompt (its first shared_prefix_tokens shared: one system prompt)
-    and its turns' new text, from the seed alone."""
+    and its turns' new text, from the seed alone; their lengths, answers and waits as the
+    schedule (or its trace) plans them."""
     import random
 
     from speedsplit.core import traffic
 
     s = load.sessions
-    due = traffic.due_times(s.pattern, s.rate_rps, random.Random(seed), requests=s.count, burstiness=s.burstiness)
+    plans = s.plans(cell.prompt_tokens, cell.output_tokens)
+    due = traffic.due_times(s.pattern, s.rate_rps, random.Random(seed), requests=len(plans), burstiness=s.burstiness)
     warm = prompts_of(tokenizer_dir, [cell.prompt_tokens] * warmup, seed)
+    firsts = [turns[0][0] for turns in plans]
     if s.shared_prefix_tokens:
         tok = load_tokenizer(tokenizer_dir)
-        first = block_prompts(tok, [(cell.prompt_tokens, (0,))] * s.count, s.shared_prefix_tokens, seed)
+        first = block_prompts(tok, [(n, (0,)) for n in firsts], s.shared_prefix_tokens, seed)
     else:
-        first = prompts_of(tokenizer_dir, [cell.prompt_tokens] * s.count, seed + 1)
-    texts = prompts_of(tokenizer_dir, [s.turn_tokens] * (s.count * (s.turns - 1)), seed + 2)
-    more = [texts[i * (s.turns - 1) : (i + 1) * (s.turns - 1)] for i in range(s.count)]
-    return [*warm, SessionRun(due, first, more, float(s.think_s))], None, None
+        first = prompts_of(tokenizer_dir, firsts, seed + 1)
+    texts = iter(prompts_of(tokenizer_dir, [new for turns in plans for new, _, _ in turns[1:]], seed + 2))
+    more = [[next(texts) for _ in turns[1:]] for turns in plans]
+    asked = [[n for _, n, _ in turns] for turns in plans]
+    think = [[t for _, _, t in turns[1:]] for turns in plans]
+    return [*warm, SessionRun(due, first, firsts, more, asked, think)], None, None
 
 
 # A cell's prompts, schedule (open loop) and what a trace window fitted, by its kind of load.

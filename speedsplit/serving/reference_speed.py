@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from speedsplit.core.loads import ClosedLoopSettings
@@ -192,7 +193,7 @@ def expected(
     closed: ClosedLoopSettings = ClosedLoopSettings(),
     arrivals: list[tuple[float, ...]] | None = None,
     sessions: list[tuple[float, list[tuple[int, ...]]]] | None = None,
-    think_s: float = 0.0,
+    think_s: float | Callable[[int, int], float] = 0.0,
 ) -> list[Expected]:
     """Every request of a measured phase on a fresh, idle server, as the server's rules make
     it: closed loop (`users` each sending `requests_per_user` back to back, as `closed` says:
@@ -201,7 +202,8 @@ def expected(
     tokens where its server has a KV cache), open loop (in the order given);
     given `sessions` (each one's start and its turns' prompt and output tokens, and the prompt
     tokens its KV cache held on the card and on the host where it has one), each session's next
-    turn `think_s` after its last answer ended (user: the session, index: the turn). Slots
+    turn `think_s` after its last answer ended (or think_s(session, turn), a trace's own wait;
+    user: the session, index: the turn). Slots
     go first come, first served, as the server gives them; the closed loop's and the sessions'
     requests come in the order they were sent."""
     cap = speed.max_concurrency or 10**9
@@ -223,10 +225,10 @@ def expected(
     return _in_turns(speed, free, starts, lambda u, i: lengths if i < requests_per_user else None, closed.think_s)
 
 
-def _in_turns(speed: Speed, free: list[float], starts: list, lengths, think_s: float) -> list[Expected]:
+def _in_turns(speed: Speed, free: list[float], starts: list, lengths, think_s) -> list[Expected]:
     """A closed loop's users or sessions: each (start, who, 0) sends its first request then, each
-    next one think_s after its last one's end, as long as lengths(who, i) gives one's (prompt,
-    output) tokens; whichever request is ready first goes next."""
+    next one think_s (or think_s(who, i)) after its last one's end, as long as lengths(who, i)
+    gives one's (prompt, output) tokens; whichever request is ready first goes next."""
     out: list[Expected] = []
     ready = list(starts)
     heapq.heapify(ready)
@@ -235,7 +237,7 @@ def _in_turns(speed: Speed, free: list[float], starts: list, lengths, think_s: f
         r = _serve(speed, free, t, *lengths(u, i)[:2], u, i, *lengths(u, i)[2:])
         out.append(r)
         if lengths(u, i + 1) is not None:
-            heapq.heappush(ready, (r.end + think_s, u, i + 1))
+            heapq.heappush(ready, (r.end + (think_s(u, i + 1) if callable(think_s) else think_s), u, i + 1))
     return out
 
 

@@ -103,3 +103,53 @@ def test_a_sessions_workload_that_cannot_run_is_refused_in_one_line(tmp_path, wo
     top.write_text(yaml.safe_dump({"workloads": {"agent": body}, "grid": {"workloads": ["agent"]}}))
     with pytest.raises(ConfigError, match=error):
         C.load(top)
+
+
+def test_a_session_trace_gives_each_session_its_own_turns(tmp_path):
+    """AIPerf's multi-turn rows: each turn's new tokens, answer and wait are the trace's (scaled),
+    its sessions begin at the cell's rate; a turn without an answer's length asks the workload's.
+    Without a trace, the params keep the keys finished sessions cells were planned with."""
+    import yaml
+
+    from speedsplit.core.loads import SessionSchedule
+
+    top = tmp_path / "top.yaml"
+    sessions = {"rates": [1], "trace": str(REPO / "tests/data/agent-sessions.jsonl"), "length_scale": 0.1}
+    top.write_text(yaml.safe_dump({"workloads": {"agent": {"prompt_tokens": 64, "output_tokens": 7, "sessions": sessions}},
+                                   "grid": {"workloads": ["agent"]}}))  # fmt: skip
+    cfg = C.load(top)
+    params = G.cell_params(cfg, G.cell_by_name(cfg, "s1-agent-greedy"))
+    load = CellParams.model_validate(params).load
+    assert load.sessions.count == 2 and load.sessions.turns is None and params["sessions"]["length_scale"] == 0.1
+    assert load.sessions.plans(64, 7) == [
+        [(12, 4, 0.0), (6, 8, 0.15), (40, 3, 0.03)],  # edit-1: its rows wherever they lie in the file
+        [(20, 2, 0.0), (3, 7, 0.25)],  # chat-7: its second turn asks the workload's 7
+    ]
+    assert load.sessions.context_tokens(64, 7) == 12 + 4 + 6 + 8 + 40 + 3
+    assert load.schedule_s() == 2 / 1 + 0.25  # arrivals, then the longest waits a session has
+    uniform = SessionSchedule(rate_rps=1, count=2, turns=2, turn_tokens=5, think_s=0.5)
+    assert set(uniform.params()) == {"pattern", "rate_rps", "burstiness", "count", "turns", "turn_tokens", "think_s",
+                                     "shared_prefix_tokens"}  # fmt: skip
+    assert uniform.plans(10, 3) == [[(10, 3, 0.0), (5, 3, 0.5)]] * 2
+
+
+@pytest.mark.parametrize(
+    "sessions, error",
+    [
+        ({"trace": "no/such.jsonl"}, r"workloads.agent.sessions.trace: session trace not found: no/such.jsonl"),
+        ({"trace": "TRACE", "turns": 3}, r"workloads.agent.sessions: turns and turn_tokens come from the trace: give one"),
+        ({"count": 2}, r"workloads.agent.sessions: count, turns and turn_tokens are needed without a trace"),
+        ({"trace": "BAD"}, r"workloads.agent.sessions.trace: .*bad.jsonl line 2: not a session trace row"),
+    ],
+)  # fmt: skip
+def test_a_session_trace_that_cannot_run_is_refused_in_one_line(tmp_path, sessions, error):
+    import yaml
+
+    (tmp_path / "bad.jsonl").write_text('{"session_id": 1, "input_length": 4}\n{"input_length": 4}\n')
+    given = {k: {"TRACE": str(REPO / "tests/data/agent-sessions.jsonl"), "BAD": str(tmp_path / "bad.jsonl")}.get(v, v)
+             for k, v in sessions.items()}  # fmt: skip
+    top = tmp_path / "top.yaml"
+    body = {"prompt_tokens": 64, "output_tokens": 8, "sessions": {"rates": [1], **given}}
+    top.write_text(yaml.safe_dump({"workloads": {"agent": body}, "grid": {"workloads": ["agent"]}}))
+    with pytest.raises(ConfigError, match=error):
+        C.load(top)

@@ -308,8 +308,10 @@ def test_sessions_send_the_conversation_so_far_a_think_time_after_each_answer():
     run = SessionRun(
         due_s=[0.0, 0.05, 0.1],
         first=[f" a{s} b{s} c{s}" for s in range(3)],
+        first_tokens=[3] * 3,
         more=[[f" m{s}x{k} n{s}x{k}" for k in range(2)] for s in range(3)],
-        think_s=0.05,
+        asked=[[4] * 3] * 3,
+        think_s=[[0.05] * 2] * 3,
     )
     s, records = loadgen.run(
         spec(url, users=1, warmup_requests=1, prompts=["w1 w2 w3"], sessions=run, prompt_tokens=3, output_tokens=4,
@@ -318,7 +320,7 @@ def test_sessions_send_the_conversation_so_far_a_think_time_after_each_answer():
     measured = sorted((r for r in records if r.phase == "measured"), key=lambda r: (r.user, r.index))
     assert s.requests == s.completed == 9 and s.wrong_prompt_length == 0 and s.wrong_output_length == 0
     assert [r.prompt_tokens for r in measured] == [3, 9, 15] * 3  # 3, then + 4 answered + 2 new, twice
-    assert [r.asked_prompt_tokens for r in measured] == [None, 9, 15] * 3
+    assert [r.asked_prompt_tokens for r in measured] == [3, 9, 15] * 3
     for a, b in zip(measured, measured[1:]):
         if a.user == b.user:  # the next turn: think_s after the answer, and due then
             assert b.due == pytest.approx(a.end + 0.05) and b.sent >= b.due - 1e-3
@@ -337,12 +339,51 @@ def test_a_failed_turn_ends_its_session_and_its_later_turns_are_recorded_failed(
     from speedsplit.serving.reference_speed import Faults
 
     url, _ = serve_in_thread(reference.make_app(Speed(ttft_s=0.0, itl_s=0.001), Faults(error_every=2)))
-    run = SessionRun(due_s=[0.0], first=[" a b c"], more=[[" d", " e"]], think_s=0.0)
+    run = SessionRun(
+        due_s=[0.0], first=[" a b c"], first_tokens=[3], more=[[" d", " e"]], asked=[[3] * 3], think_s=[[0.0] * 2]
+    )
     s, records = loadgen.run(spec(url, users=1, warmup_requests=0, prompts=[], sessions=run, prompt_tokens=3))
     measured = sorted((r for r in records if r.phase == "measured"), key=lambda r: r.index)
     assert [r.error for r in measured] == [None, "http_500", "session_ended"]
     assert measured[2].detail == "turn 1 failed (http_500)"
     assert s.requests == 3 and s.failed == 2 and s.session_s.median is None
+
+
+def test_sessions_of_a_trace_send_each_turn_its_own_length_answer_and_wait():
+    """A session trace's sessions differ: one of two turns, one of three; each turn asks its own
+    answer's tokens and goes its own wait after the last answer; every request's place (its
+    prompt, its sampling seed) is its own."""
+    from speedsplit.probes.loadspec import SessionRun, request_index
+
+    url, _ = serve_in_thread(reference.make_app(Speed(ttft_s=0.01, itl_s=0.001)))
+    run = SessionRun(
+        due_s=[0.0, 0.02],
+        first=[" a b c d", " e f"],
+        first_tokens=[4, 2],
+        more=[[" g"], [" h i", " j"]],
+        asked=[[2, 5], [3, 1, 4]],
+        think_s=[[0.08], [0.0, 0.12]],
+    )
+    load = spec(url, users=1, warmup_requests=0, prompts=[], sessions=run, prompt_tokens=4, output_tokens=9,
+                count_tokens=lambda text: len(text.split()))  # fmt: skip
+    s, records = loadgen.run(load)
+    measured = sorted((r for r in records if r.phase == "measured"), key=lambda r: (r.user, r.index))
+    assert s.requests == s.completed == run.requests == 5 and not s.wrong_output_length and not s.wrong_prompt_length
+    assert [(r.user, r.index, r.output_tokens) for r in measured] == [
+        (0, 0, 2),
+        (0, 1, 5),
+        (1, 0, 3),
+        (1, 1, 1),
+        (1, 2, 4),
+    ]
+    assert [r.prompt_tokens for r in measured] == [4, 4 + 2 + 1, 2, 2 + 3 + 2, 2 + 3 + 2 + 1 + 1]
+    for a, b, wait in (
+        (measured[0], measured[1], 0.08),
+        (measured[2], measured[3], 0.0),
+        (measured[3], measured[4], 0.12),
+    ):
+        assert b.due == pytest.approx(a.end + wait)
+    assert sorted(request_index(load, "measured", r.user, r.index) for r in measured) == list(range(5))
 
 
 def test_the_measured_phase_runs_with_the_heap_set_aside_from_collection(server_url):
