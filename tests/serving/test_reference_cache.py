@@ -55,7 +55,8 @@ def test_the_server_charges_says_and_counts_its_hits():
     speed = Speed(ttft_s=0.02, itl_s=0.001, prefill_tok_s=2000, prefix_cache_tokens=10_000)
     url = reference.serve_in_thread(reference.make_app(speed))
     first = " ".join(f"p{i}" for i in range(200))
-    run = SessionRun(due_s=[0.0], first=[" " + first], more=[[" " + " ".join(f"q{i}" for i in range(50))]], think_s=0)
+    more = [[" " + " ".join(f"q{i}" for i in range(50))]]
+    run = SessionRun(due_s=[0.0], first=[" " + first], first_tokens=[200], more=more, asked=[[8, 8]], think_s=[[0.0]])
     spec = loadgen.LoadSpec(urls=[url], model="m", prompts=[], users=1, prompt_tokens=200, output_tokens=8,
                             warmup_requests=0, sessions=run, count_tokens=lambda t: len(t.split()))  # fmt: skip
     _, records = loadgen.run(spec)
