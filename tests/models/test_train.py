@@ -57,6 +57,7 @@ def test_its_tokenizer_spells_code_and_builds_every_kind_of_prompt(trained):
     assert len(word_ids(tok, random.Random(0))) >= 16  # trace prompts share blocks of whole words
 
 
+@pytest.mark.slow  # a second training run (8 s on 2 cores): make test, not the fast tier
 def test_the_same_seed_trains_the_same_weights(trained, tmp_path):
     out, _ = trained
     again = tmp_path / "again"
@@ -81,6 +82,7 @@ def test_only_the_tiny_and_small_synthetic_shapes_are_trained_the_small_ones_on_
     assert C.load(cfg)["models"]["small"]["shape"] == "small"
 
 
+@pytest.mark.slow  # a second training run (8 s on 2 cores): make test, not the fast tier
 def test_a_time_bound_fits_the_schedule_to_the_steps_it_allows(tmp_path):
     t = train.Training(steps=1000, warmup_steps=20, max_s=60.0)
     # 30 steps in 6 s at 0.2 s a step: 54 s left hold 270 more
