@@ -11,10 +11,9 @@ from speedsplit.core.record import (
     Summary,
     to_json,
 )
-from speedsplit.core.specs import CellParams
+from speedsplit.core.specs import CellParams, StackSpec
 from speedsplit.core.facts import Hardware
 from speedsplit.core.results import write_json_atomic
-from speedsplit.core.specs import StackSpec
 
 
 def stack_spec(**changes) -> StackSpec:

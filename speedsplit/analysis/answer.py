@@ -9,8 +9,7 @@ import math
 
 import polars as pl
 
-from speedsplit.analysis.frames import clean_runs
-from speedsplit.analysis.frames import OPEN_LOOP
+from speedsplit.analysis.frames import clean_runs, OPEN_LOOP
 from speedsplit.analysis.traffic import NO_DIFFERENCE
 from speedsplit.core.formats import value_text
 from speedsplit.core.record import CLIENT_STALL_S

@@ -23,6 +23,7 @@ with replacement). Every length is still enforced and verified per request.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from dataclasses import dataclass
@@ -250,19 +251,26 @@ def _scaled(tokens: int, scale: float) -> int:
     return max(1, round(tokens * scale))
 
 
-def read_session_trace(path: str | Path, length_scale: float = 1.0) -> list[list[SessionTurn]]:
+def read_session_trace(path: str | Path, length_scale: float = 1.0) -> tuple[tuple[SessionTurn, ...], ...]:
     """Multi-turn sessions recorded as AIPerf's mooncake-trace rows (JSON lines, plain or gzipped:
     session_id, input_length the turn's new tokens, output_length, delay milliseconds after the
     session's last answer), each session's turns in the file's order, sessions in the order they
     first appear. A row's timestamp is not read (sessions begin at the cell's rate), nor a first
-    turn's delay. Lengths times length_scale, at least 1 token."""
-    import json
-
+    turn's delay. Lengths times length_scale, at least 1 token. Read once a process while the
+    file is unchanged (planning asks for it at every cell of its workload)."""
     path = Path(path)
     if not path.is_file():
         raise TrafficError(f"session trace not found: {path}")
     if not length_scale > 0:
         raise TrafficError(f"session trace {path.name}: length_scale must be above 0")
+    st = path.stat()
+    return _session_trace(path.resolve(), st.st_mtime_ns, st.st_size, length_scale)
+
+
+@functools.lru_cache(maxsize=8)
+def _session_trace(path: Path, _mtime_ns: int, _size: int, length_scale: float) -> tuple[tuple[SessionTurn, ...], ...]:
+    import json
+
     sessions: dict[str, list[SessionTurn]] = {}
     for n, line in _trace_lines(path):
         if not line.strip():
@@ -283,4 +291,4 @@ def read_session_trace(path: str | Path, length_scale: float = 1.0) -> list[list
         )
     if not sessions:
         raise TrafficError(f"session trace {path}: no rows")
-    return list(sessions.values())
+    return tuple(tuple(turns) for turns in sessions.values())

@@ -30,18 +30,16 @@ from speedsplit.core.record import (
     read_result,
     to_json,
 )
-from speedsplit.core.specs import CellParams
+from speedsplit.core.specs import CellParams, JobSpec, parse_job, SessionPlan
 from speedsplit.core.facts import QuantConfig
 from speedsplit.core.quality import QualityRecord
 from speedsplit.core.trace_split import ProfileRecord
 from speedsplit.core.requestlog import RequestRecord
-from speedsplit.core.specs import JobSpec, parse_job
 from speedsplit.core.results import provenance, redact, write_json_atomic, write_lines_atomic
 from speedsplit.measuring import checks
 from speedsplit.probes.loadspec import cell_load
-from speedsplit.models.checkpoint import ModelError, model_identity, model_info, read_model_config
+from speedsplit.models.checkpoint import ModelError, model_info, read_model_config
 from speedsplit.core.errors import ConfigError
-from speedsplit.core.specs import SessionPlan
 from speedsplit.probes import loadgen, slo, telemetry
 from speedsplit.serving import lease as leases
 from speedsplit.serving import session as sessions
@@ -109,15 +107,7 @@ def measure(
                 raise ConfigError(f"the job file has keys of another version ({'; '.join(unknown)})")
             result.weights = ModelSource(**model_info(model_dir))
             result.model_shape = _model_shape(model_dir)
-            launch = Launch(
-                stack=stack,
-                model_dir=str(Path(model_dir).resolve()),
-                model=model_identity(model_dir),
-                cache_dir=str(Path(session.cache_dir).resolve()),
-                shared_cache_dir=str(Path(session.shared_cache_dir).resolve()),
-                kv_tokens=session.kv_tokens,
-                cpu_slots=session.cpu_slots,
-            )
+            launch = Launch.of(stack, model_dir, session)
             skip = capacity_skip(out_json, job.run, cell)
             if skip:  # past the cliff: not measured, and a session this job would end is stopped
                 result.status, result.error = "skipped", ErrorInfo(type="CapacitySkip", message=skip)

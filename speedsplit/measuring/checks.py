@@ -9,8 +9,7 @@ import urllib.request
 
 from speedsplit.core import plausible
 from speedsplit.core.record import CLIENT_STALL_S, EngineFacts, ErrorInfo, RunResult
-from speedsplit.core.specs import CellParams
-from speedsplit.core.specs import StackSpec
+from speedsplit.core.specs import CellParams, StackSpec
 from speedsplit.core.requestlog import RequestRecord
 from speedsplit.serving import serverlog
 from speedsplit.serving import session as sessions

@@ -17,14 +17,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from speedsplit.core import procs
-from speedsplit.core.specs import CellParams
 from speedsplit.core.results import provenance, redact, write_json_atomic
-from speedsplit.core.specs import StackSpec
-from speedsplit.probes.loadspec import cell_load
-from speedsplit.models.checkpoint import model_identity
-from speedsplit.core.specs import SessionPlan
-from speedsplit.probes import loadgen
+from speedsplit.core.specs import CellParams, SessionPlan, StackSpec
 from speedsplit.core.trace_split import ProfileWindow, split_trace
+from speedsplit.probes import loadgen
+from speedsplit.probes.loadspec import cell_load
 from speedsplit.probes.profiler import post, read_trace, trace_files, wait_for_traces
 from speedsplit.serving import session as sessions
 from speedsplit.serving.session_state import Launch, SessionState
@@ -72,12 +69,7 @@ def profile_cell(
             ]
         }
     )
-    launch = Launch(
-        stack=profiled,
-        model_dir=str(Path(model_dir).resolve()),
-        model=model_identity(model_dir),
-        cache_dir=str(Path(session.cache_dir).resolve()),
-    )
+    launch = Launch.of(profiled, model_dir, session, shared=False)  # a profiled server serves nothing else
     with procs.stop_on_signals():
         try:
             with sessions.hold_ready(

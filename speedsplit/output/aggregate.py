@@ -20,14 +20,12 @@ from speedsplit.analysis import timeline as tl
 from speedsplit.analysis.calibration import calibration_frame
 from speedsplit.analysis.mechanism import mechanism_frame
 from speedsplit.core import formats, plausible
+from speedsplit.core.errors import ConfigError
 from speedsplit.core.record import read_result
 from speedsplit.core.results import atomic_dir
 from speedsplit.output import analyses, plots, report
 from speedsplit.output.analyses import quality
-from speedsplit.core.errors import ConfigError
 from speedsplit.planning import config as cfgmod
-
-
 from speedsplit.planning import grid as gridmod
 
 # The quantize rule's reports under a results folder.

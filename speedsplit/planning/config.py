@@ -449,7 +449,7 @@ def _session_context(w: workload_config.WorkloadConfig, name: str) -> int:
             f"config error at workloads.{name}.sessions: count, turns and turn_tokens are needed without a trace"
         )
     try:
-        return w.sessions.schedule(1.0).context_tokens(w.prompt_tokens, w.output_tokens)
+        return s.schedule(1.0).context_tokens(w.prompt_tokens, w.output_tokens)
     except traffic.TrafficError as exc:
         raise ConfigError(f"config error at workloads.{name}.sessions.trace: {exc}") from None
 

@@ -7,6 +7,8 @@ stack), and for an open-loop or trace cell its schedule (by its kind of load: _R
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import zlib
 from dataclasses import dataclass, field
@@ -14,8 +16,7 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from speedsplit.core.loads import DueRequest, ClosedLoop, ClosedLoopSettings, OpenLoop, Sessions, TraceReplay
-from speedsplit.core.specs import OUTLIER_FACTOR, OUTLIER_MIN_S
-from speedsplit.core.specs import CellParams, StackSpec
+from speedsplit.core.specs import OUTLIER_FACTOR, OUTLIER_MIN_S, CellParams, StackSpec
 from speedsplit.models.prompts import block_prompts, load_tokenizer, prompts_of, token_counter
 
 # vLLM and transformers serve (uvicorn) close a connection idle 5 s; a request sent on one as
@@ -41,13 +42,18 @@ class SessionRun:
     def turns(self, session: int) -> int:
         return 1 + len(self.more[session])
 
+    @functools.cached_property
+    def _starts(self) -> list[int]:
+        """Each session's first turn's place among the phase's requests, and the phase's count."""
+        return list(itertools.accumulate((self.turns(s) for s in range(len(self.first))), initial=0))
+
     @property
     def requests(self) -> int:
-        return sum(self.turns(s) for s in range(len(self.first)))
+        return self._starts[-1]
 
     def start_index(self, session: int) -> int:
         """Its first turn's place among the phase's requests (sessions in order, turns in order)."""
-        return sum(self.turns(s) for s in range(session))
+        return self._starts[session]
 
 
 @dataclass

@@ -229,6 +229,7 @@ def _in_turns(speed: Speed, free: list[float], starts: list, lengths, think_s) -
     """A closed loop's users or sessions: each (start, who, 0) sends its first request then, each
     next one think_s (or think_s(who, i)) after its last one's end, as long as lengths(who, i)
     gives one's (prompt, output) tokens; whichever request is ready first goes next."""
+    wait = think_s if callable(think_s) else lambda who, i: think_s
     out: list[Expected] = []
     ready = list(starts)
     heapq.heapify(ready)
@@ -237,7 +238,7 @@ def _in_turns(speed: Speed, free: list[float], starts: list, lengths, think_s) -
         r = _serve(speed, free, t, *lengths(u, i)[:2], u, i, *lengths(u, i)[2:])
         out.append(r)
         if lengths(u, i + 1) is not None:
-            heapq.heappush(ready, (r.end + (think_s(u, i + 1) if callable(think_s) else think_s), u, i + 1))
+            heapq.heappush(ready, (r.end + wait(u, i + 1), u, i + 1))
     return out
 
 

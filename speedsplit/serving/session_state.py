@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from speedsplit.core import procs
 from speedsplit.core.results import write_json_atomic
-from speedsplit.core.specs import StackSpec
+from speedsplit.core.specs import SessionPlan, StackSpec
 from speedsplit.serving import lease as leases
 
 POLL_S = 0.25
@@ -55,6 +55,30 @@ class Launch(BaseModel):
     shared_cache_dir: str | None = None  # the caches sessions share (bytecode; else cache_dir)
     kv_tokens: int = 0  # what a CPU server sizes its caches for (serving/memcap.host_cache_gib)
     cpu_slots: int = 1  # how many CPU servers may run at once (benchmark.cpu_lanes)
+
+    @classmethod
+    def of(cls, stack: StackSpec, model_dir: str | Path, plan: SessionPlan, shared: bool = True) -> Launch:
+        """A stack on a model folder (its identity read from it) with its session plan's compile
+        cache; shared: the caches sessions share, the KV tokens and CPU slots the plan gives (a
+        profiled server's own session has none of them)."""
+        from speedsplit.models.checkpoint import model_identity
+
+        more = (
+            dict(
+                shared_cache_dir=str(Path(plan.shared_cache_dir).resolve()),
+                kv_tokens=plan.kv_tokens,
+                cpu_slots=plan.cpu_slots,
+            )
+            if shared
+            else {}
+        )
+        return cls(
+            stack=stack,
+            model_dir=str(Path(model_dir).resolve()),
+            model=model_identity(model_dir),
+            cache_dir=str(Path(plan.cache_dir).resolve()),
+            **more,
+        )
 
     def digest(self) -> str:
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
