@@ -119,6 +119,9 @@ class CellParams(BaseModel):
     output_tokens: int
     requests_per_user: int
     warmup_requests: int = Field(description="warm-up requests per user, before the measured phase")
+    text: Literal["random", "code", "code-edit"] = Field(
+        "random", description="what the measured prompts say (models/prompts.PROMPT_TEXTS)"
+    )
     telemetry_s: float = Field(0.5, description="seconds between telemetry readings")
     slo_ttft_p99_s: float = Field(2.0, description="latency objective: p99 TTFT at most this")
     slo_tpot_p99_s: float = Field(0.1, description="latency objective: p99 TPOT at most this")

@@ -7,6 +7,12 @@ ones that share exactly the tokens a trace says they share (`block_prompts`): ea
 first k blocks have a common first k blocks of tokens and a server's prefix cache sees what the
 trace recorded. Built from "word" tokens (one whole word each, most with a leading space) that
 decode and encode back to themselves in any order, so the text sent is exactly those tokens.
+
+A workload may ask for prompts of held-out code instead (`text`, PROMPT_TEXTS): `code`, windows
+of the Python library's held-out files (code a model trained on the library's other files has
+never seen); `code-edit`, such a window followed by its own first part again, as a request to
+rewrite a file would send: an answer that goes on copying repeats the prompt's text, which is
+what speculative decoding by prompt lookup (n-gram) drafts from.
 """
 
 from __future__ import annotations
@@ -88,11 +94,70 @@ def exact_prompt(tokenizer, n_tokens: int, rng: random.Random) -> str:
     raise ModelError(f"could not build a prompt of exactly {n_tokens} tokens with this tokenizer")
 
 
-def prompts_of(tokenizer_dir, lengths: list[int], seed: int) -> list[str]:
-    """Distinct prompts of exactly these lengths in tokens, from the seed alone."""
+PROMPT_TEXTS = ("random", "code", "code-edit")
+HELD_OUT_BYTES = 400_000  # of the library's held-out files: about 100,000 tokens to cut prompts from
+EDIT_SEPARATOR = "\n\n"  # between a code-edit prompt's passage and the start of its copy
+
+
+def prompts_of(tokenizer_dir, lengths: list[int], seed: int, text: str = "random", output_tokens: int = 0) -> list[str]:
+    """Distinct prompts of exactly these lengths in tokens, from the seed alone: random words,
+    or held-out code (`text`: PROMPT_TEXTS; a code-edit prompt leaves output_tokens of its
+    passage to copy where its length allows)."""
     tok = load_tokenizer(tokenizer_dir)
     rng = random.Random(seed)
-    return [exact_prompt(tok, n, rng) for n in lengths]
+    if text == "random":
+        return [exact_prompt(tok, n, rng) for n in lengths]
+    if text not in PROMPT_TEXTS:
+        raise ValueError(f"unknown prompt text {text!r} (known: {', '.join(PROMPT_TEXTS)})")
+    ids = _held_out_ids(str(tokenizer_dir))
+    return [_code_prompt(tok, ids, n, rng, output_tokens if text == "code-edit" else None) for n in lengths]
+
+
+@functools.lru_cache(maxsize=4)
+def _held_out_ids(model_dir: str) -> tuple[int, ...]:
+    """The library's held-out files (models/corpus.py: one file in ten, never trained on) in
+    the model's tokens."""
+    from speedsplit.models.corpus import stdlib_corpus
+
+    text = stdlib_corpus(train_bytes=0, held_out_bytes=HELD_OUT_BYTES).held_out
+    tok = load_tokenizer(model_dir)
+    ids = tuple(tok.encode(text, add_special_tokens=False))
+    unknown = sum(i == tok.unk_token_id for i in ids) if tok.unk_token_id is not None else 0
+    if unknown > len(ids) // 100:
+        raise ModelError(
+            f"the model's tokenizer ({model_dir}) spells {unknown / len(ids):.0%} of held-out code as an unknown "
+            "token: code prompts need a tokenizer that covers code (a trained or downloaded model's)"
+        )
+    return ids
+
+
+def edit_split(n_tokens: int, separator_tokens: int, output_tokens: int) -> tuple[int, int]:
+    """A code-edit prompt's passage and repeated start (tokens) in n_tokens: the passage long
+    enough that output_tokens of it are left to copy after the repeat where that fits, the
+    repeat at least a quarter of the room (the cue that the passage is being written again)."""
+    room = n_tokens - separator_tokens
+    if room < 2:
+        raise ModelError(f"a code-edit prompt needs more than {separator_tokens + 1} tokens (asked: {n_tokens})")
+    passage = min(-(-(room + output_tokens) // 2), room - max(1, room // 4))
+    return passage, room - passage
+
+
+def _code_prompt(tokenizer, ids: tuple[int, ...], n_tokens: int, rng: random.Random, edit_output: int | None) -> str:
+    """A window of held-out code of exactly n_tokens tokens (edit_output not None: a passage,
+    the separator and the passage's start again), at a random place where its text encodes
+    back to exactly its tokens."""
+    sep = tokenizer.encode(EDIT_SEPARATOR, add_special_tokens=False) if edit_output is not None else []
+    passage, repeat = edit_split(n_tokens, len(sep), edit_output) if edit_output is not None else (n_tokens, 0)
+    if passage >= len(ids):
+        raise ModelError(f"the held-out code has {len(ids)} tokens, too few for a prompt of {n_tokens}")
+    for _ in range(200):
+        start = rng.randrange(len(ids) - passage)
+        window = list(ids[start : start + passage])
+        want = window + sep + window[:repeat]
+        text = tokenizer.decode(want, skip_special_tokens=True)
+        if tokenizer.encode(text, add_special_tokens=False) == want:
+            return text
+    raise ModelError(f"no window of the held-out code of {n_tokens} tokens encodes back to itself with this tokenizer")
 
 
 def word_ids(tokenizer, rng: random.Random, want: int = 2048) -> list[int]:

@@ -235,6 +235,11 @@ def _check_references(config: dict) -> None:
                 )
     for name in workloads:  # a closed loop's settings mean nothing to arrivals on a schedule
         w = workload_config.workload_config(config, name)
+        if w.text != "random" and (w.kind in ("trace", "sessions") or (w.lengths and w.lengths.shared_prefix_tokens)):
+            raise ConfigError(
+                f"config error at workloads.{name}.text: {w.text} prompts are for a closed or open loop without a "
+                f"shared prefix, and this workload {'has a shared prefix' if w.kind == 'open' else 'is ' + w.kind}"
+            )
         for key in ClosedLoopSettings.of(w).job_form() if w.kind != "closed" else ():
             raise ConfigError(
                 f"config error at workloads.{name}.{key}: a closed loop's setting, and this workload is "

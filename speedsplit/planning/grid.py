@@ -341,6 +341,8 @@ def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
         "output_tokens": w.output_tokens,
         "requests_per_user": w.requests_per_user,
         "warmup_requests": w.warmup_requests,
+        # random words (the default) are not said: cells measured before the setting keep their params
+        **({"text": w.text} if w.text != "random" else {}),
         # only those set: a cell without them keeps the params (and the results) it had
         **ClosedLoopSettings.of(w).job_form(),
         "warmup": b.warmup,

@@ -117,6 +117,14 @@ class WorkloadConfig(Entry, ClosedLoopSettings):
     output_tokens: int = Field(256, ge=1, description="Exact output length in tokens.")
     requests_per_user: int = Field(2, ge=1, description="Measured requests each user sends.")
     warmup_requests: int = Field(1, ge=0, description="Requests per user before the measured phase.")
+    text: Literal["random", "code", "code-edit"] = Field(
+        "random",
+        description="What the measured prompts say: random words (distinct, nothing to repeat); code, windows of "
+        "the Python library's held-out files (never trained on by a model the model rule trains); code-edit, such "
+        "a window and its own start again, as a request to rewrite a file sends, output_tokens of it left to "
+        "copy where prompt_tokens allows (what prompt-lookup speculative decoding drafts from). Closed loop and "
+        "open loop without a shared prefix; every stack gets the same prompts.",
+    )
     arrival: Arrival | None = absent(
         "Open loop (absent: closed loop): requests arrive at a rate, each sent when due whatever is in flight, "
         "the same schedule (from the sampling seed) on every stack. One cell per rate, named "

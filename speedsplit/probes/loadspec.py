@@ -12,7 +12,6 @@ import itertools
 import json
 import zlib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Literal
 
 from speedsplit.core.loads import DueRequest, ClosedLoop, ClosedLoopSettings, OpenLoop, Sessions, TraceReplay
@@ -168,11 +167,6 @@ def request_body(spec: LoadSpec, prompt: str, seed: int, output_tokens: int | No
     return body
 
 
-def build_prompts(tokenizer_dir: str | Path, n: int, prompt_tokens: int, seed: int) -> list[str]:
-    """n distinct prompts of exactly prompt_tokens tokens, the same for every stack."""
-    return prompts_of(tokenizer_dir, [prompt_tokens] * n, seed)
-
-
 def prompt_seed(cell: CellParams, run: int) -> int:
     """Prompts differ between cells and runs (a server measures several, and a repeated prompt
     is served from its prefix cache) and are the same for every stack."""
@@ -228,8 +222,9 @@ def cell_load(
 def _closed_loop(
     load: ClosedLoop, cell: CellParams, stack: StackSpec, tokenizer_dir, per_user: int, warmup: int, seed: int
 ):
-    """Each user's warm-up and measured requests, a prompt of the cell's length each."""
-    return build_prompts(tokenizer_dir, load.users * (per_user + warmup), cell.prompt_tokens, seed), None, None
+    """Each user's warm-up and measured requests, a prompt of the cell's length and text each."""
+    n = load.users * (per_user + warmup)
+    return prompts_of(tokenizer_dir, [cell.prompt_tokens] * n, seed, cell.text, cell.output_tokens), None, None
 
 
 def _open_loop(
@@ -247,7 +242,7 @@ def _open_loop(
         )
     else:
         lengths = [cell.prompt_tokens] * warmup + [a.prompt_tokens for a in schedule]
-        prompts = prompts_of(tokenizer_dir, lengths, seed)
+        prompts = prompts_of(tokenizer_dir, lengths, seed, cell.text, cell.output_tokens)
     return prompts, schedule, None
 
 

@@ -3,8 +3,8 @@ from conftest import REPO, measure_alone
 from records import cell_spec, stack_spec
 
 from speedsplit.core.specs import CellParams
-
 from speedsplit.measuring import bench, checks
+from speedsplit.models.prompts import prompts_of
 from speedsplit.probes import loadspec
 from speedsplit.planning import config as C
 
@@ -16,9 +16,9 @@ def test_prompts_differ_between_cells_and_runs_and_match_across_stacks(tiny_mode
     wide, narrow = cell_spec(cell="u8-wide-greedy"), cell_spec(cell="u2-narrow-greedy", users=2)
     seeds = {loadspec.prompt_seed(c, r) for c in (wide, narrow) for r in (0, 1)}
     assert len(seeds) == 4
-    a = loadspec.build_prompts(tiny_model, 8, 32, loadspec.prompt_seed(wide, 0))
-    b = loadspec.build_prompts(tiny_model, 8, 32, loadspec.prompt_seed(wide, 1))
-    again = loadspec.build_prompts(tiny_model, 8, 32, loadspec.prompt_seed(wide, 0))
+    a = prompts_of(tiny_model, [32] * 8, loadspec.prompt_seed(wide, 0))
+    b = prompts_of(tiny_model, [32] * 8, loadspec.prompt_seed(wide, 1))
+    again = prompts_of(tiny_model, [32] * 8, loadspec.prompt_seed(wide, 0))
     assert a == again  # every stack of a chain gets the same prompts
     assert not set(a) & set(b) and len(set(a)) == 8
 

@@ -100,6 +100,19 @@ def test_a_cells_params_keep_the_shape_finished_cells_were_planned_with(truth, n
         }  # fmt: skip
 
 
+def test_a_workloads_prompt_text_is_in_its_cells_params_only_when_not_random_words(truth):
+    coded = {
+        **truth,
+        "workloads": {**truth["workloads"], "alone": {**truth["workloads"]["alone"], "text": "code-edit"}},
+    }
+    params = G.cell_params(coded, G.cell_by_name(coded, "u1-alone-greedy"))
+    assert set(params) == SHARED | {"text"} and CellParams(**load_from_flat(params)).text == "code-edit"
+    assert "text" not in G.cell_params(truth, G.cell_by_name(truth, "u1-alone-greedy"))
+    sessions = {**truth["workloads"]["agent"], "text": "code"}
+    with pytest.raises(ConfigError, match=r"workloads\.agent\.text: code prompts .* this workload is sessions"):
+        C.validate({**truth, "workloads": {**truth["workloads"], "agent": sessions}})
+
+
 def test_a_stacks_params_are_its_definition_with_its_model_and_topology(cfg):
     params = G.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
     assert (params["model"], params["stack"], params["topology"]) == ("tiny", "vllm-fp16", "tp1")

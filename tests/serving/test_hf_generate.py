@@ -60,11 +60,11 @@ def stats(url) -> dict:
 
 
 def spec(url, tiny_model, **kw):
-    from speedsplit.probes.loadspec import build_prompts
+    from speedsplit.models.prompts import prompts_of
 
     base = dict(users=5, prompt_tokens=8, output_tokens=6, requests_per_user=1, warmup_requests=0)
     base.update(kw)
-    prompts = build_prompts(tiny_model, base["users"] * 2, base["prompt_tokens"], seed=3)
+    prompts = prompts_of(tiny_model, [base["prompt_tokens"]] * (base["users"] * 2), seed=3)
     return loadgen.LoadSpec(urls=[url], model="tiny", prompts=prompts, **base)
 
 
@@ -295,10 +295,10 @@ def test_rows_batched_together_each_get_their_own_logprobs(server, tiny_model):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from speedsplit.probes.loadspec import build_prompts
+    from speedsplit.models.prompts import prompts_of
     from speedsplit.probes import quality
 
-    prompts = build_prompts(tiny_model, 5, 8, seed=11)
+    prompts = prompts_of(tiny_model, [8] * 5, seed=11)
     spec = loadgen.LoadSpec(urls=[server], model="tiny", prompts=[], users=1, prompt_tokens=8, output_tokens=6)
     ask = {"logprobs": 2, "return_tokens_as_token_ids": True}
     with ThreadPoolExecutor(4) as pool:
