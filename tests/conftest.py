@@ -12,6 +12,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from speedsplit.serving.caches import MODELINFOS_ENV  # noqa: E402 (after the repository is on the path)
+
 
 # How `make test`'s workers (pytest-xdist) share the tests: one test at a time, except modules
 # whose tests share a server or a run made once per worker (tests/workflow/test_truth.py shares
@@ -49,6 +51,18 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True, scope="session")
+def shared_model_inspection(tmp_path_factory):
+    """Every workflow and server of the run (every worker's) reads one folder of vLLM's model
+    inspection (serving/caches.MODELINFOS_ENV): a cold one took 12 s of each vLLM start here
+    alone, 27 s beside the other workers. local_run keeps the results folder's own (its layout is
+    checked)."""
+    base = tmp_path_factory.getbasetemp()  # a worker's is inside the run's: the run's, for all of them
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "modelinfos"
+    os.environ[MODELINFOS_ENV] = str(path)
+    yield path
+
+
+@pytest.fixture(autouse=True, scope="session")
 def private_locks(tmp_path_factory):
     """Leases and sessions of the tests never meet those of a workflow running beside them."""
     path = tmp_path_factory.mktemp("locks")
@@ -78,7 +92,7 @@ def local_run(tmp_path_factory):
         ["--configfile", "ci.yaml", "--cores", "2", "--resources", "gpu=1"],
         wd,
         timeout=1200,
-        env={"HF_TOKEN": PLANTED_TOKEN},
+        env={"HF_TOKEN": PLANTED_TOKEN, MODELINFOS_ENV: None},
     )
     (wd / "snakemake.out").write_text(out.stdout + out.stderr)
     assert out.returncode == 0, (out.stdout + out.stderr)[-5000:]
@@ -93,10 +107,11 @@ def snakemake_bin() -> str:
 def run_snakemake(
     args: list[str], cwd: Path, timeout: float = 900, env: dict | None = None
 ) -> subprocess.CompletedProcess:
+    """Snakemake on the repository's workflow in cwd, this process's environment with env over
+    it (a value of None unsets that variable)."""
     cmd = [snakemake_bin(), "--snakefile", str(REPO / "Snakefile"), "--directory", str(cwd), *args]
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env={**os.environ, **(env or {})}
-    )
+    full = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=full)
 
 
 def planned_outputs(dry_run_stdout: str, prefix: str = "results/bench/") -> list[str]:

@@ -31,6 +31,9 @@ from pathlib import Path
 from speedsplit.core.specs import StackSpec
 
 
+MODELINFOS_ENV = "SPEEDSPLIT_MODELINFOS"  # a folder for vLLM's model inspection beyond one results folder
+
+
 @dataclass
 class CompileCache:
     """The compile caches (vLLM's torch.compile, Inductor, Triton) a session's servers use."""
@@ -133,11 +136,13 @@ def _model_inspection(shared_root: Path, platform: str) -> Path:
     """vLLM's API server inspects the model class in a subprocess (23 s of a cold start on an
     H200 host, 0 s warm) unless its cache holds the answer: modelinfos/, keyed by the model
     module's hash and written atomically by vLLM, so one folder per engine version serves every
-    cache, private ones too."""
+    cache, private ones too: the results folder's, or every workflow's on this host where
+    SPEEDSPLIT_MODELINFOS names a folder (the test suite's workflows share one so)."""
     import hashlib
 
     engine = hashlib.sha256(f"{platform} {engine_versions()}".encode()).hexdigest()[:16]
-    common = shared_root / "modelinfos" / engine
+    host_wide = os.environ.get(MODELINFOS_ENV)
+    common = (Path(host_wide) if host_wide else shared_root / "modelinfos") / engine
     common.mkdir(parents=True, exist_ok=True)
     return common
 

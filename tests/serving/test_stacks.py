@@ -6,7 +6,7 @@ from records import stack_spec
 
 from speedsplit.core import procs
 from speedsplit.serving import serverlog, stacks
-from speedsplit.serving.caches import cache_args, compile_cache
+from speedsplit.serving.caches import MODELINFOS_ENV, cache_args, compile_cache
 
 VLLM_GPU_LOG = """
 (EngineCore pid=1) INFO [core.py:133] Initializing a V1 LLM engine (v0.26.0) with config: model='m', dtype=torch.float16, quantization=gptq_marlin, enforce_eager=False
@@ -316,13 +316,14 @@ def test_sessions_that_build_the_same_thing_share_one_compile_cache_one_at_a_tim
     assert compile_cache(shared, private, stack, {**model, "digest": "new"}).dir != first.dir
 
 
-def test_flags_that_only_size_memory_or_switch_prefix_caching_share_a_compile_cache(tmp_path):
+def test_flags_that_only_size_memory_or_switch_prefix_caching_share_a_compile_cache(tmp_path, monkeypatch):
     """vLLM compiles nothing that depends on its memory share, KV cache size or prefix cache
     (and keys its own graphs on a hash of what does): such stacks share one folder; and every
     cache, private or shared, reads one engine-wide model inspection (vLLM's modelinfos)."""
     base = ["{python}", "-m", "vllm.entrypoints.openai.api_server", "--port", "{port}"]
     stack = stack_spec(args=base, platform="cuda")
     model, shared = {"path": "/m"}, tmp_path / "shared"
+    monkeypatch.delenv(MODELINFOS_ENV, raising=False)  # the results folder's own (the test suite sets one)
     first = compile_cache(shared, tmp_path / "a", stack, model)
     first.release()
     for extra in (
@@ -342,6 +343,10 @@ def test_flags_that_only_size_memory_or_switch_prefix_caching_share_a_compile_ca
         assert link.is_symlink() and link.resolve().parent == (shared / "modelinfos").resolve()
     (held.instance(0) / "vllm" / "modelinfos" / "m.json").write_text("{}")
     assert (private.instance(1) / "vllm" / "modelinfos" / "m.json").read_text() == "{}"
+    # a host-wide folder, where one is named, serves every results folder's caches
+    monkeypatch.setenv(MODELINFOS_ENV, str(tmp_path / "host"))
+    other = compile_cache(tmp_path / "other", tmp_path / "c", stack, model)
+    assert (other.instance(0) / "vllm" / "modelinfos").resolve().parent == (tmp_path / "host").resolve()
 
 
 def test_a_server_that_prints_a_secret_leaves_none_in_its_log(tmp_path, tiny_model, monkeypatch):
