@@ -44,6 +44,12 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
+    # Under xdist, the modules that start servers or run workflows first (each module's tests in
+    # their order): xdist hands out the units of one test in collection order after the shared
+    # ones, and the fault tests, collected last, made the workers' last minutes one long test each.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        heavy = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+        items.sort(key=lambda item: item.nodeid.split("::")[0] not in heavy)
     for item in items:
         module = item.nodeid.split("::")[0]
         if "local_run" in item.fixturenames and module not in LOCAL_RUN_MODULES:
