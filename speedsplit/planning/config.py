@@ -27,7 +27,7 @@ from speedsplit.planning.grid import (
     bench_stacks,
     cells,
     family,
-    grid_cells,
+    declared_cells,
     kv_offload,
     platform_of,
     topology_gpus,
@@ -423,7 +423,7 @@ def _check_capacity(config: dict) -> None:
             raise ConfigError(f"config error at capacity.stacks[{i}]: unknown stack {stack!r}")
     if cap.workload is not None and cap.workload not in config["workloads"]:
         raise ConfigError(f"config error at capacity.workload: unknown workload {cap.workload!r}")
-    workload = workload_config.workload_config(config, cap.workload or grid_cells(config)[0].workload)
+    workload = workload_config.workload_config(config, cap.workload or declared_cells(config)[0].workload)
     if workload.trace or workload.sessions:
         raise ConfigError(
             f"config error at capacity.workload: a {workload.kind} workload sets its own load; sweep users or an "

@@ -159,7 +159,7 @@ def headline(config: dict) -> list[dict]:
     if given or not capacity_config(config).enabled:
         return [h.model_dump(exclude_none=True) for h in given]
     top: dict[tuple[str, str], int] = {}
-    for c in grid_cells(config):
+    for c in declared_cells(config):
         if c.users > top.get((c.workload, c.sampling), 0):
             top[(c.workload, c.sampling)] = c.users
     return [{"users": u, "workload": w, "sampling": s} for (w, s), u in top.items()]
@@ -262,8 +262,9 @@ _LEVELS = {
 _RATE_PREFIX = {"open": "r", "trace": "x", "sessions": "s"}
 
 
-def grid_cells(config: dict) -> list[Cell]:
-    """The grid's cells (its list, else its product), without the capacity sweep's levels."""
+def declared_cells(config: dict) -> list[Cell]:
+    """The cells the grid declares (its list, else its product): `cells` less the capacity
+    sweep's levels."""
     g = grid_config(config)
 
     def of(users: list[int], workload: str, sampling: str, stacks: tuple[str, ...] = ()) -> list[Cell]:
@@ -277,10 +278,10 @@ def grid_cells(config: dict) -> list[Cell]:
 
 
 def cells(config: dict) -> list[Cell]:
-    """The grid's cells, then the capacity sweep's levels (ascending users, or rates for an
-    open-loop workload) not already in it."""
+    """Every cell measured: the grid's declared cells, then the capacity sweep's levels
+    (ascending users, or rates for an open-loop workload) not already among them."""
     runs_at_most = grid_config(config).runs
-    out = grid_cells(config)
+    out = declared_cells(config)
     cap = capacity_config(config)
     if cap.enabled:
         workload = cap.workload or out[0].workload

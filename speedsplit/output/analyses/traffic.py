@@ -13,7 +13,7 @@ from speedsplit.analysis import traffic
 from speedsplit.core.formats import flat, html_table
 from speedsplit.output.analyses import Analysis, Basis, html_section, times
 from speedsplit.output.plots import title
-from speedsplit.planning.grid import cells as grid_cells
+from speedsplit.planning import grid as gridmod
 
 FIRST_SCREEN = ["goodput", "throughput", "TTFT p50", "TPOT p50", "E2E p50"]
 # a sessions cell's own (its first turns' TTFT is in TTFT p50's company: shown in the tables)
@@ -180,7 +180,7 @@ def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
 
 
 def enabled(config: dict) -> bool:
-    return any(c.rate is not None for c in grid_cells(config))
+    return any(c.rate is not None for c in gridmod.cells(config))
 
 
 ANALYSIS = Analysis(
