@@ -29,6 +29,9 @@ from speedsplit.core.loads import ClosedLoop, ClosedLoopSettings, OpenLoop, Sess
 from speedsplit.core.quality import QualityProbe
 from speedsplit.core.trace_split import ProfileWindow
 
+# What a cell's measured prompts say (models/prompts.py): random words, held-out code, code edits.
+PromptText = Literal["random", "code", "code-edit"]
+
 # A request is a latency outlier when it took this many times what its length predicts, and at
 # least this many seconds more (speedsplit/probes/loadgen.py: latency_outliers).
 OUTLIER_FACTOR = 5.0
@@ -119,9 +122,7 @@ class CellParams(BaseModel):
     output_tokens: int
     requests_per_user: int
     warmup_requests: int = Field(description="warm-up requests per user, before the measured phase")
-    text: Literal["random", "code", "code-edit"] = Field(
-        "random", description="what the measured prompts say (models/prompts.PROMPT_TEXTS)"
-    )
+    text: PromptText = Field("random", description="what the measured prompts say (models/prompts.py)")
     telemetry_s: float = Field(0.5, description="seconds between telemetry readings")
     slo_ttft_p99_s: float = Field(2.0, description="latency objective: p99 TTFT at most this")
     slo_tpot_p99_s: float = Field(0.1, description="latency objective: p99 TPOT at most this")

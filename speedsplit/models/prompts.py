@@ -20,7 +20,9 @@ from __future__ import annotations
 import functools
 import random
 from pathlib import Path
+from typing import get_args
 
+from speedsplit.core.specs import PromptText
 from speedsplit.models.checkpoint import ModelError
 
 
@@ -94,7 +96,7 @@ def exact_prompt(tokenizer, n_tokens: int, rng: random.Random) -> str:
     raise ModelError(f"could not build a prompt of exactly {n_tokens} tokens with this tokenizer")
 
 
-PROMPT_TEXTS = ("random", "code", "code-edit")
+PROMPT_TEXTS = get_args(PromptText)
 HELD_OUT_BYTES = 400_000  # of the library's held-out files: about 100,000 tokens to cut prompts from
 EDIT_SEPARATOR = "\n\n"  # between a code-edit prompt's passage and the start of its copy
 
@@ -110,7 +112,10 @@ def prompts_of(tokenizer_dir, lengths: list[int], seed: int, text: str = "random
     if text not in PROMPT_TEXTS:
         raise ValueError(f"unknown prompt text {text!r} (known: {', '.join(PROMPT_TEXTS)})")
     ids = _held_out_ids(str(tokenizer_dir))
-    return [_code_prompt(tok, ids, n, rng, output_tokens if text == "code-edit" else None) for n in lengths]
+    if text == "code":
+        return [_code_prompt(tok, ids, n, 0, [], rng) for n in lengths]
+    sep = tok.encode(EDIT_SEPARATOR, add_special_tokens=False)
+    return [_code_prompt(tok, ids, *edit_split(n, len(sep), output_tokens), sep, rng) for n in lengths]
 
 
 @functools.lru_cache(maxsize=4)
@@ -142,12 +147,11 @@ def edit_split(n_tokens: int, separator_tokens: int, output_tokens: int) -> tupl
     return passage, room - passage
 
 
-def _code_prompt(tokenizer, ids: tuple[int, ...], n_tokens: int, rng: random.Random, edit_output: int | None) -> str:
-    """A window of held-out code of exactly n_tokens tokens (edit_output not None: a passage,
-    the separator and the passage's start again), at a random place where its text encodes
-    back to exactly its tokens."""
-    sep = tokenizer.encode(EDIT_SEPARATOR, add_special_tokens=False) if edit_output is not None else []
-    passage, repeat = edit_split(n_tokens, len(sep), edit_output) if edit_output is not None else (n_tokens, 0)
+def _code_prompt(tokenizer, ids: tuple[int, ...], passage: int, repeat: int, sep: list[int], rng: random.Random) -> str:
+    """A window of passage tokens of held-out code, then sep and the window's first repeat
+    tokens again (none: the window alone), at a random place where its text encodes back to
+    exactly those tokens."""
+    n_tokens = passage + len(sep) + repeat
     if passage >= len(ids):
         raise ModelError(f"the held-out code has {len(ids)} tokens, too few for a prompt of {n_tokens}")
     for _ in range(200):

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from speedsplit.core.loads import ClosedLoopSettings, SessionSchedule
+from speedsplit.core.specs import PromptText
 from speedsplit.planning.typed_config import Entry, absent, plain_schema
 from speedsplit.core.numbers import NonNegative, Positive
 
@@ -117,7 +118,7 @@ class WorkloadConfig(Entry, ClosedLoopSettings):
     output_tokens: int = Field(256, ge=1, description="Exact output length in tokens.")
     requests_per_user: int = Field(2, ge=1, description="Measured requests each user sends.")
     warmup_requests: int = Field(1, ge=0, description="Requests per user before the measured phase.")
-    text: Literal["random", "code", "code-edit"] = Field(
+    text: PromptText = Field(
         "random",
         description="What the measured prompts say: random words (distinct, nothing to repeat); code, windows of "
         "the Python library's held-out files (never trained on by a model the model rule trains); code-edit, such "
