@@ -109,10 +109,12 @@ def load_from_flat(data: dict) -> dict:
 class CellParams(BaseModel):
     """The cell as measured: its load, lengths, sampling and the run's time limits."""
 
-    # unknown keys are refused: a reader never meets a shape the writer does not produce
-    model_config = ConfigDict(extra="forbid")
+    # unknown keys are refused: a reader never meets a shape the writer does not produce. Its
+    # name is `cell` in every file (job files, records, Snakemake's params: finished cells keep
+    # theirs) and `name` here, where `job.cell.cell` read as a stutter
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
 
-    cell: str
+    name: str = Field(alias="cell", description="the cell's name (u8-wide-greedy, r2-mix-greedy, ...)")
     workload: str
     sampling: str
     load: Load = Field(
@@ -204,7 +206,7 @@ def parse_job(data: dict, run: int) -> tuple[JobSpec, list[str]]:
         if entry is None:
             continue
         entry = load_from_flat(entry) if model is CellParams else entry
-        extra = sorted(set(entry) - set(model.model_fields))
+        extra = sorted(set(entry) - {f.alias or k for k, f in model.model_fields.items()})  # as files name them
         unknown += [f"{name}: {k}" for k in extra]
         parts[name] = model(**{k: v for k, v in entry.items() if k not in extra})
     return JobSpec(**parts, run=data.get("run", run)), unknown

@@ -149,7 +149,7 @@ def _new_result(job: JobSpec, session_key: str) -> RunResult:
         model=job.model,
         stack=job.stack.stack,
         topology=job.topology,
-        cell=job.cell.cell,
+        cell=job.cell.name,
         run=job.run,
         # a copy: its warm-up count becomes what the run really sent
         job=RecordedJob(stack=job.stack, cell=job.cell.model_copy(deep=True), run=job.run),
@@ -265,7 +265,7 @@ def profile_decode(held, plan: SessionPlan, job: JobSpec, tokenizer_dir, progres
         return ProfileRecord(status="error", window=window, error="the session's servers were not armed (plan)")
     if progress:
         progress(f"profiling {window.iterations} decode steps")
-    keep = Path(plan.profiler_dir) / f"{job.cell.cell}-run{job.run}"
+    keep = Path(plan.profiler_dir) / f"{job.cell.name}-run{job.run}"
 
     def run_load() -> int:
         spec = cell_load(held.state.urls, held.state.model_id, job.stack, job.cell, 1000 + job.run, tokenizer_dir, 1, 0)

@@ -52,7 +52,7 @@ def profile_cell(
         "model": stack.model,
         "stack": stack.stack,
         "topology": stack.topology,
-        "cell": cell.cell,
+        "cell": cell.name,
         "users": cell.users,
         "tensor_parallel": stack.tensor_parallel,
         "platform": stack.platform,

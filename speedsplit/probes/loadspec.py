@@ -170,7 +170,7 @@ def request_body(spec: LoadSpec, prompt: str, seed: int, output_tokens: int | No
 def prompt_seed(cell: CellParams, run: int) -> int:
     """Prompts differ between cells and runs (a server measures several, and a repeated prompt
     is served from its prefix cache) and are the same for every stack."""
-    return cell.seed + zlib.crc32(f"{cell.cell}/run{run}".encode())
+    return cell.seed + zlib.crc32(f"{cell.name}/run{run}".encode())
 
 
 def cell_load(

@@ -185,7 +185,7 @@ def test_an_open_loop_workload_sweeps_a_ladder_of_rates(tmp_path):
         for rate, met in zip((1, 2, 4), verdicts):
             arrival = {"pattern": "poisson", "rate_rps": float(rate)}
             res = level(stack, 0, met, why=() if met else ("p99 TTFT 3 s > 2 s",), arrival=arrival)
-            res.cell = res.job.cell.cell = f"r{rate}-mix-greedy"
+            res.cell = res.job.cell.name = f"r{rate}-mix-greedy"
             res.job.cell.workload = "mix"
             paths.append(write_result(tmp_path / f"{stack}-{rate}.json", res))
     spec = {"workload": "mix", "sampling": "greedy", "rates": [1, 2, 4], "reference": "vllm-fp16"}

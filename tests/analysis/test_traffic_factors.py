@@ -17,7 +17,7 @@ def open_loop(stack, rate, run, ttft, tpot, goodput, tok_s=100.0, flags=()):
     """A run of an open-loop cell r{rate}-mix-greedy with these medians (p99 twice them)."""
     arrival = {"pattern": "poisson", "rate_rps": float(rate), "requests": 10}
     res = fake_result(stack, 0, run, tok_s, workload="mix", flags=flags, arrival=arrival)
-    res.cell = res.job.cell.cell = f"r{rate:g}-mix-greedy"
+    res.cell = res.job.cell.name = f"r{rate:g}-mix-greedy"
     res.summary.offered_rps = float(rate)
     res.summary.ttft_s = Distribution(mean=ttft, median=ttft, p90=ttft, p99=2 * ttft)
     res.summary.tpot_s = Distribution(mean=tpot, median=tpot, p90=tpot, p99=2 * tpot)
@@ -160,7 +160,7 @@ def test_an_open_loop_cell_is_known_by_its_load_not_its_name(tmp_path):
     for run in range(2):
         for stack, tpot in (("hf-fp16", 0.08), ("vllm-fp16", 0.01), ("vllm-marlin", 0.008)):
             res = open_loop(stack, 4, run, ttft=0.1, tpot=tpot, goodput=4.0)
-            res.cell = res.job.cell.cell = "steady-mix-greedy"  # a name no rule of naming reads
+            res.cell = res.job.cell.name = "steady-mix-greedy"  # a name no rule of naming reads
             results.append(res)
     f = frames(tmp_path, results)
     assert set(f["runs"]["load"]) == {"open"}
@@ -168,7 +168,7 @@ def test_an_open_loop_cell_is_known_by_its_load_not_its_name(tmp_path):
     assert set(f["traffic"]["cell"]) == {"steady-mix-greedy"}
     closed = [fake_result(s, 8, r, 100.0 + r) for s in CHAINS["study"] for r in range(2)]
     for res in closed:
-        res.cell = res.job.cell.cell = "r8-wide-greedy"  # named as a rate's cell, a closed loop
+        res.cell = res.job.cell.name = "r8-wide-greedy"  # named as a rate's cell, a closed loop
     (tmp_path / "closed").mkdir()
     g = frames(tmp_path / "closed", closed)
     assert set(g["runs"]["load"]) == {"closed"} and g["traffic_factors"].is_empty()

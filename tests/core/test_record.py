@@ -130,7 +130,7 @@ def test_a_version_1_result_is_upgraded():
     res = parse_result(v1)
     assert res.schema_version == SCHEMA_VERSION and res.session_key == "tiny/hf-fp16/tp1/all"
     assert res.summary is None and res.server is None and res.model_shape.hidden_size == 128
-    assert res.job.cell.cell == "u8-wide-greedy"
+    assert res.job.cell.name == "u8-wide-greedy"
 
 
 EVIDENCE_RESULTS = sorted((REPO / "docs/evidence").rglob("run*.json"))
