@@ -13,6 +13,11 @@ class ConfigError(UserError, ValueError):
     """A config value is wrong; the message is one line naming the key."""
 
 
+class BadRequest(ValueError):
+    """A request body one of our servers refuses (HTTP 400: the reference and the HF servers),
+    its message the reason the answer gives."""
+
+
 def one_line(exc: BaseException) -> str:
     """How a UserError is shown."""
     return f"speedsplit: {exc}"

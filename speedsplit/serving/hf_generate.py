@@ -38,7 +38,8 @@ from aiohttp import web
 
 from speedsplit.core import apikey
 from speedsplit.serving import logprobs
-from speedsplit.serving.hf_request import SEED_LIMIT, BadRequest, Done, Request, parse_request
+from speedsplit.core.errors import BadRequest
+from speedsplit.serving.hf_request import SEED_LIMIT, Done, Request, parse_request
 
 BATCH_KEY = web.AppKey("batcher", object)
 

@@ -8,14 +8,11 @@ import asyncio
 import math
 from dataclasses import dataclass, field
 
+from speedsplit.core.errors import BadRequest
 from speedsplit.serving import logprobs
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default when a request names none
 SEED_LIMIT = 2**63
-
-
-class BadRequest(ValueError):
-    """A request the server refuses (HTTP 400), with the reason."""
 
 
 @dataclass
@@ -83,7 +80,7 @@ def parse_request(body, served_name: str, tokenizer, context: int) -> Request:
         raise BadRequest(f"the body must be a JSON object, not a {type(body).__name__}")
     if body.get("model") not in (None, served_name):
         raise BadRequest(f"unknown model {body.get('model')!r} (this server serves {served_name!r})")
-    asked = logprobs.asked(body, BadRequest)
+    asked = logprobs.asked(body)
     if asked.echo and body.get("stream"):
         raise BadRequest("echo scoring is answered whole (stream: false)")
     if body.get("stream") is not True and not asked.echo:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from speedsplit.core.errors import BadRequest
 from speedsplit.core.quality import ID_PREFIX
 
 MAX_LOGPROBS = 20  # as OpenAI's completions allow
@@ -21,16 +22,16 @@ class Asked:
     echo: bool = False  # the prompt's own logprobs, before any output
 
 
-def asked(body: dict, bad=ValueError) -> Asked:
-    """The request's logprob fields, or `bad` (an exception class) naming what is wrong."""
+def asked(body: dict) -> Asked:
+    """The request's logprob fields, or BadRequest naming what is wrong."""
     top = body.get("logprobs")
     if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_LOGPROBS):
-        raise bad(f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, not {top!r}")
+        raise BadRequest(f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, not {top!r}")
     for key in ("echo", "return_tokens_as_token_ids"):
         if not isinstance(body.get(key, False), bool):
-            raise bad(f"{key} must be true or false, not {body.get(key)!r}")
+            raise BadRequest(f"{key} must be true or false, not {body.get(key)!r}")
     if body.get("echo") and top is None:
-        raise bad("echo is served with logprobs only (the prompt's scores)")
+        raise BadRequest("echo is served with logprobs only (the prompt's scores)")
     return Asked(top=top, as_ids=bool(body.get("return_tokens_as_token_ids")), echo=bool(body.get("echo")))
 
 

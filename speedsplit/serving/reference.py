@@ -67,6 +67,7 @@ from aiohttp import web
 
 from speedsplit.core import apikey
 from speedsplit.core.awake import Awake
+from speedsplit.core.errors import BadRequest
 from speedsplit.serving import logprobs
 from speedsplit.serving.reference_answers import Answers
 from speedsplit.serving.reference_cache import KvTiers
@@ -112,12 +113,8 @@ class Words:
         return self._first if i == 0 else self._cont[i % self.LENGTH]
 
 
-class BadRequest(ValueError):
-    """A request the server refuses (HTTP 400), with the reason."""
-
-
 @dataclass
-class Server:
+class ServerState:
     """The server's state: its slots, its counts, and how to count a prompt's tokens."""
 
     speed: Speed
@@ -181,7 +178,7 @@ def _parse(body: dict, chat: bool) -> tuple[str, int, bool, dict, logprobs.Asked
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise BadRequest(f"max_tokens must be a positive integer, not {n!r}")
     options = body.get("stream_options") or {}
-    asked = logprobs.Asked() if chat else logprobs.asked(body, BadRequest)  # chat's logprobs: none here
+    asked = logprobs.Asked() if chat else logprobs.asked(body)  # chat's logprobs: none here
     return prompt, n, bool(body.get("stream", False)), options if isinstance(options, dict) else {}, asked
 
 
@@ -217,7 +214,7 @@ async def _until(deadline: float) -> None:
 
 
 async def _answer(request: web.Request, kind: str) -> web.StreamResponse:
-    state: Server = request.app[STATE]
+    state: ServerState = request.app[STATE]
     arrived = time.perf_counter()  # its clock runs from here: reading and counting the prompt is in its TTFT
     try:
         body = await request.json()
@@ -267,7 +264,7 @@ async def _answer(request: web.Request, kind: str) -> web.StreamResponse:
 
 async def _serve_request(
     request: web.Request,
-    state: Server,
+    state: ServerState,
     kind: str,
     fault: str | None,
     prompt_tokens: int,
@@ -364,7 +361,7 @@ def _word_text(ids: list[int]) -> str:
 
 
 async def _answer_probe(
-    request: web.Request, state: Server, kind: str, prompt: str, n: int, stream: bool, asked: logprobs.Asked
+    request: web.Request, state: ServerState, kind: str, prompt: str, n: int, stream: bool, asked: logprobs.Asked
 ) -> web.StreamResponse:
     """A request that asks for logprobs: the prompt scored (echo), or the answer's tokens each
     with logprob 0 (the answer is certain), streamed or not."""
@@ -422,7 +419,7 @@ def make_app(
     app = web.Application(client_max_size=16 * 2**20, middlewares=apikey.middlewares(api_key))
 
     async def start(app: web.Application) -> None:  # the semaphore belongs to the serving loop
-        app[STATE] = Server(speed, faults, served_name, token_ids(model_dir), answers, Words(model_dir))
+        app[STATE] = ServerState(speed, faults, served_name, token_ids(model_dir), answers, Words(model_dir))
 
     async def completions(request: web.Request) -> web.StreamResponse:
         if received is not None:
@@ -443,7 +440,7 @@ def make_app(
         return web.json_response({"object": "list", "data": [{"id": served_name, "object": "model"}]})
 
     async def metrics(request: web.Request) -> web.Response:
-        s: Server = request.app[STATE]
+        s: ServerState = request.app[STATE]
         label = f'{{model_name="{served_name}"}}'
         lines = [
             "# TYPE vllm:num_requests_running gauge",
