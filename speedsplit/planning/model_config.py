@@ -9,36 +9,13 @@ from typing import Literal
 
 from pydantic import Field
 
+from speedsplit.models.train import Training
 from speedsplit.planning.typed_config import Entry, plain_schema
-from speedsplit.core.numbers import Positive
 
 
 class Prequantized(Entry):
     gptq: str = Field("", description="A GPTQ checkpoint folder, for the gptq stacks.")
     awq: str = Field("", description="An AWQ checkpoint folder, for the awq stacks.")
-
-
-class Training(Entry):
-    steps: int = Field(1000, ge=1, description="Optimiser steps (the tiny shape does about 19 a second on 2 cores).")
-    seq_len: int = Field(128, ge=8, description="Tokens per training sequence.")
-    batch: int = Field(16, ge=1, description="Sequences per step.")
-    lr: Positive = Field(0.003, description="Peak learning rate (AdamW, cosine decay).")
-    warmup_steps: int = Field(20, ge=0, description="Steps of linear warm-up.")
-    max_s: Positive | None = Field(
-        None,
-        description="Train at most this long (seconds): the steps the time allows, measured over the first ones, "
-        "the schedule fitted to them (steps at most). The step count then depends on the card; the model's "
-        "speedsplit-model.json records it.",
-    )
-    corpus_bytes: int = Field(
-        4_000_000, ge=100_000, description="Bytes of the Python standard library's sources to train on."
-    )
-    corpus: Literal["stdlib", "installed"] = Field(
-        "stdlib",
-        description="'stdlib': the standard library's sources alone (8 MB on Python 3.12); 'installed': the "
-        "installed packages' sources beside them (more text: what a model of hundreds of millions of parameters "
-        "needs not to learn the library by heart).",
-    )
 
 
 class ModelConfig(Entry):
