@@ -112,7 +112,7 @@ class CellParams(BaseModel):
     # unknown keys are refused: a reader never meets a shape the writer does not produce. Its
     # name is `cell` in every file (job files, records, Snakemake's params: finished cells keep
     # theirs) and `name` here, where `job.cell.cell` read as a stutter
-    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, serialize_by_alias=True)
 
     name: str = Field(alias="cell", description="the cell's name (u8-wide-greedy, r2-mix-greedy, ...)")
     workload: str

@@ -101,7 +101,9 @@ HELD_OUT_BYTES = 400_000  # of the library's held-out files: about 100,000 token
 EDIT_SEPARATOR = "\n\n"  # between a code-edit prompt's passage and the start of its copy
 
 
-def prompts_of(tokenizer_dir, lengths: list[int], seed: int, text: str = "random", output_tokens: int = 0) -> list[str]:
+def prompts_of(
+    tokenizer_dir, lengths: list[int], seed: int, text: PromptText = "random", output_tokens: int = 0
+) -> list[str]:
     """Distinct prompts of exactly these lengths in tokens, from the seed alone: random words,
     or held-out code (`text`: PROMPT_TEXTS; a code-edit prompt leaves output_tokens of its
     passage to copy where its length allows)."""

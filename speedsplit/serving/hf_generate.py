@@ -37,8 +37,8 @@ import uuid
 from aiohttp import web
 
 from speedsplit.core import apikey
-from speedsplit.serving import logprobs
 from speedsplit.core.errors import BadRequest
+from speedsplit.serving import logprobs
 from speedsplit.serving.hf_request import SEED_LIMIT, Done, Request, parse_request
 
 BATCH_KEY = web.AppKey("batcher", object)
