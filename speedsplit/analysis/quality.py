@@ -272,8 +272,8 @@ def steps_frame(
 ) -> pl.DataFrame:
     """One row per chain step whose two stacks were probed; `variants` (each stack's weights:
     fp16, gptq ...) tells the steps that keep the weights and change only what serves them; a
-    step to a `lossless` stack (speculative decoding) fails its gate where any of its greedy
-    continuations differs from the stack before's."""
+    step to a `lossless` stack (speculative decoding) is judged by its greedy continuations
+    (_lossless)."""
     variants = variants or {}
     rows = []
     for model, topology in sorted({(m, t) for m, t, _ in records}):
@@ -314,14 +314,36 @@ def steps_frame(
                 row["perplexity_ratio"], row["perplexity_ratio_lo"], row["perplexity_ratio_hi"] = ratio
                 row |= _gate(rec, ref, members[0], b, gate)
                 if b in lossless and row.get("prompts"):  # greedy speculative decoding changes no token
-                    differ = row["prompts"] - row["agree"]
-                    row["lossless"] = differ == 0
-                    if differ:
-                        said = f"NOT LOSSLESS: {differ} of {row['prompts']} greedy continuations differ from {a}'s"
-                        row["note"] = "; ".join(n for n in (said, row["note"]) if n)
-                        row["passes"] = False
+                    row |= _lossless(row, _gate(rec, ref, members[0], a, gate), a, gate)
                 rows.append(row)
     return pl.DataFrame(rows, schema=STEP_SCHEMA)
+
+
+def _lossless(row: dict, before: dict, a: str, gate: float) -> dict:
+    """A step to a lossless stack (speculative decoding) judged by what lossless means: every
+    greedy continuation token for token the stack before's, so its quality is that stack's
+    (`before`, that stack's own gate). Its prompt scores do not judge it: a server whose
+    answers are the step before's while its prompt logprobs put the same weights' perplexity
+    elsewhere serves wrong prompt logprobs, which the note says (the ratio stays as measured)."""
+    differ = row["prompts"] - row["agree"]
+    if differ:
+        said = f"NOT LOSSLESS: {differ} of {row['prompts']} greedy continuations differ from {a}'s"
+        return {"lossless": False, "passes": False, "note": "; ".join(n for n in (said, row["note"]) if n)}
+    out = {
+        "lossless": True,
+        "reference": before["reference"] if before["passes"] is not None else a,
+        "gate_basis": "lossless",
+        "quality_share": before["quality_share"] if before["passes"] is not None else 1.0,
+        "passes": before["passes"] if before["passes"] is not None else True,
+    }
+    ratio = row.get("perplexity_ratio")
+    if ratio is not None and not gate <= ratio <= 1 / gate:
+        said = (
+            f"its prompt scores are wrong, not its answers: perplexity {ratio:.4g}x {a}'s on the same "
+            f"weights with all {row['prompts']} greedy continuations the same"
+        )
+        out["note"] = "; ".join(n for n in (row["note"], said) if n)
+    return out
 
 
 def _same(variants: dict, a: tuple, b: tuple) -> bool | None:

@@ -201,3 +201,33 @@ def test_a_lossless_step_fails_its_gate_on_any_continuation_that_differs(probed)
     assert differ > 0 and b["lossless"] is False and b["passes"] is False
     assert b["note"].startswith(f"NOT LOSSLESS: {differ} of 16 greedy continuations differ from ref-a's")
     assert rows["ref-same"]["lossless"] is True and rows["ref-same"]["passes"] is True
+
+
+def test_a_lossless_step_is_judged_by_its_answers_not_by_wrong_prompt_scores(probed, tiny_model):
+    """A speculative server whose greedy answers are ref-a's token for token but whose prompt
+    logprobs are wrong (scored at NLL 3.0 a token for ref-a's 1.0, as vLLM's OpenAI server with a
+    draft model and CUDA graphs scored a trained model's prompts on one H200): its step passes as
+    lossless, with ref-a's quality, the ratio kept as measured and a note naming the scores."""
+    url = R.serve_in_thread(
+        R.make_app(Speed(0.0, 0.0), served_name="m", model_dir=str(tiny_model), answers=Answers(nll=3.0))
+    )
+    records = {**probed, ("tiny", "tp1", "ref-scores"): (quality.run(url, "m", "vllm", PROBE, tiny_model), "trained")}
+    chains = {"spec": ["ref-a", "ref-scores"], "after-c": ["ref-a", "ref-c", "ref-c-spec"]}
+    records[("tiny", "tp1", "ref-c-spec")] = probed[("tiny", "tp1", "ref-c")]
+    steps = Q.steps_frame(records, chains, {}, None, gate=0.99, lossless={"ref-scores", "ref-c-spec"})
+    rows = {r["to_stack"]: r for r in steps.iter_rows(named=True)}
+    s = rows["ref-scores"]
+    assert s["agree"] == s["prompts"] == 16 and s["lossless"] is True
+    assert s["perplexity_ratio"] == pytest.approx(math.exp(2.0), rel=1e-9)
+    assert s["gate_basis"] == "lossless" and s["reference"] == "ref-a"
+    assert s["quality_share"] == 1.0 and s["passes"] is True
+    assert s["note"].endswith(
+        f"its prompt scores are wrong, not its answers: perplexity {math.exp(2.0):.4g}x ref-a's on the same "
+        "weights with all 16 greedy continuations the same"
+    )
+    assert step_line(s).endswith("passes the 99% gate (lossless: its greedy answers are ref-a's)")
+    # after a step that loses quality, a lossless one keeps the quality of the stack before it
+    c, spec = rows["ref-c"], rows["ref-c-spec"]
+    assert spec["lossless"] is True and spec["note"] == ""
+    assert spec["quality_share"] == c["quality_share"] == pytest.approx(math.exp(-0.5))
+    assert spec["reference"] == "ref-a" and spec["passes"] is c["passes"] is False

@@ -150,7 +150,12 @@ def step_line(r: dict) -> str:
         parts.append(", ".join(q))
     if r["passes"] is not None:
         verdict = "passes" if r["passes"] else "FAILS"
-        parts.append(f"{verdict} the {r['gate'] * 100:.0f}% gate ({r['gate_basis']} against {r['reference']})")
+        basis = (
+            f"lossless: its greedy answers are {r['from_stack']}'s"
+            if r["gate_basis"] == "lossless"
+            else f"{r['gate_basis']} against {r['reference']}"
+        )
+        parts.append(f"{verdict} the {r['gate'] * 100:.0f}% gate ({basis})")
     elif r["gate_basis"] == "the reference":
         parts.append("the quality gate's reference")
     return f"{name}: {'; '.join(parts) or 'no quality measured'}"
