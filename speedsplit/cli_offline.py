@@ -12,7 +12,7 @@ def _bundle_args(p):
     p.add_argument("--have", metavar="FREEZE", help="the host's `pip freeze`: what it has already")
     p.add_argument("--python-version", default="3.12", help="the host's Python (major.minor)")
     p.add_argument("--out", default="bundle", help="the folder to write (parts, SHA256SUMS, install.py)")
-    p.add_argument("--part-mib", type=float, default=58.0, help="the largest part, in MiB")
+    p.add_argument("--part-mib", type=float, help="the largest part, in MiB (default 58, bundle.PART_MIB)")
     p.add_argument("--omit", metavar="FILE", help="'package: why' lines: left out on purpose (fnmatch patterns)")
     p.add_argument("--find-links", action="append", default=[], metavar="DIR", help="wheels built elsewhere")
     p.add_argument("--lock", metavar="FILE", help="name==version pins taken where a requirement allows them")
@@ -22,7 +22,8 @@ def _bundle(args) -> int:
     from speedsplit.offline import bundle
 
     target = bundle.Target(args.python_version, find_links=tuple(args.find_links))
-    bundle.build(args.requirements, args.out, target, args.have, args.part_mib, args.omit, args.lock)
+    part_mib = args.part_mib or bundle.PART_MIB
+    bundle.build(args.requirements, args.out, target, args.have, part_mib, args.omit, args.lock)
     return 0
 
 

@@ -43,6 +43,9 @@ from speedsplit.core.errors import UserError
 from speedsplit.offline import host
 
 REPO = Path(__file__).resolve().parents[2]
+# The largest part: a GPU host takes at most 64 MiB a transfer, a part and the workflow's tree
+# (its evidence folders out of it: tests/workflow/test_evidence.py) together.
+PART_MIB = 58.0
 # manylinux tags a wheel for an x86-64 Linux host may carry (glibc 2.17 to 2.39)
 LINUX_X86_64 = [f"manylinux_2_{n}_x86_64" for n in range(17, 40)] + ["manylinux2014_x86_64", "linux_x86_64"]
 
@@ -288,7 +291,7 @@ def build(
     out: str | Path,
     target: Target,
     have: str | Path | None = None,
-    part_mib: float = 58.0,
+    part_mib: float = PART_MIB,
     omit: str | Path | None = None,
     lock: str | Path | None = None,
     progress=print,

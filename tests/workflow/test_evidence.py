@@ -96,16 +96,23 @@ def test_no_evidence_file_is_ignored_by_git():
     assert probe.stdout == ""
 
 
-def test_the_tree_a_gpu_host_copies_stays_under_64_mib():
-    """A GPU host takes a copy of the working tree (tracked files and untracked ones git does not
-    ignore) of at most 64 MiB: evidence beyond that would stop every GPU run."""
+def test_the_tree_a_gpu_host_copies_leaves_room_for_a_bundle_part():
+    """A GPU host takes at most 64 MiB a transfer: the working tree (tracked files and untracked
+    ones git does not ignore) and one bundle part. The evidence folders' raw results together
+    pass that (66 MiB on 2026-12-07), so a run on a card is made from the tree without them
+    (docs/evidence/README.md); what is left must leave a part its room."""
     import subprocess
+
+    from speedsplit.offline.bundle import PART_MIB
 
     listed = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO, capture_output=True
     )
     if listed.returncode != 0:
         pytest.skip("not a git checkout")
-    paths = [REPO / p for p in listed.stdout.decode().split("\0") if p]
+    evidence = {p.relative_to(REPO).as_posix() + "/" for p in EVIDENCE}
+    paths = [REPO / p for p in listed.stdout.decode().split("\0") if p and not any(p.startswith(e) for e in evidence)]
     mib = sum(p.stat().st_size for p in paths if p.is_file()) / 2**20
-    assert mib < 64, f"the tree a GPU host copies is {mib:.1f} MiB (limit 64): commit less evidence (.gitignore)"
+    assert mib + PART_MIB < 64, (
+        f"the tree a GPU host copies, less its evidence, is {mib:.1f} MiB: with a {PART_MIB:g} MiB bundle part over 64"
+    )
