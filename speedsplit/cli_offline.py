@@ -8,7 +8,12 @@ from collections.abc import Callable
 
 
 def _bundle_args(p):
-    p.add_argument("--requirements", default="requirements/gpu.txt", help="what the host must be able to run")
+    p.add_argument(
+        "--requirements",
+        nargs="+",
+        default=["requirements/gpu.txt"],
+        help="what the host must be able to run (several files: resolved together, e.g. an add-on's after the base's)",
+    )
     p.add_argument("--have", metavar="FREEZE", help="the host's `pip freeze`: what it has already")
     p.add_argument("--python-version", default="3.12", help="the host's Python (major.minor)")
     p.add_argument("--out", default="bundle", help="the folder to write (parts, SHA256SUMS, install.py)")

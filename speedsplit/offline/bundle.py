@@ -287,7 +287,7 @@ def project_wheel(project: Path, into: Path) -> Path:
 
 
 def build(
-    requirements: str | Path,
+    requirements: str | Path | list[str | Path],
     out: str | Path,
     target: Target,
     have: str | Path | None = None,
@@ -296,7 +296,9 @@ def build(
     lock: str | Path | None = None,
     progress=print,
 ) -> dict:
-    """Build the bundle in `out` (emptied first); returns its manifest."""
+    """Build the bundle in `out` (emptied first) for one requirements file or several (an
+    add-on's beside the base's, resolved together); returns its manifest."""
+    files_in = [Path(requirements)] if isinstance(requirements, (str, Path)) else [Path(r) for r in requirements]
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not (out / host.SUMS).exists():
         raise BundleBuildError(f"{out}: exists and is not a bundle; refusing to empty it")
@@ -307,7 +309,7 @@ def build(
         stage = Path(tmp) / "stage"
         wheels = stage / "wheels"
         wheels.mkdir(parents=True)
-        reqs, pins = read_requirements(requirements), read_freeze(lock) if lock else {}
+        reqs, pins = [r for f in files_in for r in read_requirements(f)], read_freeze(lock) if lock else {}
         got = resolve(reqs, held, target, wheels, read_omit(omit) if omit else {}, pins, progress)
         picked, shadows, kept = got.picked, got.shadows, sorted(got.kept)
         tree = project_files()
@@ -319,7 +321,7 @@ def build(
         files = sorted(p.file for p in picked.values()) + [own.name]
         manifest = {
             "target": {"python_version": target.python_version, "platforms": list(target.platforms)},
-            "requirements": Path(requirements).read_text().splitlines(),
+            "requirements": [line for f in files_in for line in f.read_text().splitlines()],
             "wheels": [_entry(wheels / f, picked) for f in files],
             "project": {"files": len(tree), "bytes": sum((REPO / f).stat().st_size for f in tree)},
             "commit": _commit(),

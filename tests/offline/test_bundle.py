@@ -16,10 +16,13 @@ PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     d = tmp_path_factory.mktemp("bundle")
-    (d / "req.txt").write_text("requests==2.32.3\ntabulate\n")
+    (d / "req.txt").write_text("requests==2.32.3\n")
+    (d / "addon.txt").write_text("tabulate\n")  # an add-on's requirements, resolved with the base's
     # the host has certifi and idna at versions requests accepts, urllib3 at one it refuses
     (d / "have.txt").write_text("certifi==2024.8.30\nidna==3.10\nurllib3==1.20\n-e git+https://example#egg=x\n")
-    manifest = bundle.build(d / "req.txt", d / "out", bundle.Target(PY), d / "have.txt", part_mib=0.25)
+    manifest = bundle.build(
+        [d / "req.txt", d / "addon.txt"], d / "out", bundle.Target(PY), d / "have.txt", part_mib=0.25
+    )
     return d, manifest
 
 
@@ -28,6 +31,7 @@ def test_a_bundle_holds_what_the_host_lacks_one_version_each_and_installs_from_i
     d, manifest = built
     names = {w["name"] for w in manifest["wheels"]}
     assert {"requests", "tabulate", "urllib3", "charset-normalizer", "speedsplit"} <= names
+    assert manifest["requirements"] == ["requests==2.32.3", "tabulate"]
     assert not names & {"certifi", "idna"} and set(manifest["host_has"]) == {"certifi", "idna"}
     assert [(s["name"], s["host"]) for s in manifest["shadows"]] == [("urllib3", "1.20")]
     assert len(names) == len(manifest["wheels"])  # one version each
