@@ -270,11 +270,17 @@ def _check_references(config: dict) -> None:
         _check_draft(config, stack, stack_config.stack_config(config, stack))
     if platform_of(config) == "cpu":
         for stack in bench_stacks(config):
-            if kv_offload(stack_config.stack_config(config, stack)):
+            backend = kv_offload(stack_config.stack_config(config, stack))
+            if backend:
+                why = (
+                    "LMCache's kernels are built for CUDA (its wheel links libcudart)"
+                    if backend.startswith("LMCache")
+                    else "vLLM offloads its KV cache on CUDA and XPU GPUs only (its CPU build refuses: 'CPU "
+                    "Offloading is currently only supported on CUDA-alike and XPU GPUs')"
+                )
                 raise ConfigError(
-                    f"config error at stacks.{stack}: vLLM offloads its KV cache on CUDA and XPU GPUs only (its CPU "
-                    "build refuses: 'CPU Offloading is currently only supported on CUDA-alike and XPU GPUs'); "
-                    "measure this stack on a GPU (the reference server's --offload-cache-tokens rehearses the step)"
+                    f"config error at stacks.{stack}: {why}; measure this stack on a GPU (the reference server's "
+                    "--offload-cache-tokens rehearses the step)"
                 )
     for i, model in enumerate(bench.models):
         if model not in config["models"]:

@@ -125,14 +125,31 @@ def _speculative(s: StackConfig) -> str | None:
     return None
 
 
+# vLLM's KV connectors that keep what the card evicts beyond it, by the backend they are
+KV_OFFLOAD_CONNECTORS = {
+    "OffloadingConnector": "native",
+    "SimpleCPUOffloadConnector": "native",
+    "LMCacheConnectorV1": "LMCache",  # LMCache in the engine's process (its CPU tier: LMCACHE_* env)
+    "LMCacheMPConnector": "LMCache server",  # a standalone LMCache server's (vLLM 0.26's --kv-offloading-backend lmcache)
+}
+
+
 def kv_offload(s: StackConfig) -> str | None:
-    """The KV-cache offload backend a stack's vLLM server is given (--kv-offloading-size set:
-    --kv-offloading-backend, native by default), or None."""
+    """The KV-cache offload backend a stack's vLLM server is given, or None:
+    --kv-offloading-size set (--kv-offloading-backend, native by default), or a
+    --kv-transfer-config naming one of KV_OFFLOAD_CONNECTORS."""
     args = s.args + s.on_gpu.args + s.on_cpu.args
-    if "--kv-offloading-size" not in args:
-        return None
-    at = args.index("--kv-offloading-backend") if "--kv-offloading-backend" in args[:-1] else None
-    return args[at + 1] if at is not None else "native"
+    if "--kv-offloading-size" in args:
+        at = args.index("--kv-offloading-backend") if "--kv-offloading-backend" in args[:-1] else None
+        backend = args[at + 1] if at is not None else "native"
+        return "LMCache server" if backend == "lmcache" else backend
+    if "--kv-transfer-config" in args[:-1]:
+        try:
+            told = json.loads(args[args.index("--kv-transfer-config") + 1].replace("{{", "{").replace("}}", "}"))
+        except ValueError:
+            return None
+        return KV_OFFLOAD_CONNECTORS.get(told.get("kv_connector")) if isinstance(told, dict) else None
+    return None
 
 
 def _only_prefix_caching(a: StackConfig, b: StackConfig) -> bool:

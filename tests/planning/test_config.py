@@ -1,3 +1,4 @@
+import json
 import subprocess
 
 import pytest
@@ -300,6 +301,13 @@ def test_kv_cache_offload_on_a_cpu_is_refused_in_one_line_naming_the_stack(tmp_p
         C.load(top)
     top.write_text(yaml.safe_dump({"platform": "cuda", "benchmark": {"stacks": ["vllm-fp16", "vllm-fp16-offload"]}}))
     assert C.load(top)["benchmark"]["stacks"] == ["vllm-fp16", "vllm-fp16-offload"]
+    top.write_text(yaml.safe_dump({"benchmark": {"stacks": ["vllm-fp16-lmcache"]}}))
+    with pytest.raises(
+        ConfigError,
+        match=r"^config error at stacks.vllm-fp16-lmcache: LMCache's kernels are built for CUDA \(its wheel links libcudart\); "
+        "measure this stack on a GPU",
+    ):
+        C.load(top)
 
 
 def test_a_model_that_only_drafts_is_not_benchmarked_and_a_draft_is_checked_in_one_line(tmp_path):
@@ -347,3 +355,17 @@ def test_the_speculative_gpu_config_serves_the_small_pair():
     assert G.bench_models(cfg) == ["small"] and draft_models(cfg) == {"small-draft"}
     assert G.stack_params(cfg, "small", "vllm-fp16-draft", "tp1")["draft_model"] == "small-draft"
     assert cfg["chains"] == {"study": ["vllm-fp16", "vllm-fp16-ngram"], "kernel": ["vllm-fp16", "vllm-fp16-draft"]}
+
+
+def test_the_lmcache_gpu_config_sets_both_offload_steps_side_by_side():
+    """config/h100-sessions-lmcache.yaml over the sessions: vLLM FP16, then its native offload or
+    LMCache's, each held to the same 4 GiB card cache, the steps named by their backend."""
+    cfg = C.load(
+        REPO / "config/h200-smoke.yaml", REPO / "config/h200-sessions.yaml", REPO / "config/h100-sessions-lmcache.yaml"
+    )
+    assert cfg["benchmark"]["stacks"] == ["vllm-fp16", "vllm-fp16-offload", "vllm-fp16-lmcache"]
+    assert G.chain_steps(cfg) == {"study": ["KV-cache offload (native)"], "kernel": ["KV-cache offload (LMCache)"]}
+    lmcache = G.stack_params(cfg, "llama-3.1-8b", "vllm-fp16-lmcache", "tp1")
+    assert lmcache["kv_cache_gib"] == 4 and lmcache["env"]["LMCACHE_MAX_LOCAL_CPU_SIZE"] == "16"
+    at = lmcache["args"].index("--kv-transfer-config")
+    assert json.loads(lmcache["args"][at + 1].format()) == {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}

@@ -9,7 +9,7 @@ from speedsplit.core.errors import ConfigError
 from speedsplit.core.specs import CellParams, load_from_flat
 from speedsplit.planning import config as C
 from speedsplit.planning import grid as G
-from speedsplit.planning.stack_config import stack_config
+from speedsplit.planning.stack_config import StackConfig, stack_config
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +26,7 @@ def test_each_step_is_named_from_its_two_stacks(cfg):
     chains = {
         "engine": ["hf-fp16", "vllm-fp16", "vllm-fp16-ngram"],
         "offload": ["vllm-fp16", "vllm-fp16-offload"],
+        "lmcache": ["vllm-fp16", "vllm-fp16-lmcache"],
         "cache": ["vllm-fp16-noprefix", "vllm-fp16"],
         "kernels": ["vllm-fp16", "vllm-gptq-exllama", "vllm-marlin", "vllm-awq-marlin"],
         "hf": ["hf-generate", "hf-generate-b64", "hf-fp16"],
@@ -37,6 +38,7 @@ def test_each_step_is_named_from_its_two_stacks(cfg):
     assert G.chain_steps({**cfg, "chains": chains}) == {
         "engine": ["runtime", "speculative decoding (ngram)"],
         "offload": ["KV-cache offload (native)"],
+        "lmcache": ["KV-cache offload (LMCache)"],  # its --kv-transfer-config's connector
         "cache": ["prefix caching"],
         # a kernel step in the chain: the weight steps are the format alone
         "kernels": ["INT4 format (vllm-fp16 → vllm-gptq-exllama)", "kernel", "INT4 format (vllm-marlin → vllm-awq-marlin)"],
@@ -117,3 +119,21 @@ def test_a_stacks_params_are_its_definition_with_its_model_and_topology(cfg):
     params = G.stack_params(cfg, "tiny", "vllm-fp16", "tp1")
     assert (params["model"], params["stack"], params["topology"]) == ("tiny", "vllm-fp16", "tp1")
     assert params["platform"] == G.platform_of(cfg) and G.topology_gpus(cfg, "tp1") == 1
+
+
+@pytest.mark.parametrize(
+    "args, backend",
+    [
+        (["--kv-offloading-size", "16"], "native"),
+        (["--kv-offloading-size", "16", "--kv-offloading-backend", "lmcache"], "LMCache server"),
+        (["--kv-transfer-config", '{{"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}}'], "LMCache"),
+        (["--kv-transfer-config", '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both"}'], "native"),
+        # a connector that moves KV between instances (disaggregated prefill) keeps nothing offloaded
+        (["--kv-transfer-config", '{"kv_connector": "NixlConnector", "kv_role": "kv_both"}'], None),
+        (["--kv-transfer-config", "not json"], None),
+        ([], None),
+    ],
+)
+def test_a_stacks_kv_offload_backend_is_read_from_either_flag(args, backend):
+    entry = StackConfig.model_validate({"args": ["{python}", "-m", "vllm.entrypoints.openai.api_server", *args]})
+    assert G.kv_offload(entry) == backend
