@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import signal
+from datetime import datetime
 from pathlib import Path
 
 
@@ -19,12 +20,14 @@ def launch_output(log_path: str | Path, offset: int) -> str:
         return ""
 
 
-# A log line that names a failure: an exception with its message, a fatal CUDA or memory
-# error, the kernel's "Killed", a command line's refusal ("api_server.py: error: unrecognized
-# arguments: ..."). vLLM prefixes its lines with the process and level.
+# A log line that names a failure: an exception with its message (a class named ...Error or
+# ...Exception, or a traceback's last line, `package.module.Class: message`), a fatal CUDA or
+# memory error, the kernel's "Killed", a command line's refusal ("api_server.py: error:
+# unrecognized arguments: ..."). Class names are matched as written (a line of code that says
+# send_no_error names nothing). vLLM prefixes its lines with the process and level.
 _CAUSE = re.compile(
-    r"(?:\b[A-Z]\w*(?:Error|Exception)\b:?.*|CUDA error:.*|\bout of memory\b.*|^Killed$|Segmentation fault.*"
-    r"|(?<=: )error: .+|^error: .+)",
+    r"(?:(?-i:\b[A-Z]\w*(?:Error|Exception))\b:?.*|(?-i:^[a-z_]\w*(?:\.[a-z_]\w*)+\.[A-Z]\w*): .+"
+    r"|CUDA error:.*|\bout of memory\b.*|^Killed$|Segmentation fault.*|(?<=: )error: .+|^error: .+)",
     re.I,
 )
 _PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?(?:(?:ERROR|CRITICAL|WARNING|INFO)\s+[\d-]+ [\d:.]+ \[[^\]]*\]\s*)?")
@@ -86,7 +89,8 @@ _FACTS = {
     "kv_cache_fit_gib": [r"--kv-cache-memory=\d+` \(([\d.]+) GiB\) to fit into requested memory"],
     "max_concurrency": [r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x"],
     # where a vLLM start-up went (the rest of startup_s: imports, the API server, health polls)
-    "load_s": [r"Model loading took [\d.]+ ?GiB and ([\d.]+) seconds"],
+    # (vLLM's V1 model runner says "GiB memory and"; a drafter's compile is added to the model's)
+    "load_s": [r"Model loading took [\d.]+ ?GiB(?: memory)? and ([\d.]+) seconds"],
     "compile_s": [r"torch\.compile took ([\d.]+) s in total"],
     "graphs_s": [r"Graph capturing finished in ([\d.]+) secs"],
     "engine_init_s": [r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"],
@@ -109,12 +113,23 @@ _WARM = re.compile(r"Directly load (?:the compiled graph|AOT compilation)")
 _COLD = re.compile(r"Compiling a graph for compile range|saved AOT compiled function")
 
 
+# Facts a launch reports once per model it compiles (a speculative drafter's too): their sum
+_SUMMED = {"compile_s"}
+
+
 def engine_facts(log_text: str) -> dict:
-    """Facts the engine reported about itself (first match of each), None where silent."""
+    """Facts the engine reported about itself (first match of each, or the sum of every
+    match for _SUMMED), None where silent."""
     facts: dict = {}
     for key, patterns in _FACTS.items():
         facts[key] = None
         for pat in patterns:
+            if key in _SUMMED:
+                found = [_NUMBERS[key](v) for v in re.findall(pat, log_text)]
+                facts[key] = round(sum(found), 3) if found else None
+                if found:
+                    break
+                continue
             m = re.search(pat, log_text)
             if m:
                 value = m.group(1).replace(",", "")
@@ -151,8 +166,9 @@ def _span_s(log_text: str, start: str, end: str) -> float | None:
         if m is None:
             return None
         mo, d, h, mi, sec = map(int, m.groups())
-        times.append((((mo * 31 + d) * 24 + h) * 60 + mi) * 60 + sec)  # one clock, month lengths aside
-    return float(times[1] - times[0]) if times[1] >= times[0] else None
+        # the lines carry no year: a leap one, so that 02-29 reads (a span across a new year reads back in time)
+        times.append(datetime(2000, mo, d, h, mi, sec))
+    return (times[1] - times[0]).total_seconds() if times[1] >= times[0] else None
 
 
 def kernel_matches(expect: str, kernel: str | None) -> bool | None:
