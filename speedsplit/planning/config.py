@@ -299,11 +299,15 @@ def _check_references(config: dict) -> None:
             raise ConfigError(
                 f"config error at topologies.{topo}: needs {need} GPUs but gpus_available is {config['gpus_available']}"
             )
-    for model in bench_models(config):
+    # the benchmarked models, and those a benchmarked stack drafts with (the model rule makes both)
+    drafts = {stack_config.stack_config(config, s).draft_model for s in bench_stacks(config)} - {None}
+    for model in [*bench_models(config), *sorted(drafts - set(bench_models(config)))]:
         entry = model_config.model_config(config, model)
         if entry.source == "hub" and not entry.repo:
             raise ConfigError(f"config error at models.{model}.repo: a hub model needs a repo id")
         check_own_weights(config, model, entry)
+        if model in drafts and model not in bench_models(config):
+            continue  # a draft serves no workload of its own
         for wname in {c.workload for c in cells(config) if c.kind != "trace"}:
             w = workload_config.workload_config(config, wname)
             held = _session_context(w, wname)

@@ -70,16 +70,12 @@ def check_formats(config: dict) -> None:
                 f"config error at stacks.{stack}.variant: fp8 (vLLM's dynamic W8A8) needs a CUDA card with FP8 "
                 f"units (Ada, Hopper or newer); this config's platform is {platform}"
             )
-        if variant != "awq":
-            continue
-        for model in bench_models(config):
-            if model_config(config, model).prequantized.awq:
-                continue
-            if quantization_config(config).method == "dummy":
-                raise ConfigError(
-                    f"config error at quantization.method: dummy writes GPTQ configs only; stack {stack} serves "
-                    f"AWQ (use gptqmodel, or give models.{model}.prequantized.awq)"
-                )
+        # (a checkpoint of one's own is refused with dummy too: check_own_weights)
+        if variant == "awq" and quantization_config(config).method == "dummy":
+            raise ConfigError(
+                f"config error at quantization.method: dummy writes GPTQ configs only; stack {stack} serves AWQ "
+                "(use gptqmodel)"
+            )
 
 
 def _check_llama_cpp(config: dict) -> None:
