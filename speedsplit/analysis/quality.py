@@ -329,12 +329,12 @@ def _lossless(row: dict, before: dict, a: str, gate: float) -> dict:
     if differ:
         said = f"NOT LOSSLESS: {differ} of {row['prompts']} greedy continuations differ from {a}'s"
         return {"lossless": False, "passes": False, "note": "; ".join(n for n in (said, row["note"]) if n)}
+    if before["passes"] is None:  # the stack before is the reference, or nothing judges it: its answers stand
+        before = {"reference": a, "quality_share": 1.0, "passes": True}
     out = {
         "lossless": True,
-        "reference": before["reference"] if before["passes"] is not None else a,
         "gate_basis": "lossless",
-        "quality_share": before["quality_share"] if before["passes"] is not None else 1.0,
-        "passes": before["passes"] if before["passes"] is not None else True,
+        **{k: before[k] for k in ("reference", "quality_share", "passes")},
     }
     ratio = row.get("perplexity_ratio")
     if ratio is not None and not gate <= ratio <= 1 / gate:

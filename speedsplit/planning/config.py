@@ -28,6 +28,7 @@ from speedsplit.planning.grid import (
     cells,
     family,
     declared_cells,
+    draft_models,
     kv_offload,
     platform_of,
     topology_gpus,
@@ -300,13 +301,14 @@ def _check_references(config: dict) -> None:
                 f"config error at topologies.{topo}: needs {need} GPUs but gpus_available is {config['gpus_available']}"
             )
     # the benchmarked models, and those a benchmarked stack drafts with (the model rule makes both)
-    drafts = {stack_config.stack_config(config, s).draft_model for s in bench_stacks(config)} - {None}
-    for model in [*bench_models(config), *sorted(drafts - set(bench_models(config)))]:
+    benched = bench_models(config)
+    drafts = draft_models(config, bench_stacks(config)) - set(benched)
+    for model in [*benched, *sorted(drafts)]:
         entry = model_config.model_config(config, model)
         if entry.source == "hub" and not entry.repo:
             raise ConfigError(f"config error at models.{model}.repo: a hub model needs a repo id")
         check_own_weights(config, model, entry)
-        if model in drafts and model not in bench_models(config):
+        if model in drafts:
             continue  # a draft serves no workload of its own
         for wname in {c.workload for c in cells(config) if c.kind != "trace"}:
             w = workload_config.workload_config(config, wname)

@@ -111,18 +111,25 @@ def _only(a: StackConfig, b: StackConfig, flag: str) -> bool:
     return a.args != b.args and without(a.args) == without(b.args)
 
 
+def _flag_json(args: list[str], flag: str) -> dict | None:
+    """The JSON object after a flag in a stack's arguments (its braces, doubled for the
+    placeholders, read single): {} where it is not one, None where the flag is absent."""
+    if flag not in args[:-1]:
+        return None
+    try:
+        value = json.loads(args[args.index(flag) + 1].replace("{{", "{").replace("}}", "}"))
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def _speculative(s: StackConfig) -> str | None:
     """The speculative method a stack's vLLM server is given (--speculative-config's method,
     else its draft model's), or None."""
-    args = s.args
-    for i, arg in enumerate(args[:-1]):
-        if arg == "--speculative-config":
-            try:
-                spec = json.loads(args[i + 1].replace("{{", "{").replace("}}", "}"))
-            except ValueError:
-                return "speculative"
-            return str(spec.get("method") or ("draft model" if spec.get("model") else "speculative"))
-    return None
+    spec = _flag_json(s.args, "--speculative-config")
+    if spec is None:
+        return None
+    return str(spec.get("method") or ("draft model" if spec.get("model") else "speculative"))
 
 
 # vLLM's KV connectors that keep what the card evicts beyond it, by the backend they are
@@ -143,13 +150,8 @@ def kv_offload(s: StackConfig) -> str | None:
         at = args.index("--kv-offloading-backend") if "--kv-offloading-backend" in args[:-1] else None
         backend = args[at + 1] if at is not None else "native"
         return "LMCache server" if backend == "lmcache" else backend
-    if "--kv-transfer-config" in args[:-1]:
-        try:
-            told = json.loads(args[args.index("--kv-transfer-config") + 1].replace("{{", "{").replace("}}", "}"))
-        except ValueError:
-            return None
-        return KV_OFFLOAD_CONNECTORS.get(told.get("kv_connector")) if isinstance(told, dict) else None
-    return None
+    told = _flag_json(args, "--kv-transfer-config")
+    return KV_OFFLOAD_CONNECTORS.get(told.get("kv_connector")) if told is not None else None
 
 
 def _only_prefix_caching(a: StackConfig, b: StackConfig) -> bool:
@@ -218,9 +220,10 @@ def bench_models(config: dict) -> list[str]:
     return list(benchmark_config(config).models) or [m for m in config["models"] if m not in drafts]
 
 
-def draft_models(config: dict) -> set[str]:
-    """The models some stack's speculative decoding drafts with (stacks.*.draft_model)."""
-    return {s.draft_model for s in stacks_of(config).values() if s.draft_model}
+def draft_models(config: dict, stacks: list[str] | None = None) -> set[str]:
+    """The models some stack's speculative decoding drafts with (stacks.*.draft_model; of
+    those stacks where named)."""
+    return {s.draft_model for s in stacks_of(config, stacks).values() if s.draft_model}
 
 
 def has_int4_stack(config: dict) -> bool:

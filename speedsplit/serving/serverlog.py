@@ -123,13 +123,11 @@ def engine_facts(log_text: str) -> dict:
     facts: dict = {}
     for key, patterns in _FACTS.items():
         facts[key] = None
+        if key in _SUMMED:
+            found = [_NUMBERS[key](v) for pat in patterns for v in re.findall(pat, log_text)]
+            facts[key] = round(sum(found), 3) if found else None
+            continue
         for pat in patterns:
-            if key in _SUMMED:
-                found = [_NUMBERS[key](v) for v in re.findall(pat, log_text)]
-                facts[key] = round(sum(found), 3) if found else None
-                if found:
-                    break
-                continue
             m = re.search(pat, log_text)
             if m:
                 value = m.group(1).replace(",", "")
