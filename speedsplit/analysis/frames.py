@@ -73,6 +73,7 @@ RUNS_SCHEMA = {
     "wall_s": pl.Float64,
     "linear_kernel": pl.Utf8,
     "kernel_ok": pl.Boolean,
+    "missing_extension": pl.Utf8,  # a compiled extension the engine ran without, on its fallback
     "attention_backend": pl.Utf8,
     "weight_memory_gib": pl.Float64,
     "card_memory_gib": pl.Float64,  # the memory cap the server ran under (null: none applied)
@@ -204,6 +205,7 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
             "wall_s": s.wall_s if s else None,
             "linear_kernel": res.engine.linear_kernel,
             "kernel_ok": res.kernel_ok,
+            "missing_extension": res.engine.missing_extension,
             "attention_backend": res.engine.attention_backend,
             "weight_memory_gib": res.engine.weight_memory_gib,
             "card_memory_gib": _memory_cap(res),

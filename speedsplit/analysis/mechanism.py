@@ -104,11 +104,13 @@ SCHEMA = {
     "offload_hit_rate_to": pl.Float64,
     "acceptance_from": pl.Float64,  # a speculative decoder's accepted / drafted tokens (null: not one)
     "acceptance_to": pl.Float64,
+    "missing_extension_from": pl.Utf8,  # a compiled extension the engine ran without, on its fallback
+    "missing_extension_to": pl.Utf8,
     "note": pl.Utf8,
 }
 
 
-def parts(row: dict) -> dict[str, float] | None:
+def parts(row: dict) -> dict[str, float | str] | None:
     """One run's parts: requests in flight (L), tokens a request (n), mean latency (E), and the
     seconds it splits into, the client's offsets taken out where calibrated: the mean latency
     (C), its time to the first token (T) and the decode after it (C - T); None where the run has
@@ -135,6 +137,8 @@ def parts(row: dict) -> dict[str, float] | None:
     for key, column in memory:
         if row.get(column) is not None:  # what the engine's memory did, where it said
             out[key] = row[column]
+    if row.get("missing_extension"):  # the engine said it ran without a compiled extension
+        out["X"] = row["missing_extension"]
     return out
 
 
@@ -171,7 +175,11 @@ def step_row(a: dict[int, dict], b: dict[int, dict], paired: bool) -> dict:
             for end, side, ok in (("from", a, has[0]), ("to", b, has[1]))
         }
 
-    engine = sides("acceptance", "A", apart=True)
+    engine = {
+        f"missing_extension_{end}": ", ".join(sorted({p["X"] for p in side.values() if "X" in p})) or None
+        for end, side in (("from", a), ("to", b))
+    }
+    engine |= sides("acceptance", "A", apart=True)
     engine |= sides("kv_cache_peak", "V", apart=True) | sides("preemptions", "P", apart=True)
     engine |= sides("prefix_hit_rate", "H", apart=True) | sides("offload_hit_rate", "O", apart=True)
     if all("S" in p for p in (*a.values(), *b.values())):
@@ -289,4 +297,8 @@ def why_words(row: dict) -> str | None:
     off = row.get("offload_hit_rate_to")
     if off is not None:  # an offloaded KV cache, after the step
         said += f"; its offloaded KV cache held {_pct(off)} of the prompt tokens the card's cache did not"
+    missing = (row.get("missing_extension_from"), row.get("missing_extension_to"))
+    for side, ext in zip(("before", "after"), missing):
+        if ext and missing.count(ext) == 1:  # a fallback on one side only: the step measured it too
+            said += f"; {side} the step the engine ran without its compiled extension {ext}, on a slower fallback"
     return said

@@ -33,6 +33,11 @@ class EngineFacts(StrictRecord):
     max_concurrency: float | None = None
     quantization: str | None = None
     dtype: str | None = None
+    missing_extension: str | None = Field(
+        default=None,
+        description="a compiled extension the engine or a plugin of it could not load and ran without, on its "
+        "slower fallback (its module, as the log names it)",
+    )
     load_s: float | None = Field(default=None, description="start-up: seconds loading the weights (vLLM)")
     compile_s: float | None = Field(default=None, description="start-up: torch.compile in total (vLLM)")
     graphs_s: float | None = Field(default=None, description="start-up: capturing CUDA graphs (vLLM)")

@@ -95,6 +95,10 @@ _FACTS = {
     "graphs_s": [r"Graph capturing finished in ([\d.]+) secs"],
     "engine_init_s": [r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"],
     "quantization": [r"quantization=(\w+)"],
+    # a compiled extension the engine or a plugin of it could not load, running on its fallback
+    # instead (LMCache: "lmcache.cuda_ops compiled extension not found; CudaDeviceOps stays on the
+    # torch baseline for all ops", a wheel built against another torch)
+    "missing_extension": [r"([\w.]+) compiled extension not found; .*(?:baseline|fallback)"],
     "dtype": [r"dtype=(torch\.\w+|\w+)"],
 }
 _NUMBERS = {

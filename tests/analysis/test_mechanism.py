@@ -169,3 +169,24 @@ def test_a_step_to_a_cache_says_what_its_caches_held():
     assert "; the prefix cache held 30% → 40% of the prompt tokens" in second
     assert second.endswith("; its offloaded KV cache held 50% of the prompt tokens the card's cache did not")
     assert out["offload_hit_rate_to"].to_list() == [None, 0.5]
+
+
+def test_a_step_whose_engine_ran_without_its_compiled_extension_says_so():
+    """LMCache on its torch fallback (its cuda_ops did not load): the step's why names it on the
+    side that ran so, and not where both sides did."""
+    cell = "s2-agent-greedy"
+    rows = []
+    for r in (0, 1):
+        rows += [
+            run("fp16", r, tok_s=100.0, wall=2.0, done=10, e2e=0.5, ttft=0.3, cell=cell),
+            {**run("lmcache", r, tok_s=74.0, wall=2.0, done=10, e2e=0.95, ttft=0.6, cell=cell),
+             "offload_hit_rate": 0.49, "missing_extension": "lmcache.cuda_ops"},
+        ]  # fmt: skip
+    row = M.mechanism_frame(frame(rows), {"c": ["fp16", "lmcache"]}).row(0, named=True)
+    assert (row["missing_extension_from"], row["missing_extension_to"]) == (None, "lmcache.cuda_ops")
+    assert M.why_words(row).endswith(
+        "; after the step the engine ran without its compiled extension lmcache.cuda_ops, on a slower fallback"
+    )
+    both = [r | {"missing_extension": "lmcache.cuda_ops"} for r in rows]
+    row = M.mechanism_frame(frame(both), {"c": ["fp16", "lmcache"]}).row(0, named=True)
+    assert "compiled extension" not in M.why_words(row)

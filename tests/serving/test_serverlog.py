@@ -2,6 +2,9 @@
 evidence runs (vLLM 0.26, transformers serve), one launch at a time, and what they say
 about the engine, its start-up and its failures."""
 
+import gzip
+import itertools
+
 import pytest
 from conftest import REPO
 
@@ -12,6 +15,8 @@ EVIDENCE = REPO / "docs/evidence"
 # the second reading them back (warm).
 OFFLOAD = EVIDENCE / "h100-2026-12-06-sessions/logs/sessions/llama-3.1-8b__vllm-fp16-offload__tp1__all.server0.log"
 DRAFT = EVIDENCE / "h200-2026-12-07-speculative/logs/sessions/small__vllm-fp16-draft__tp1__all.server0.log"
+# The H100 LMCache session (gzipped: LMCache logs every request), whose CUDA extension did not load
+LMCACHE = EVIDENCE / "h100-2026-12-07-lmcache/logs/sessions/llama-3.1-8b__vllm-fp16-lmcache__tp1__all.server0.log.gz"
 ENGINE_DEAD = (
     "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. "
     "See stack trace (above) for the root cause."
@@ -185,3 +190,14 @@ def test_the_linear_kernel_vllm_chose_is_read_and_checked_against_the_stacks_exp
     assert (f["linear_kernel"], f["quantization"], f["weight_memory_gib"]) == (kernel, quantization, weight_gib)
     assert serverlog.kernel_matches(expect_kernel, f["linear_kernel"]) is True
     assert serverlog.kernel_matches("Marlin", f["linear_kernel"]) is (kernel == "MarlinLinearKernel")
+
+
+def test_a_plugin_that_runs_without_its_compiled_extension_is_said_so():
+    """LMCache 0.5.6 on torch 2.11 (the H100 run): its cuda_ops did not load and it said it stays
+    on the torch baseline; the engine's facts name the missing extension. vLLM alone says nothing so."""
+    with gzip.open(LMCACHE, "rt") as f:  # its start-up: until the server was ready
+        start = "".join(itertools.takewhile(lambda line: "Application startup complete" not in line, f))
+    f = serverlog.engine_facts(start)
+    assert f["missing_extension"] == "lmcache.cuda_ops"
+    assert (f["attention_backend"], f["kv_cache_gib"]) == ("FLASH_ATTN", 4.0)
+    assert serverlog.engine_facts(OFFLOAD.read_text())["missing_extension"] is None
