@@ -33,9 +33,11 @@ def unhealthy(state: SessionState, stack: StackSpec) -> str | None:
     answers = [health(u, stack.ready_path) for u in state.urls]
     if all(a == 200 for a in answers) and all(p.alive() for p in state.servers):
         return None
-    said = next((f"HTTP {a}" for a in answers if a not in (None, 200)), "no answer")
+    said = next((f"its health check gave HTTP {a}" for a in answers if a not in (None, 200)), None)
+    if said is None:
+        said = "its health check gave no answer" if None in answers else "a server process is gone"
     cause = server_log_cause(state)
-    return f"its health check gave {said}" + (f"; its log: {cause}" if cause else "")
+    return said + (f"; its log: {cause}" if cause else "")
 
 
 def late_facts(result: RunResult, state: SessionState) -> None:
@@ -85,7 +87,7 @@ def check_servers(
         kind, message = "RequestsFailed", f"no request completed: {_counts(s.failures) or 'none sent'}"
     else:
         result.status = "server_hung"
-        said = [a for a in answers if a is not None]
+        said = [a for a in answers if a not in (None, 200)]  # the hung instance's own answer
         kind = "ServerHung"
         message = f"its health check answered HTTP {said[0]}" if said else "it no longer answers its health check"
         message += f" after {_counts(s.failures) or 'the load'}"
