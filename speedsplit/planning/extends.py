@@ -58,22 +58,25 @@ def resolve_stacks(config: dict) -> dict:
     for name in stacks:
         resolve(name, (name,))
     out = dict(config)
+    for name, entry in resolved.items():
+        if isinstance(entry, dict) and not isinstance(entry.get("abstract", False), bool):
+            raise ConfigError(f"config error at stacks.{name}.abstract: {entry['abstract']!r} is not of type 'boolean'")
     out["stacks"] = {
         name: entry for name, entry in resolved.items() if not (isinstance(entry, dict) and entry.get("abstract"))
     }
     return out
 
 
-def _own(name: str, entry: dict, base: dict) -> dict:
-    """A stack's own keys laid over its (resolved) base."""
+def _own(name: str, entry: dict, base: dict, overlay: bool = False) -> dict:
+    """A stack's own keys (or, overlay, an on_cpu/on_gpu overlay's) laid over its (resolved) base."""
     out = copy.deepcopy(base)
     for key, value in entry.items():
-        if key in ("extends", *_ARG_EDITS):
+        if key in _ARG_EDITS or (key == "extends" and not overlay):  # an overlay's is left for the schema to refuse
             continue
         if key == "env" and isinstance(value, dict):
             out["env"] = _env(out.get("env", {}), value)
         elif key in _OVERLAYS and isinstance(value, dict):
-            out[key] = _own(f"{name}.{key}", value, out.get(key) or {})
+            out[key] = _own(f"{name}.{key}", value, out.get(key) or {}, overlay=True)
         else:
             out[key] = copy.deepcopy(value)
     if any(key in entry for key in _ARG_EDITS):
@@ -90,7 +93,9 @@ def _edit_args(name: str, args: list, entry: dict) -> list:
     add, flags = entry.get("add_args", []), entry.get("set_args", {})
     if not isinstance(add, list) or not all(isinstance(a, str) for a in add):
         raise ConfigError(f"config error at stacks.{name}.add_args: a list of strings (arguments appended)")
-    if not isinstance(flags, dict) or not all(isinstance(v, (str, int, float)) for v in flags.values()):
+    if not isinstance(flags, dict) or not all(
+        isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in flags.values()
+    ):
         raise ConfigError(
             f"config error at stacks.{name}.set_args: a mapping of flag to value, e.g. {{--max-batch: '64'}}"
         )

@@ -14,13 +14,13 @@ from typing import Literal
 from pydantic import Field
 
 from speedsplit.planning.typed_config import absent, Entry, plain_schema
-from speedsplit.core.numbers import AtLeastOne, Positive
+from speedsplit.core.numbers import AtLeastOne, Number, Positive
 
 
 class _Overlay(Entry):
     args: list[str] = Field([], description="Arguments appended.")
     add_args: list[str] | None = absent("With extends, appended to the base's args.")
-    set_args: dict[str, str | float] | None = absent("With extends, flags' values.")
+    set_args: dict[str, str | Number] | None = absent("With extends, flags' values.")
     env: dict[str, str] = Field({}, description="Environment added.")
     expect_kernel: str = Field("", description="Overrides expect_kernel.")
 
@@ -72,7 +72,7 @@ class StackConfig(Entry):
     )
     args: list[str] = Field(description="The server's command line (placeholders allowed).")
     add_args: list[str] | None = absent("With extends, arguments appended to the base's.")
-    set_args: dict[str, str | float] | None = absent(
+    set_args: dict[str, str | Number] | None = absent(
         'With extends, flags\' values, e.g. {"--max-batch": "64"}: the value after the flag in the base\'s args '
         "is replaced, or the flag and value appended."
     )
