@@ -34,6 +34,9 @@ def rebuild(folder: Path, everything: bool = False) -> str:
         for drawn_from in (folder / "tables").glob("*.parquet"):
             drawn_from.unlink()
     names = analyses.table_names(cfg)
+    for stale in (folder / "tables").glob("*.csv"):  # a table its analyses no longer write
+        if stale.stem not in names:
+            stale.unlink()
     write_frames(
         {n: f for n, f in frames.items() if n in names}, folder / "tables", markdown=("attribution",), parquet=False
     )

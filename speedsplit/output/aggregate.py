@@ -104,8 +104,11 @@ def build_frames(
 
 def write_tables(result_paths: list[str | Path], out_dir: str | Path, **kwargs) -> None:
     """The frames (build_frames, same keyword arguments) as results/tables/{name}.parquet,
-    .csv and attribution.md."""
-    formats.write_frames(build_frames(result_paths, **kwargs), out_dir, markdown=("attribution",))
+    .csv and attribution.md, the folder replaced whole: a table an earlier run's analyses wrote
+    and this one's do not is not left for the report to read."""
+    frames = build_frames(result_paths, **kwargs)
+    with atomic_dir(out_dir) as tmp:
+        formats.write_frames(frames, tmp, markdown=("attribution",))
 
 
 def evidence_frames(folder: str | Path) -> tuple[dict[str, pl.DataFrame], dict]:
