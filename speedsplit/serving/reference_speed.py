@@ -81,7 +81,8 @@ class EngineClock:
     """The reference server's engine, for its step counter (vLLM's vllm:iteration_tokens_total):
     while any request decodes (from its first token to its last), one step every `step_s` (a
     chunk's gap), each carrying one chunk of every decoding request. A stretch in which some
-    request decodes makes length / step_s + 1 steps (a lone request of n chunks, n)."""
+    request decodes makes length / step_s + 1 steps (a lone request of n chunks, n when its last
+    chunk is a full one: its last gap is that chunk's share of a step)."""
 
     step_s: float
     decoding: int = 0
@@ -327,6 +328,7 @@ def speed_of(args: argparse.Namespace) -> tuple[Speed, Faults]:
         "offload_tok_s",
         "prefix_cache_tokens",
         "offload_cache_tokens",
+        "max_concurrency",
     ):
         if getattr(args, name) < 0:
             raise SystemExit(f"--{name.replace('_', '-')} must not be negative")
