@@ -21,7 +21,7 @@ CELL_PATH = {
     "models": ["checkpoint", "prompts"],
     "probes": ["loadgen", "loadspec", "slo", "telemetry"],
     "serving": ["caches", "daemon", "lease", "serverlog", "session", "session_state", "stacks"],
-    "measuring": ["bench", "checks"],
+    "measuring": ["bench", "checks", "hostspeed"],
 }  # fmt: skip
 
 

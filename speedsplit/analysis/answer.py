@@ -84,6 +84,9 @@ def _over(runs_used: int | None, stacks: int, said: str) -> str:
 # A stack's clean runs at a headline cell further apart than this (max / min) are said on the
 # first screen: two runs 2.3x apart make an interval as wide as that, whatever the factor.
 SPREAD = 1.25
+# How far the host's own speed may move across a run's load (measuring/hostspeed.py) before the
+# spread line says the machine changed under the runs
+HOST_MOVED = 1.10
 
 
 def unmeasured(note: str | None) -> list[str]:
@@ -266,7 +269,7 @@ def spread_line(runs: pl.DataFrame, head: pl.DataFrame) -> str | None:
     """The stacks whose clean runs at a headline cell disagree by more than SPREAD, with their
     range: what an interval from so few runs rests on."""
     cells = set(head["cell"].to_list())
-    wide = []
+    wide, moved = [], []
     keys = ["model", "topology", "stack", "cell"]  # one stack's runs of one cell (never pooled across models)
     for (_, _, stack, cell), df in runs.filter(pl.col("cell").is_in(cells)).group_by(keys, maintain_order=True):
         ok, _ = clean_runs(df)
@@ -276,11 +279,29 @@ def spread_line(runs: pl.DataFrame, head: pl.DataFrame) -> str | None:
                 f"{stack} at {cell} {value_text(min(tok_s), 4)}-{value_text(max(tok_s), 4)} tok/s "
                 f"({value_text(max(tok_s) / min(tok_s), 3)}×)"
             )
+            moved += [m for m in ok["host_speed_moved"].to_list() if m is not None]
     if not wide:
         return None
-    return (
+    line = (
         f"Runs of {len(wide)} stack(s) disagree by more than {SPREAD - 1:.0%} (run-to-run spread; "
         f"their factors' intervals are as wide as that): {'; '.join(sorted(wide))}"
+    )
+    return line + host_speed_text(moved)
+
+
+def host_speed_text(moved: list[float]) -> str:
+    """What the host's own speed did across the loads of runs that disagree (empty: not timed)."""
+    if not moved:
+        return ""
+    most = max(moved)
+    if most >= HOST_MOVED:
+        return (
+            f". The host's own speed moved up to {value_text(most, 3)}× across their loads (a fixed piece of "
+            "work timed on the client's core before and after each): the machine changed under them"
+        )
+    return (
+        f". The host's own speed was within {HOST_MOVED - 1:.0%} before and after each of their loads (a fixed "
+        "piece of work timed on the client's core; a change within a load is not seen)"
     )
 
 

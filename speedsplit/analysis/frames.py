@@ -74,6 +74,7 @@ RUNS_SCHEMA = {
     "linear_kernel": pl.Utf8,
     "kernel_ok": pl.Boolean,
     "missing_extension": pl.Utf8,  # a compiled extension the engine ran without, on its fallback
+    "host_speed_moved": pl.Float64,  # how far the host's own speed moved across the load (1.0: not at all)
     "attention_backend": pl.Utf8,
     "weight_memory_gib": pl.Float64,
     "card_memory_gib": pl.Float64,  # the memory cap the server ran under (null: none applied)
@@ -206,6 +207,7 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
             "linear_kernel": res.engine.linear_kernel,
             "kernel_ok": res.kernel_ok,
             "missing_extension": res.engine.missing_extension,
+            "host_speed_moved": res.host_speed.moved if res.host_speed else None,
             "attention_backend": res.engine.attention_backend,
             "weight_memory_gib": res.engine.weight_memory_gib,
             "card_memory_gib": _memory_cap(res),

@@ -60,6 +60,19 @@ class EngineFacts(StrictRecord):
     )
 
 
+class HostSpeed(StrictRecord):
+    """The host's own speed around the run's load: one fixed piece of work timed on the client's
+    core just before the load and just after it (measuring/hostspeed.py)."""
+
+    before_ms: float = Field(description="the work's time just before the load (the quickest of a few rounds)")
+    after_ms: float = Field(description="the same just after the load")
+
+    @property
+    def moved(self) -> float:
+        """How far the host's speed moved across the load (1.0: not at all; 1.4: 40%, either way)."""
+        return max(self.before_ms, self.after_ms) / min(self.before_ms, self.after_ms)
+
+
 class MemoryCap(StrictRecord):
     """The stack's memory cap (card_memory_gib): a big card made to look like a smaller one."""
 

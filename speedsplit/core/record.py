@@ -37,6 +37,7 @@ from speedsplit.core.facts import (
     Calibration,
     EngineFacts,
     ErrorInfo,
+    HostSpeed,
     ModelShape,
     ModelSource,
     Provenance,
@@ -227,6 +228,9 @@ class RunResult(StrictRecord):
     )
     calibration: Calibration | None = Field(
         default=None, description="the client's offsets on this host, measured before the run (null: none)"
+    )
+    host_speed: HostSpeed | None = Field(
+        default=None, description="the host's own speed just before and after the load (null: no load ran)"
     )
     profile: ProfileRecord | None = Field(
         default=None, description="a window of decode steps split by kernel class (null: the job profiled none)"

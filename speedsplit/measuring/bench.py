@@ -31,12 +31,12 @@ from speedsplit.core.record import (
     to_json,
 )
 from speedsplit.core.specs import CellParams, JobSpec, parse_job, SessionPlan
-from speedsplit.core.facts import QuantConfig
+from speedsplit.core.facts import HostSpeed, QuantConfig
 from speedsplit.core.quality import QualityRecord
 from speedsplit.core.trace_split import ProfileRecord
 from speedsplit.core.requestlog import RequestRecord
 from speedsplit.core.results import provenance, redact, write_json_atomic, write_lines_atomic
-from speedsplit.measuring import checks
+from speedsplit.measuring import checks, hostspeed
 from speedsplit.probes.loadspec import cell_load
 from speedsplit.models.checkpoint import ModelError, model_info, read_model_config
 from speedsplit.core.errors import ConfigError
@@ -332,6 +332,7 @@ def _run_load(
         cell.telemetry_s,
     )
     shared = sessions.measuring_elsewhere()
+    before_ms = hostspeed.work_ms()  # the host's own speed, on the client's core, before and after
     result.timing.load_start = time.time()
     with sampler:
         # the counters read once with nothing in flight, then poked as the measured phase starts
@@ -339,6 +340,7 @@ def _run_load(
             load, progress=progress, on_measured=sampler.poke, before_measured=sampler.sample
         )
     result.timing.load_end = time.time()
+    result.host_speed = HostSpeed(before_ms=before_ms, after_ms=hostspeed.work_ms())
     shared += [s for s in sessions.measuring_elsewhere() if s not in shared]
     result.server.shared_with = shared or None
     s = result.summary

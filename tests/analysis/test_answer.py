@@ -157,6 +157,36 @@ def test_a_factor_whose_interval_holds_1_says_no_difference_is_shown_and_a_wide_
     ]
 
 
+def test_runs_that_disagree_say_whether_the_host_itself_moved_under_them(tmp_path):
+    """The run records' host speed (a fixed piece of work before and after each load): where the
+    runs that disagree saw the host move 1.4x, the spread line says the machine changed; where it
+    held within 10%, it says so and that a change within a load is not seen."""
+    from speedsplit.core.facts import HostSpeed
+
+    def line(after_ms):
+        paths = []
+        for s, runs in {"hf-fp16": (100.0, 101.0), "vllm-fp16": (1000.0, 1010.0), "vllm-marlin": (700.0, 1400.0)}.items():
+            for r, tok_s in enumerate(runs):
+                res = fake_result(s, 8, r, tok_s)
+                res.host_speed = HostSpeed(before_ms=35.0, after_ms=after_ms if r else 35.0)
+                paths.append(write_result(tmp_path / f"{s}-{r}-{after_ms}.json", res))
+        frames = aggregate.build_frames(paths, CHAINS, steps=STEPS)
+        assert frames["runs"]["host_speed_moved"].to_list() == [1.0, after_ms / 35.0] * 3
+        (said,) = A.qualifiers(frames["runs"], frames["attribution"])
+        return said
+
+    moved = line(49.0)  # 35 ms -> 49 ms: 1.4x
+    assert moved.endswith(
+        "vllm-marlin at u8-wide-greedy 700-1400 tok/s (2×). The host's own speed moved up to 1.4× across their "
+        "loads (a fixed piece of work timed on the client's core before and after each): the machine changed under them"
+    )
+    held = line(36.0)  # 1.03x
+    assert held.endswith(
+        "(2×). The host's own speed was within 10% before and after each of their loads (a fixed piece of work "
+        "timed on the client's core; a change within a load is not seen)"
+    )
+
+
 def test_step_names_follow_what_changes_between_the_stacks():
     cfg = C.load()
     cfg["chains"] = {

@@ -149,6 +149,7 @@ def test_an_open_loop_cell_on_a_real_server(tiny_model, tmp_path):
     request sent when due with its own lengths, verified, and the run's rate recorded."""
     from speedsplit.core.requestlog import read_requests
     from speedsplit.core import traffic
+    from speedsplit.core.record import read_result
 
     cfg = C.load(REPO / "config/config.yaml")
     mix = {
@@ -177,6 +178,9 @@ def test_an_open_loop_cell_on_a_real_server(tiny_model, tmp_path):
     assert len({r.prompt_tokens for r in measured}) > 3  # a mix, not one length
     assert s.offered_rps is not None and s.lag_s.p99 is not None
     assert ("client_lag" in res.flags) == (s.lag_s.p99 > 0.1)
+    # the host's own speed, timed around the load (measuring/hostspeed.py), in the record as written
+    written = read_result(tmp_path / "r.json").host_speed
+    assert written == res.host_speed and written.before_ms > 0 and written.after_ms > 0
 
 
 @pytest.mark.slow
