@@ -70,14 +70,17 @@ def interval_words(lo: float | None, hi: float | None) -> str:
     return f"[{value_text(lo, 3)}, {value_text(hi, 3)}]" + (f" ({NO_DIFFERENCE})" if lo <= 1 <= hi else "")
 
 
-def _over(runs_used: int | None, stacks: int, said: str) -> str:
-    """What the sentence's intervals rest on, and what its words mean, in a closing bracket."""
-    if not runs_used:
+def _over(counts: list[int], said: str) -> str:
+    """What the sentence's intervals rest on (each stack's clean runs, in chain order), and
+    what its words mean, in a closing bracket."""
+    if not any(counts):
         return ""
-    each = f"{runs_used // stacks} runs a stack" if runs_used % stacks == 0 else f"{runs_used} runs of {stacks} stacks"
-    if runs_used <= stacks:  # one run a stack: no spread to make an interval of
+    if max(counts) <= 1:  # one run a stack: no spread to make an interval of
         return " (one run a stack: no interval; set grid.runs to 2 or more for one)"
+    each = f"{counts[0]} runs a stack" if len(set(counts)) == 1 else f"{', '.join(map(str, counts))} runs of its stacks"
     meaning = f"; {NO_DIFFERENCE}: the interval holds 1" if NO_DIFFERENCE in said else ""
+    if "[no interval" in said:  # a stack of one run gives the factors beside it none
+        return f" (over {each}: a factor with one run on a side has no interval{meaning})"
     return f" (95% intervals over {each}{meaning})"
 
 
@@ -111,6 +114,23 @@ def _on_cpu(cells: pl.DataFrame | None) -> dict[tuple, str]:
     }
 
 
+def _clean_runs(cells: pl.DataFrame | None) -> dict[tuple, int]:
+    """Each stack's clean runs at each cell (the cells table's runs_ok), by (model, stack, topology, cell)."""
+    if cells is None or not cells.height or "runs_ok" not in cells.columns:
+        return {}
+    return {(r["model"], r["stack"], r["topology"], r["cell"]): r["runs_ok"] for r in cells.iter_rows(named=True)}
+
+
+def _runs_each(total: dict, chain: list[str], used: dict[tuple, int]) -> list[int]:
+    """The clean runs of each stack of the chain behind a sentence; without the cells table, the
+    total's runs spread evenly (what the attribution alone can say)."""
+    keys = [(total["model"], s, total["topology"], total["cell"]) for s in chain]
+    if all(k in used for k in keys):
+        return [used[k] for k in keys]
+    n = total["runs_used"] or 0
+    return [n // len(chain)] * len(chain)
+
+
 def sentences(
     attribution: pl.DataFrame, chains: dict[str, list[str]], cells: pl.DataFrame | None = None
 ) -> pl.DataFrame:
@@ -121,6 +141,7 @@ def sentences(
     where a step's stack ran on a CPU, its name says which kernel ran there."""
     rows = []
     kernel = _on_cpu(cells)
+    used = _clean_runs(cells)
 
     def named(r: dict) -> str:
         to = r["factor"].split("/")[0]
@@ -160,7 +181,7 @@ def sentences(
                 f"{named(r)} {_x(r['value'])} {interval_words(r['lo'], r['hi'])}" for r in factors.iter_rows(named=True)
             ]
             text = f"{where}: {' × '.join(parts)} = {_x(total['value'])} {interval_words(total['lo'], total['hi'])}"
-            text += _over(total["runs_used"], len(chains[chain]), text) + "."
+            text += _over(_runs_each(total, chains[chain], used), text) + "."
         rows.append(
             {
                 "chain": chain,

@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 
 def write_bytes_atomic(path: str | Path, data: bytes, mode: int = 0o644) -> None:
@@ -172,23 +172,30 @@ def _secret_values() -> dict[str, str]:
     return out
 
 
-def redact_secrets(text: str) -> str:
+def _angle(name: str) -> str:
+    return f"<{name}>"
+
+
+def redact_secrets(text: str, mark: Callable[[str], str] = _angle) -> str:
     """Remove secrets: values of secret-looking environment variables and command-line options,
     Hugging Face tokens and keys of the shapes other services give out (_KEY_VALUE), passwords
-    in URLs."""
+    in URLs. Each becomes mark(what it was): <HF_TOKEN>, <redacted key>, <redacted> (an HTML
+    page gives a mark that escapes its brackets)."""
     for name, value in _secret_values().items():
-        text = text.replace(value, f"<{name}>")
-    text = re.sub(r"hf_[A-Za-z0-9]{20,}", "<HF_TOKEN>", text)
-    text = _KEY_VALUE.sub("<redacted key>", text)
-    text = re.sub(r"(\w+://[^/\s:@\"']+:)[^/\s@\"']+@", r"\1<redacted>@", text)
+        text = text.replace(value, mark(name))
+    text = re.sub(r"hf_[A-Za-z0-9]{20,}", mark("HF_TOKEN"), text)
+    text = _KEY_VALUE.sub(mark("redacted key"), text)
+    hidden = mark("redacted")
+    text = re.sub(r"(\w+://[^/\s:@\"']+:)[^/\s@\"']+@", lambda m: f"{m.group(1)}{hidden}@", text)
     return _SECRET_OPTION.sub(
-        lambda m: m.group(0) if not looks_secret(m.group(1)) else f"{m.group(1)}{m.group(2)}<redacted>", text
+        lambda m: m.group(0) if not looks_secret(m.group(1)) else f"{m.group(1)}{m.group(2)}{hidden}", text
     )
 
 
-def redact(text: str, workdir: str | Path | None = None) -> str:
-    """Remove secrets (redact_secrets) and absolute paths outside the workflow folder."""
-    text = redact_secrets(text)
+def redact(text: str, workdir: str | Path | None = None, mark: Callable[[str], str] = _angle) -> str:
+    """Remove secrets (redact_secrets, each replaced by mark(what it was)) and absolute paths
+    outside the workflow folder."""
+    text = redact_secrets(text, mark)
     if workdir is not None:
         text = text.replace(str(Path(workdir).resolve()) + "/", "")
     home = str(Path.home())

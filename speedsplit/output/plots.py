@@ -72,9 +72,17 @@ def waterfall_chart(waterfall: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
     chain and model, a column per cell: each factor a bar from the running product before it
     to the one after it, then the total from 1; on the log axis the factor bars add up to the
     total bar."""
+    # cells that only the sampling tells apart (the headline's most users for each) get a
+    # panel each: their names join the label
+    same = waterfall.select("users", "workload", "topology").unique().height < waterfall.select(
+        "cell", "topology"
+    ).unique().height
     df = waterfall.with_columns(
-        pl.struct("users", "workload", "topology")
-        .map_elements(lambda r: cell_label(r["users"], r["workload"], r["topology"]), return_dtype=pl.Utf8)
+        pl.struct("users", "workload", "topology", "cell")
+        .map_elements(
+            lambda r: cell_label(r["users"], r["workload"], r["topology"]) + (f": {r['cell']}" if same else ""),
+            return_dtype=pl.Utf8,
+        )
         .alias("where"),
         pl.format("{}: {}", "chain", "model").alias("chain_model"),
         pl.format("{}x", pl.col("value").round_sig_figs(3)).alias("label"),
@@ -142,7 +150,10 @@ def kernels_chart(cells: pl.DataFrame, reference: str) -> alt.Chart:
     ).with_columns(
         pl.when(pl.col("stack") == reference)
         .then(pl.format("{} (FP16 reference)", "stack"))
-        .otherwise(pl.format("{} ({})", "stack", pl.col("linear_kernel").fill_null("kernel not reported")))
+        # (flat() made an engine that named no kernel an empty text)
+        .otherwise(
+            pl.format("{} ({})", "stack", pl.col("linear_kernel").replace("", None).fill_null("kernel not reported"))
+        )
         .alias("kernel"),
         (pl.col("stack") == reference).alias("reference"),
     )
@@ -365,7 +376,7 @@ def core_charts(
     if waterfall.height:
         charts["waterfall"] = waterfall_chart(waterfall, cells)
     closed = cells.filter(pl.col("users") > 0)  # open-loop cells have a rate, not users: plots/traffic
-    if closed.height:
+    if closed.filter(pl.col("output_tok_s").is_not_null()).height:  # something measured to draw
         charts |= {"throughput": throughput_chart(closed), "latency": latency_chart(closed)}
     if kernel_reference and kernel_sweep_ran(cells, kernel_reference):
         charts["kernels"] = kernels_chart(cells, kernel_reference)

@@ -106,9 +106,14 @@ def headline_stacks(attribution: pl.DataFrame, cells: pl.DataFrame, chains: dict
         "cell",
         "stack",
         pl.col("linear_kernel").list.join(", ").replace("", "none reported").alias("kernel that ran"),
-        pl.format(
-            "{} [{}, {}]", *(pl.col(c).round(1) for c in ("output_tok_s", "output_tok_s_lo", "output_tok_s_hi"))
-        ).alias("output tok/s"),
+        pl.when(pl.col("output_tok_s_lo").is_null() | pl.col("output_tok_s_hi").is_null())
+        .then(pl.col("output_tok_s").round(1).cast(pl.Utf8))  # one run: the value alone, no interval
+        .otherwise(
+            pl.format(
+                "{} [{}, {}]", *(pl.col(c).round(1) for c in ("output_tok_s", "output_tok_s_lo", "output_tok_s_hi"))
+            )
+        )
+        .alias("output tok/s"),
         (pl.col("ttft_s_median") * 1000).round(1).alias("TTFT p50 ms"),
         (pl.col("ttft_s_p99") * 1000).round(1).alias("TTFT p99 ms"),
         (pl.col("tpot_s_median") * 1000).round(2).alias("TPOT p50 ms"),
@@ -266,7 +271,8 @@ def build(
     ]
     parts.append(setup_section(provenance, config))
     parts.append(RENDER_PROBE + "</body></html>")
-    write_bytes_atomic(out, redact("\n".join(parts)).encode())
+    # the page is markup by now: a secret's mark is written escaped (<HF_TOKEN> would be a tag)
+    write_bytes_atomic(out, redact("\n".join(parts), mark=lambda name: html.escape(f"<{name}>")).encode())
 
 
 class ReportError(UserError):
