@@ -174,3 +174,17 @@ def fill(disk: Path, leave: int) -> None:
     free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
     with contextlib.suppress(OSError), open(disk / "ballast", "wb", buffering=0) as f:
         f.write(b"\0" * max(0, free - leave))
+
+
+def assert_gone(processes, within_s=30.0):
+    """Every process ends within a bounded time (speedsplit sends SIGTERM, then SIGKILL): what the
+    project's own cleanup left, never the test's."""
+    import time
+
+    from speedsplit.core import procs
+
+    deadline = time.monotonic() + within_s
+    while any(p.alive() for p in processes) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [f"{p.pid} {' '.join(procs.cmdline(p.pid))[:80]}" for p in processes if p.alive()]
+    assert not left, f"still running after {within_s:.0f} s: {left}"

@@ -37,7 +37,8 @@ the last sequences it served (prompt and answer) on its card, and a prompt token
 costs no prefill; `--offload-cache-tokens M` keeps what the card evicts in a host tier, whose
 hits load at `--offload-tok-s` (KV-cache offload). It says each request's hits in its usage
 (`prompt_tokens_details`: `cached_tokens`, and its own `offloaded_tokens`) and counts them as
-vLLM's prefix-cache and external prefix-cache counters in `/metrics`.
+vLLM's prefix-cache and external prefix-cache counters in `/metrics`, and says the card's cache
+at start as vLLM does ("KV cache size: N tokens", an engine fact).
 
 Its answers are set by hand too (speedsplit/serving/reference_answers.py: `--diverge-every`,
 `--diverge-at`, `--nll`), with token ids and logprobs where a request asks (`logprobs`,
@@ -513,6 +514,8 @@ def main(argv: list[str] | None = None) -> None:
     speed, faults = speed_of(args)
     answers = answers_of(args)
     print(f"reference server: {speed} {faults} {answers} on {args.host}:{args.port}", flush=True)
+    if speed.prefix_cache_tokens:  # its card's cache, as vLLM says it (serving/serverlog reads the engine's facts)
+        print(f"KV cache size: {speed.prefix_cache_tokens:,} tokens", flush=True)
     app = make_app(
         speed, faults, args.served_model_name, args.model, api_key=os.environ.get(apikey.ENV), answers=answers
     )

@@ -165,7 +165,11 @@ def test_runs_that_disagree_say_whether_the_host_itself_moved_under_them(tmp_pat
 
     def line(after_ms):
         paths = []
-        for s, runs in {"hf-fp16": (100.0, 101.0), "vllm-fp16": (1000.0, 1010.0), "vllm-marlin": (700.0, 1400.0)}.items():
+        for s, runs in {
+            "hf-fp16": (100.0, 101.0),
+            "vllm-fp16": (1000.0, 1010.0),
+            "vllm-marlin": (700.0, 1400.0),
+        }.items():
             for r, tok_s in enumerate(runs):
                 res = fake_result(s, 8, r, tok_s)
                 res.host_speed = HostSpeed(before_ms=35.0, after_ms=after_ms if r else 35.0)
