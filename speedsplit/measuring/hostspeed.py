@@ -34,4 +34,3 @@ def work_ms(rounds: int = ROUNDS, iterations: int = ITERATIONS) -> float:
         _work(iterations)
         best = min(best, time.perf_counter() - t)
     return round(best * 1e3, 3)
-

@@ -74,9 +74,10 @@ def waterfall_chart(waterfall: pl.DataFrame, cells: pl.DataFrame) -> alt.Chart:
     total bar."""
     # cells that only the sampling tells apart (the headline's most users for each) get a
     # panel each: their names join the label
-    same = waterfall.select("users", "workload", "topology").unique().height < waterfall.select(
-        "cell", "topology"
-    ).unique().height
+    same = (
+        waterfall.select("users", "workload", "topology").unique().height
+        < waterfall.select("cell", "topology").unique().height
+    )
     df = waterfall.with_columns(
         pl.struct("users", "workload", "topology", "cell")
         .map_elements(
