@@ -227,7 +227,7 @@ def compare(result_paths: list[Path], **spec) -> pl.DataFrame:
             speed, faults = known
             measured_paths.append(path)
             if faulted := _faults(faults):
-                rows.append(_fault_row(res, faulted))
+                rows.append(_fault_row(res, faulted, spec.get("tolerate_flags", ())))
                 faulty.add(f"{res.stack} {res.cell} run{res.run}")
             truth = res
             if res.status == "ok" and res.summary is not None:
@@ -252,10 +252,11 @@ def compare(result_paths: list[Path], **spec) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=TABLE_SCHEMA)
 
 
-def _fault_row(res: RunResult, faulted: list[str]) -> dict:
+def _fault_row(res: RunResult, faulted: list[str], tolerated=()) -> dict:
     signs = set().union(*(FAULT_SIGNS[k] for k in faulted))
     got = set(res.flags) | {res.status}
-    left_out = res.status != "ok" or bool(res.flags)
+    # left out of every factor: not ok, or a flag the analysis does not tolerate (a tolerated one lets it in)
+    left_out = res.status != "ok" or any(f not in tolerated for f in res.flags)
     return {
         "kind": "fault",
         "what": f"{res.stack} {res.cell} run{res.run} fault",
@@ -380,10 +381,9 @@ def text(table: pl.DataFrame) -> str:
         )
         mark = "" if r["within"] else "  OFF"
         raw = f"{(r['raw'] / r['truth'] - 1) * 100:>7.2f}%" if r["raw"] is not None and r["truth"] else f"{'':>8}"
-        lines.append(
-            f"{r['kind']:<10}{r['what']:<58}{r['metric']:<17}{r['truth']:>11.5g}{r['measured']:>11.5g}"
-            f"{r['error'] * 100:>7.2f}%{raw}  {interval}{mark}"
-        )
+        error = f"{r['error'] * 100:>7.2f}%" if r["error"] is not None else f"{'-':>8}"  # no error of a truth of 0
+        truth_, measured = (f"{v:>11.5g}" if v is not None else f"{'-':>11}" for v in (r["truth"], r["measured"]))
+        lines.append(f"{r['kind']:<10}{r['what']:<58}{r['metric']:<17}{truth_}{measured}{error}{raw}  {interval}{mark}")
     s = summary(table)
     lines.append(
         f"runs within {RUN_TOLERANCE:.0%}: {s['run'][0]}/{s['run'][1]}; factors within {FACTOR_TOLERANCE:.1%} "
