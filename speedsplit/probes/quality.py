@@ -114,11 +114,13 @@ def continuation(url: str, spec: LoadSpec, prompt: str, extra: dict, key: str | 
     """One streamed greedy continuation: (text, token ids or None, top logprobs or None)."""
     body = request_body(spec, prompt, seed=0) | extra
     text, ids, top = [], [], []
+    streamed = False
     with _post(url, body, key, timeout_s) as resp:
         for raw in resp:
             line = raw.decode().strip()
             if not line.startswith("data:"):
                 continue
+            streamed = True
             data = line[5:].strip()
             if data == "[DONE]":
                 break
@@ -130,6 +132,8 @@ def continuation(url: str, spec: LoadSpec, prompt: str, extra: dict, key: str | 
                 lp = choice.get("logprobs") or {}
                 ids += [_token_id(t) for t in lp.get("tokens") or []]
                 top += [_top(e) for e in lp.get("top_logprobs") or []]
+    if not streamed:  # a server that ignored `stream`: one body, no continuation read
+        raise RuntimeError("the answer was not an event stream (no 'data:' line): the server ignored stream=true")
     served_ids = bool(ids) and None not in ids
     served_top = bool(top) and None not in top
     return "".join(text), (ids if served_ids else None), (top if served_top else None)
@@ -263,8 +267,10 @@ def run(
             down = win.error = f"the server did not answer ({_said(exc)})"
         except Exception as exc:
             win.error = _said(exc)
-    if probe.windows:
-        record.serves.setdefault("prompt_logprobs", "yes")
+    if probe.windows:  # served where a window was scored; else what the windows met
+        scored = any(w.logprobs is not None for w in record.windows)
+        met = record.windows[0].error if record.windows else "none asked"
+        record.serves.setdefault("prompt_logprobs", "yes" if scored else f"no window scored ({met})")
     if probe.lm_eval is not None:
         if progress:
             progress(f"quality: lm-eval tasks {', '.join(probe.lm_eval.tasks)}")
