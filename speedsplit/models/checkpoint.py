@@ -7,6 +7,7 @@ stack loads like a downloaded one; throughput does not depend on weight values.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import shutil
@@ -178,7 +179,7 @@ class ModelError(UserError, RuntimeError):
 def shape_config(shape: str) -> dict:
     if shape not in SHAPES:
         raise ModelError(f"unknown model shape {shape!r} (known: {', '.join(SHAPES)})")
-    cfg = dict(SHAPES[shape])
+    cfg = copy.deepcopy(SHAPES[shape])  # its lists too: a caller's edit never reaches the published shape
     cfg.update(bos_token_id=1, eos_token_id=2, pad_token_id=0, torch_dtype="float16", hidden_act="silu")
     return cfg
 
@@ -317,9 +318,14 @@ def read_model_config(model_dir: str | Path) -> dict:
     if not path.is_file():
         raise ModelError(f"model folder {model_dir} has no config.json")
     try:
-        return json.loads(path.read_text())
+        cfg = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ModelError(f"model folder {model_dir}: config.json is corrupt ({exc.msg})") from None
+    except UnicodeDecodeError as exc:
+        raise ModelError(f"model folder {model_dir}: config.json is corrupt (not UTF-8: {exc.reason})") from None
+    if not isinstance(cfg, dict):
+        raise ModelError(f"model folder {model_dir}: config.json is corrupt (a {type(cfg).__name__}, not an object)")
+    return cfg
 
 
 def model_info(model_dir: str | Path) -> dict:
