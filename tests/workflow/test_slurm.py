@@ -18,8 +18,11 @@ from speedsplit.serving import session_state
 
 pytestmark = pytest.mark.slow
 
-# Two stacks, both cells, two runs (8 bench jobs, a session per stack); no link control or profile.
+# Two stacks, both cells, one run (4 bench jobs, a session per stack, its quality probe after its
+# last cell as in a local run); no link control or profile. (What a second run adds, its own
+# place in the session's lane, the local run checks.)
 OVERRIDES = """benchmark: {stacks: [hf-fp16, vllm-fp16]}
+grid: {runs: 1}
 link_control: {enabled: false}
 coordination: {enabled: false}
 """
@@ -85,7 +88,7 @@ def test_every_job_went_through_slurm_and_a_session_is_one_submission(slurm_run)
     subs = submissions(slurm_run["log"])
     logs = sorted(subs.values())
     groups = [p for p in logs if "/group_" in p]
-    assert len(groups) == 2, logs  # one per session (hf-fp16, vllm-fp16), 4 bench jobs each
+    assert len(groups) == 2, logs  # one per session (hf-fp16, vllm-fp16), 2 bench jobs each
     assert not [p for p in logs if "/rule_bench/" in p], logs
     assert any("/rule_model/" in p for p in logs) and any("/rule_bandwidth/" in p for p in logs), logs
     shown = {}
@@ -96,7 +99,7 @@ def test_every_job_went_through_slurm_and_a_session_is_one_submission(slurm_run)
         assert "JobState=COMPLETED" in shown[path], shown[path]
     for group_log in groups:
         ran = set(re.findall(r"output: (results/bench/\S+/run\d\.json)", open(group_log).read()))
-        assert len(ran) == 4 and len({r.split("/")[3] for r in ran}) == 1, ran  # one stack's 4 cells
+        assert len(ran) == 2 and len({r.split("/")[3] for r in ran}) == 1, ran  # one stack's 2 cells
         # the profile's gpu resource became a request for one card (a tp1 server)
         assert "TresPerJob=gres:gpu:1" in shown[group_log], shown[group_log]
 
@@ -109,7 +112,7 @@ def test_a_sessions_cells_shared_one_server(slurm_run):
     assert sorted(by_stack) == ["hf-fp16", "vllm-fp16"]
     for stack, results in by_stack.items():
         assert all(r.status == "ok" for r in results), stack
-        assert sorted(r.server.cells_before for r in results) == [0, 1, 2, 3], stack
+        assert sorted(r.server.cells_before for r in results) == [0, 1], stack
         assert len({(r.server.startup_s, r.server.argv) for r in results}) == 1, stack
 
 
@@ -124,7 +127,7 @@ def shape(value):
 
 def test_results_have_the_structure_of_a_local_run(slurm_run, local_run):
     ours = sorted(p.relative_to(slurm_run["dir"]) for p in (slurm_run["dir"] / "results/bench").rglob("run*.json"))
-    assert len(ours) == 8
+    assert len(ours) == 4
     for rel in ours:
         here, there = json.loads((slurm_run["dir"] / rel).read_text()), json.loads((local_run / rel).read_text())
         for res in (here, there):
