@@ -22,9 +22,19 @@ def _clean(runs: pl.DataFrame, tolerate_flags) -> pl.DataFrame:
     return clean_runs(runs, tolerate_flags)[0] if runs.height else runs
 
 
+def left_out(runs: pl.DataFrame, side: str, tolerate_flags=()) -> str | None:
+    """The runs of a side no ratio uses, and why, in one line (None: every run counts)."""
+    if not runs.height:
+        return None
+    why = []
+    for (cell,), df in runs.group_by(["cell"], maintain_order=True):
+        why += [f"{w.replace(' run', f' at {cell} run', 1)}" for w in clean_runs(df, tolerate_flags)[1]]
+    return f"Left out on {side} ({len(why)}): {'; '.join(why)}" if why else None
+
+
 def stacks_frame(a: pl.DataFrame, b: pl.DataFrame, tolerate_flags=()) -> pl.DataFrame:
     """One row per (model, stack, topology, cell, metric) both sides measured cleanly: the
-    median on each side and B / A with its interval."""
+    geometric mean over runs on each side and B / A with its interval."""
     ca, cb = _clean(a, tolerate_flags), _clean(b, tolerate_flags)
     rows = []
     for key, da in ca.group_by(STACK_KEYS, maintain_order=True):

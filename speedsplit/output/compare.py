@@ -293,6 +293,7 @@ def compare(
     }
     write_frames(frames, out / "tables")
     head = [describe("A", a, prov_a, runs_a), describe("B", b, prov_b, runs_b)] + load_differences(load_a, load_b)
+    head += [w for side, runs in (("A", runs_a), ("B", runs_b)) if (w := cmp.left_out(runs, side, tolerate_flags))]
     said = lines(stacks, factors, quality, tasks, why, priced) or [nothing_to_compare(runs_a, runs_b)]
     page = "".join(
         [

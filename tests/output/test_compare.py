@@ -34,6 +34,23 @@ def test_b_against_a_gives_each_stack_and_factor_as_a_ratio(tmp_path):
     assert "Test CPU" in page and "Other CPU" in page and (tmp_path / "out/tables/compare_factors.csv").is_file()
 
 
+def test_runs_a_side_leaves_out_are_said_with_their_causes(tmp_path):
+    """A stack whose every run failed on B has no ratio: the lines say which runs were left out
+    and why, instead of the stack vanishing without a word."""
+    a = write_side(tmp_path / "a", {"hf-fp16": 100.0, "vllm-fp16": 1000.0})
+    b = write_side(tmp_path / "b", {"hf-fp16": 100.0})
+    for run in (0, 1):
+        res = fake_result("vllm-fp16", 8, run, None, status="server_died")
+        write_result(b / f"bench/tiny/vllm-fp16/tp1/u8-wide-greedy/run{run}.json", res)
+    said = compare.compare(a, b, CHAINS, tmp_path / "out")
+    assert (
+        "Left out on B (2): vllm-fp16 at u8-wide-greedy run0: server_died; vllm-fp16 at u8-wide-greedy run1: server_died"
+        in said
+    )
+    assert not any(s.startswith("Left out on A") for s in said)
+    assert not any(s.startswith("vllm-fp16 at u8-wide-greedy (tiny, tp1)") for s in said)  # no ratio of it
+
+
 def test_a_cell_of_one_name_but_another_load_on_each_side_is_said(tmp_path):
     a = write_side(tmp_path / "a", {"hf-fp16": 100.0, "vllm-fp16": 1000.0})
     b = write_side(tmp_path / "b", {"hf-fp16": 100.0, "vllm-fp16": 1500.0})
