@@ -11,6 +11,8 @@ profile (speedsplit/measuring/coordination.py) on a server of its own.
 
 from __future__ import annotations
 
+import contextlib
+
 import gzip
 import json
 import shutil
@@ -74,13 +76,16 @@ def profile_window(
     t0 = time.monotonic()
     trace_dir, keep_dir = Path(trace_dir), Path(keep_dir)
     record = ProfileRecord(status="error", window=window)
+    started: list[str] = []
     try:
         old = set(trace_dir.rglob("*")) if trace_dir.exists() else set()
         for url in urls:
             post(url + "/start_profile", 60.0, api_key)
+            started.append(url)
         done = run_load()
         for url in urls:
             post(url + "/stop_profile", 600.0, api_key)  # flushes; ignored if it stopped itself
+        started.clear()
         files = wait_for_traces(trace_dir, ranks, 300.0, old)
         if keep_dir.exists():
             shutil.rmtree(keep_dir)
@@ -100,6 +105,11 @@ def profile_window(
         else:
             record.status = "ok"
     except Exception as exc:  # noqa: BLE001 (recorded: the cell's own result stands)
-        record.error = f"{type(exc).__name__}: {exc}"[:400]
+        said = str(exc).splitlines()[0] if str(exc) else ""
+        record.error = f"{type(exc).__name__}: {said}"[:400]
+        # a profiler left armed would profile the server's next cell: stopped, as best it can be
+        for url in started:
+            with contextlib.suppress(Exception):
+                post(url + "/stop_profile", 60.0, api_key)
     record.seconds = round(time.monotonic() - t0, 2)
     return record
