@@ -108,7 +108,8 @@ def install(bundle: str | Path, target: str | Path | None = None, rehearse: bool
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", *where, *wheels]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise BundleError(f"pip install failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+        said = (done.stderr or done.stdout).strip().splitlines()
+        raise BundleError(f"pip install failed: {said[-1] if said else f'exit {done.returncode}, nothing said'}")
     print(f"installed {len(wheels)} wheels from {bundle}" + (f" into {target}" if target else ""))
     print(f"the workflow: {dest / 'project'}")
     for s in manifest.get("shadows", []):

@@ -197,6 +197,12 @@ def command(step: Step, gpus: int) -> list[str]:
 def start(steps_file: str | Path, project: str | Path, site: str | None = None) -> Path:
     """Check the steps and start their runner in its own session; the folder of its records."""
     project = Path(project).resolve()
+    if not project.is_dir():
+        raise StepsError(f"the project folder {project} does not exist: give --project the checkout to run in")
+    if site is not None:  # read from where run was given, not from the project the runner runs in
+        site = str(Path(site).resolve())
+        if not Path(site).is_dir():
+            raise StepsError(f"the site folder {site} does not exist: give --site the folder the bundle installed into")
     steps = read_steps(steps_file, project)
     records = project / RECORDS
     records.mkdir(parents=True, exist_ok=True)
