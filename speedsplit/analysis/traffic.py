@@ -78,7 +78,8 @@ def verdict(value: float | None, lo: float | None, hi: float | None) -> str:
 
 def stacks_frame(cells: pl.DataFrame) -> pl.DataFrame:
     """Each stack at each open-loop cell: the rate offered, what it served, its latency, its
-    prefix-cache hit rate (medians over runs)."""
+    prefix-cache hit rate (geometric means over runs, as cells_frame gives them; the hit rate and
+    other telemetry, medians)."""
     return cells.filter(OPEN_LOOP).select([c for c in STACKS_COLUMNS if c in cells.columns])
 
 

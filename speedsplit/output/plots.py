@@ -237,7 +237,9 @@ def latency_chart(cells: pl.DataFrame) -> alt.Chart:
         )
         .properties(width=220, height=180)
         .facet(column=alt.Column("metric:N"), row=alt.Row("model:N"))
-        .properties(title=title("Latency percentiles vs concurrent users (medians over runs)", cells, intervals=False))
+        .properties(
+            title=title("Latency percentiles vs concurrent users (geometric means over runs)", cells, intervals=False)
+        )
     )
 
 

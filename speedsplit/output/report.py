@@ -142,7 +142,7 @@ def answer_section(
                 steps = "".join(f"<li>{html.escape(w)}</li>" for w in row["why_kernels"].split(" | "))
                 parts.append(f"<p class='note'>Why, kernel by kernel:</p><ul>{steps}</ul>")
         if served is not None and served.height:
-            parts.append("<p class='note'>What each stack served at those cells (medians over runs):</p>")
+            parts.append("<p class='note'>What each stack served at those cells (geometric means over runs):</p>")
             parts.append(html_table(served))
     elif not answers:
         parts.append(

@@ -58,7 +58,7 @@ def times(v, lo=None, hi=None, alone: str = "") -> str:
 
     if v is None:
         return "—"
-    if lo is None or hi is None or lo == hi:
+    if lo is None or hi is None:  # (runs that agree exactly have an interval of no width: said as one)
         return f"{value_text(v, 3)}×{alone}"
     return f"{value_text(v, 3)}× [{value_text(lo, 3)}, {value_text(hi, 3)}]"
 

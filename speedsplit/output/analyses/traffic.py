@@ -103,7 +103,9 @@ def answer(frames: dict[str, pl.DataFrame]) -> str:
             "cell", "stack", "offered_rps", "goodput_rps", "output_tok_s", "ttft_s_median", "tpot_s_median",
             "prefix_cache_hit_rate", "slo_met",
         )  # fmt: skip
-        parts.append("<p><b>What each stack served</b> (medians over runs)</p>" + html_table(served))
+        parts.append(
+            "<p><b>What each stack served</b> (geometric means over runs; hit rates, medians)</p>" + html_table(served)
+        )
     return "".join(parts)
 
 
@@ -171,7 +173,7 @@ def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
         "Traffic",
         "Open-loop cells (config <i>workloads.*.arrival</i>, <i>trace</i> or <i>sessions</i>): each stack's "
         "offered and served "
-        "rate, latency percentiles and prefix-cache hit rate (medians over runs), then every chain's factors "
+        "rate, latency percentiles (geometric means over runs) and prefix-cache hit rate (a median), then every chain's factors "
         "per metric as speedups (a latency as old / new), with intervals and which way each goes. Runs "
         "whose client fell behind its schedule (client_lag) are left out.",
         html_table(flat(frames["traffic"])),
