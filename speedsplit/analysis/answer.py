@@ -114,7 +114,7 @@ def _on_cpu(cells: pl.DataFrame | None) -> dict[tuple, str]:
     }
 
 
-def _clean_runs(cells: pl.DataFrame | None) -> dict[tuple, int]:
+def _runs_ok(cells: pl.DataFrame | None) -> dict[tuple, int]:
     """Each stack's clean runs at each cell (the cells table's runs_ok), by (model, stack, topology, cell)."""
     if cells is None or not cells.height or "runs_ok" not in cells.columns:
         return {}
@@ -141,7 +141,7 @@ def sentences(
     where a step's stack ran on a CPU, its name says which kernel ran there."""
     rows = []
     kernel = _on_cpu(cells)
-    used = _clean_runs(cells)
+    used = _runs_ok(cells)
 
     def named(r: dict) -> str:
         to = r["factor"].split("/")[0]

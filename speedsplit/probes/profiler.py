@@ -12,7 +12,6 @@ profile (speedsplit/measuring/coordination.py) on a server of its own.
 from __future__ import annotations
 
 import contextlib
-
 import gzip
 import json
 import shutil

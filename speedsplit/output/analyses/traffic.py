@@ -173,8 +173,8 @@ def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
         "Traffic",
         "Open-loop cells (config <i>workloads.*.arrival</i>, <i>trace</i> or <i>sessions</i>): each stack's "
         "offered and served "
-        "rate, latency percentiles (geometric means over runs) and prefix-cache hit rate (a median), then every chain's factors "
-        "per metric as speedups (a latency as old / new), with intervals and which way each goes. Runs "
+        "rate, latency percentiles (geometric means over runs) and prefix-cache hit rate (a median), then "
+        "every chain's factors per metric as speedups (a latency as old / new), with intervals and which way each goes. Runs "
         "whose client fell behind its schedule (client_lag) are left out.",
         html_table(flat(frames["traffic"])),
         html_table(frames["traffic_factors"].drop("position")),
