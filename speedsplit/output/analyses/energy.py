@@ -55,7 +55,8 @@ def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
     """Energy per output token per stack and cell, and the chains' factors in tokens per
     joule, where the GPUs' energy counter was read; else why not."""
     cells, energy = frames["cells"], frames["energy"]
-    if not energy.height:
+    # no factor is not no reading: with no chain over the stacks read, the cells still hold them
+    if not energy.height and cells["energy_per_token_j"].is_null().all():
         why = sorted({a for xs in cells["telemetry_absent"].to_list() for a in xs if "NVML" in a or "GPU" in a})
         return f"<h2>Energy</h2><p class='note'>No energy readings: {html.escape('; '.join(why) or 'not sampled')}.</p>"
     per_cell = cells.select(
@@ -82,7 +83,7 @@ def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
         "ratios of output tokens per joule between neighbouring stacks of a chain, multiplying to the total "
         "like the throughput factors; 1 - 1/factor is the energy per token a step saves.</p>"
         + html_table(per_cell)
-        + html_table(factors)
+        + (html_table(factors) if factors.height else "<p>No chain's stacks were measured here: no factors.</p>")
     )
 
 
