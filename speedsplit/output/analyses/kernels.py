@@ -24,18 +24,22 @@ def answer(frames: dict[str, pl.DataFrame]) -> str:
     k = frames.get("kernels")
     if k is None or k["stack"].n_unique() < 2:
         return ""
+    # a cell is said by its users and workload where no other cell shares them, else by its name
+    # (two samplings share both; an open-loop cell has no users)
+    shared = k.group_by(["model", "topology", "users", "workload"]).agg(pl.col("cell").n_unique() > 1)
+    by_name = {tuple(r[:4]) for r in shared.rows() if r[4]}
     lines = []
-    for (model, topology, users, workload), df in k.group_by(
-        ["model", "topology", "users", "workload"], maintain_order=True
+    for (model, topology, cell, users, workload), df in k.group_by(
+        ["model", "topology", "cell", "users", "workload"], maintain_order=True
     ):
         df = df.sort("vs_reference", descending=True)
         parts = [
             f"{r['kernel'] or r['stack']} {times(r['vs_reference'], r['lo'], r['hi'])}"
             for r in df.iter_rows(named=True)
         ]
-        lines.append(
-            f"INT4 over {df['reference'][0]} at {users} users ({workload}; {model}, {topology}): " + "; ".join(parts)
-        )
+        named = users == 0 or (model, topology, users, workload) in by_name
+        where = f"{cell} ({model}, {topology})" if named else f"{users} users ({workload}; {model}, {topology})"
+        lines.append(f"INT4 over {df['reference'][0]} at {where}: " + "; ".join(parts))
     return answer_block("INT4 kernels against FP16", lines)
 
 

@@ -29,29 +29,34 @@ def answer(frames: dict[str, pl.DataFrame]) -> str:
     if changes is None or not changes.height:
         return ""
     lines = [
-        f"{r['step']} at {r['users']} users ({r['cell']}; {r['chain']}): {sentence(r)}"
+        f"{r['step']} at {r['users']} users ({r['cell']}; {r['chain']}; {r['model']}, {r['topology']}): {sentence(r)}"
         for r in changes.iter_rows(named=True)
     ]
     return answer_block("Why, kernel by kernel (a profiled window of decode steps)", lines)
 
 
 def step_time_chart(frame: pl.DataFrame) -> alt.Chart:
-    """Each profiled stack's decode step as a bar of its kernel classes, per cell."""
+    """Each profiled stack's decode step as a bar of its kernel classes, per cell (a bar per
+    topology where the stacks were profiled on several: one bar would add their steps up)."""
     from speedsplit.analysis.step_time import CLASS_MS, NAMES
 
     ok = frame.filter(pl.col("status") == "ok")
-    long = ok.unpivot(index=["model", "stack", "cell"], on=CLASS_MS, variable_name="class", value_name="ms")
+    bar = pl.format("{} ({})", "stack", "topology") if ok["topology"].n_unique() > 1 else pl.col("stack")
+    ok = ok.with_columns(bar.alias("bar"))
+    long = ok.unpivot(
+        index=["model", "stack", "topology", "bar", "cell"], on=CLASS_MS, variable_name="class", value_name="ms"
+    )
     long = long.with_columns(pl.col("class").str.strip_suffix("_ms").replace(NAMES))
     order = [NAMES[c.removesuffix("_ms")] for c in CLASS_MS]
     return (
         alt.Chart(long.to_pandas())
         .mark_bar()
         .encode(
-            x=alt.X("stack:N", title=None, sort=None),
+            x=alt.X("bar:N", title=None, sort=None),
             y=alt.Y("sum(ms):Q", title="ms per decode step"),
             color=alt.Color("class:N", sort=order, title="where the step's time went"),
             order=alt.Order("class_index:Q"),
-            tooltip=["stack", "cell", "class", alt.Tooltip("ms:Q", format=".3f")],
+            tooltip=["stack", "topology", "cell", "class", alt.Tooltip("ms:Q", format=".3f")],
         )
         .transform_calculate(class_index=f"indexof({order!r}, datum['class'])")
         .properties(width=alt.Step(50), height=220)
