@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from speedsplit.planning.typed_config import Entry, absent, nested, section_schema
-from speedsplit.core.numbers import AtLeastOne, NonNegative, Number, Positive, Share
+from speedsplit.core.numbers import AtLeastOne, NonNegative, Positive, Share
 
 
 class CardPrices(Entry):
@@ -131,7 +131,7 @@ class EstimateConfig(Entry):
         ),
     )
     roofline_efficiency: Share = Field(0.5, description="Share of the decode roofline a server reaches.")
-    bandwidth_gb_s: Number | None = Field(
+    bandwidth_gb_s: Positive | None = Field(
         None,
         description="Card memory bandwidth for the roofline; null: results/hardware/bandwidth.json where it exists.",
     )

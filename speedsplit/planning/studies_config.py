@@ -10,7 +10,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from speedsplit.planning.typed_config import Entry, absent, section_schema
+from speedsplit.planning.typed_config import Entry, absent, nested, section_schema
 from speedsplit.core.numbers import Positive
 
 
@@ -99,7 +99,7 @@ class ProfileConfig(Entry):
     step's change of step time is split into those classes (tables/step_time_changes.*)."""
 
     cells: list[str] = Field([], description="Cells whose run 0 is profiled (empty: none).")
-    stacks: list[str] | None = absent("The vLLM stacks profiled (null: every vLLM stack benchmarked).")
+    stacks: list[str] | None = absent("The vLLM stacks profiled (absent: every vLLM stack benchmarked).")
     delay_iterations: int = Field(16, ge=0, description="Engine steps skipped once the load starts (the prefill).")
     iterations: int = Field(32, ge=1, description="Engine steps recorded.")
 
@@ -108,7 +108,7 @@ class MechanismConfig(Entry):
     """Why each step is worth what it is, beyond what the client and the engine's counters tell
     (those come with every run): the kernel level (`profile`)."""
 
-    profile: ProfileConfig = Field(default_factory=ProfileConfig)
+    profile: ProfileConfig = nested(ProfileConfig, ProfileConfig.__doc__)
 
 
 SECTIONS = {
