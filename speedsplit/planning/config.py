@@ -267,6 +267,9 @@ def _check_references(config: dict) -> None:
     for i, stack in enumerate(bench.stacks):
         if stack not in stacks:
             raise ConfigError(f"config error at benchmark.stacks[{i}]: unknown stack {stack!r}")
+    for i, model in enumerate(bench.models):
+        if model not in config["models"]:
+            raise ConfigError(f"config error at benchmark.models[{i}]: unknown model {model!r}")
     for stack in bench_stacks(config):
         _check_draft(config, stack, stack_config.stack_config(config, stack))
     if platform_of(config) == "cpu":
@@ -283,9 +286,6 @@ def _check_references(config: dict) -> None:
                     f"config error at stacks.{stack}: {why}; measure this stack on a GPU (the reference server's "
                     "--offload-cache-tokens rehearses the step)"
                 )
-    for i, model in enumerate(bench.models):
-        if model not in config["models"]:
-            raise ConfigError(f"config error at benchmark.models[{i}]: unknown model {model!r}")
     for topo, entry in config["topologies"].items():
         for i, stack in enumerate(entry.get("stacks", [])):
             if stack not in stacks:
@@ -300,6 +300,13 @@ def _check_references(config: dict) -> None:
             raise ConfigError(
                 f"config error at topologies.{topo}: needs {need} GPUs but gpus_available is {config['gpus_available']}"
             )
+    link = studies_config.link_control_config(config)
+    if link.enabled and platform_of(config) == "cuda" and link.gpus > config["gpus_available"]:
+        raise ConfigError(
+            f"config error at link_control.gpus: the control leases {link.gpus} GPUs but gpus_available is "
+            f"{config['gpus_available']}"
+        )
+    _check_capacity(config)  # before cells(config) below reads the capacity sweep's workload
     # the benchmarked models, and those a benchmarked stack drafts with (the model rule makes both)
     benched = bench_models(config)
     drafts = draft_models(config, bench_stacks(config)) - set(benched)
@@ -336,7 +343,6 @@ def _check_references(config: dict) -> None:
     _check_mechanism(config)
     _check_factorial(config)
     _check_report(config)
-    _check_capacity(config)
 
 
 def _check_quality(q: dict) -> None:
@@ -367,7 +373,7 @@ def _check_coordination(config: dict) -> None:
     co = studies_config.coordination_config(config)
     if not co.enabled:
         return
-    if co.stack not in config["stacks"] or stack_config.stack_config(config, co.stack).dialect != "vllm":
+    if co.stack not in config["stacks"] or family(stack_config.stack_config(config, co.stack)) != "vllm":
         raise ConfigError(f"config error at coordination.stack: {co.stack!r} is not a vLLM stack of this config")
     for i, topo in enumerate(co.topologies):
         if topo not in config["topologies"] or grid_config.topology_config(config, topo).instances != 1:
@@ -394,7 +400,7 @@ def _check_mechanism(config: dict) -> None:
                 "(a profiled window is one request per user of a closed-loop cell)"
             )
     for i, name in enumerate(pr.stacks or []):
-        if name not in config["stacks"] or stack_config.stack_config(config, name).dialect != "vllm":
+        if name not in config["stacks"] or family(stack_config.stack_config(config, name)) != "vllm":
             raise ConfigError(
                 f"config error at mechanism.profile.stacks[{i}]: {name!r} is not a vLLM stack of this config "
                 "(the profiler is vLLM's)"

@@ -91,7 +91,7 @@ def profiled_stacks(config: dict) -> list[str]:
     pr = mechanism_config(config).profile
     if pr.stacks is not None:
         return list(pr.stacks)
-    return [s for s in gridmod.bench_stacks(config) if stack_config(config, s).dialect == "vllm"]
+    return [s for s in gridmod.bench_stacks(config) if gridmod.family(stack_config(config, s)) == "vllm"]
 
 
 def profile_window(config: dict, job: BenchJob) -> dict | None:

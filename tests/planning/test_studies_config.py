@@ -428,3 +428,42 @@ def test_the_study_sections_of_every_shipped_config_pass_their_schema_entries_an
         assert [e.message for e in Draft202012Validator(schema).iter_errors(section)] == [], f"{name}: {key}"
         typed = SECTIONS[key].model_validate(section)
         assert typed.model_dump(include=set(section), exclude_unset=True) == section, f"{name}: {key}"
+
+
+# Found by this file's tests, mended in planning/config.py and plan.py: each was a KeyError or a
+# check that let a non-vLLM stack through.
+
+
+def test_an_unknown_capacity_workload_is_one_line_not_a_key_error():
+    with pytest.raises(ConfigError, match=r"^config error at capacity.workload: unknown workload 'nope'$"):
+        C.validate(C.merge(C.read_yaml(C.DEFAULT_CONFIG), {"capacity": {"enabled": True, "workload": "nope"}}))
+
+
+def test_an_unknown_benchmark_model_beside_a_drafting_stack_is_one_line_not_a_key_error():
+    top = {"benchmark": {"models": ["nope"], "stacks": ["vllm-fp16-draft"]}}
+    with pytest.raises(ConfigError, match=r"^config error at benchmark.models\[0\]: unknown model 'nope'$"):
+        C.validate(C.merge(C.read_yaml(C.DEFAULT_CONFIG), top))
+
+
+@pytest.mark.parametrize(
+    "top, where",
+    [
+        ({"coordination": {"enabled": True, "stack": "reference"}}, "coordination.stack"),
+        ({"mechanism": {"profile": {"stacks": ["hf-generate"]}}}, r"mechanism.profile.stacks\[0\]"),
+    ],
+)
+def test_a_stack_that_runs_no_vllm_is_not_taken_for_one_by_its_default_dialect(top, where):
+    with pytest.raises(ConfigError, match=rf"^config error at {where}: .* is not a vLLM stack"):
+        C.validate(C.merge(C.read_yaml(C.DEFAULT_CONFIG), top))
+
+
+def test_the_stacks_profiled_by_default_are_the_vllm_ones():
+    top = {"benchmark": {"stacks": ["hf-generate", "reference", "vllm-fp16", "vllm-marlin"]}}
+    cfg = C.validate(C.merge(C.read_yaml(C.DEFAULT_CONFIG), top))
+    assert P.profiled_stacks(cfg) == ["vllm-fp16", "vllm-marlin"]
+
+
+def test_a_link_control_over_more_cards_than_the_host_has_is_refused():
+    top = {"platform": "cuda", "gpus_available": 1, "link_control": {"enabled": True, "gpus": 2}}
+    with pytest.raises(ConfigError, match=r"^config error at link_control.gpus: the control leases 2 GPUs"):
+        C.validate(C.merge(C.read_yaml(C.DEFAULT_CONFIG), top))
