@@ -4,7 +4,28 @@ here and a GPU host without network: the install set, the steps it runs there, t
 
 from __future__ import annotations
 
+import argparse
+import re
 from collections.abc import Callable
+from pathlib import Path
+
+
+def _python_version(text: str) -> str:
+    """The host's Python as major.minor (its wheels' tags and its requirements' markers follow)."""
+    if not re.fullmatch(r"[0-9]+\.[0-9]+", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Python version as major.minor (3.12)")
+    return text
+
+
+def _part_mib(text: str) -> float:
+    """The largest part: a size in MiB of a byte or more (argparse says which option it was given to)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 2**-20 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in MiB above 0")
+    return value
 
 
 def _bundle_args(p):
@@ -15,17 +36,23 @@ def _bundle_args(p):
         help="what the host must be able to run (several files: resolved together, e.g. an add-on's after the base's)",
     )
     p.add_argument("--have", metavar="FREEZE", help="the host's `pip freeze`: what it has already")
-    p.add_argument("--python-version", default="3.12", help="the host's Python (major.minor)")
+    p.add_argument("--python-version", type=_python_version, default="3.12", help="the host's Python (major.minor)")
     p.add_argument("--out", default="bundle", help="the folder to write (parts, SHA256SUMS, install.py)")
-    p.add_argument("--part-mib", type=float, help="the largest part, in MiB (default 58, bundle.PART_MIB)")
+    p.add_argument("--part-mib", type=_part_mib, help="the largest part, in MiB (default 58, bundle.PART_MIB)")
     p.add_argument("--omit", metavar="FILE", help="'package: why' lines: left out on purpose (fnmatch patterns)")
     p.add_argument("--find-links", action="append", default=[], metavar="DIR", help="wheels built elsewhere")
     p.add_argument("--lock", metavar="FILE", help="name==version pins taken where a requirement allows them")
 
 
 def _bundle(args) -> int:
+    from speedsplit.core.errors import UserError
     from speedsplit.offline import bundle
 
+    named = [("--requirements", f) for f in args.requirements]
+    named += [(flag, f) for flag, f in (("--have", args.have), ("--omit", args.omit), ("--lock", args.lock)) if f]
+    for flag, f in named:  # before --out is emptied and the wheels fetched
+        if not Path(f).is_file():
+            raise UserError(f"{flag} {f}: no such file")
     target = bundle.Target(args.python_version, find_links=tuple(args.find_links))
     part_mib = args.part_mib or bundle.PART_MIB
     bundle.build(args.requirements, args.out, target, args.have, part_mib, args.omit, args.lock)
@@ -72,13 +99,31 @@ def _pack_args(p):
 
 
 def _pack(args) -> int:
-    from pathlib import Path
+    from pydantic import ValidationError
 
+    from speedsplit.core.errors import UserError
     from speedsplit.core.requestlog import pack
 
+    if not Path(args.results).is_dir():
+        raise UserError(f"no results folder at {args.results} (--results names a folder of request records)")
     found = sorted(p for p in Path(args.results).rglob("run*.requests.jsonl*") if p.suffix in (".jsonl", ".gz"))
+    runs: dict[Path, list[Path]] = {}  # a run's .jsonl and .jsonl.gz would pack to one file, the last one's
+    for p in found:
+        runs.setdefault(p.with_name(p.name.split(".requests.")[0]), []).append(p)
+    for run, forms in runs.items():
+        if len(forms) > 1:
+            raise UserError(f"{' and '.join(map(str, forms))} are both {run.name}'s request records: keep one")
     before = sum(p.stat().st_size for p in found)
-    after = sum(pack(p).stat().st_size for p in found)
+    after = 0
+    for p in found:
+        try:
+            after += pack(p).stat().st_size
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            at = ".".join(str(k) for k in e["loc"])
+            raise UserError(f"{p} holds no request records ({at + ': ' if at else ''}{e['msg']})") from None
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{p} cannot be packed ({exc})") from None
     print(f"{len(found)} request files: {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB, every record read back equal")
     return 0
 

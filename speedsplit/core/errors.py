@@ -19,5 +19,6 @@ class BadRequest(ValueError):
 
 
 def one_line(exc: BaseException) -> str:
-    """How a UserError is shown."""
-    return f"speedsplit: {exc}"
+    """How a UserError is shown: on one line, whatever its message (a message of several lines,
+    such as a YAML parser's, has its lines joined)."""
+    return "speedsplit: " + " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
