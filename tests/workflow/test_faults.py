@@ -698,7 +698,7 @@ def test_eviction_racing_a_cell_that_attaches(cfg, tmp_path, tiny_model):
 def test_sigterm_during_the_daemons_cleanup(cfg, tmp_path, tiny_model):
     """A second SIGTERM while the daemon stops its servers: nothing is left, and the card is
     free only once the servers are gone."""
-    stack = G.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    stack = G.stack_params(cfg, "tiny", "reference", "tp1")
     key = "faults/cleanup/run0"
     # what a bench job launches: the stack with its start-up timeout (from the plan)
     launch = session_state.Launch(
@@ -813,7 +813,7 @@ def test_int4_on_a_cpu_without_avx512(cfg, tmp_path, tiny_model, gptq_model):
 def test_a_daemon_killed_mid_cell_is_said_so(cfg, tmp_path, tiny_model):
     """The session's daemon SIGKILLed during the measured phase (its servers get SIGTERM from
     the kernel as it dies): server_died, labelled SessionLost, and nothing left running."""
-    stack = G.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    stack = G.stack_params(cfg, "tiny", "reference", "tp1")
     params = cell(cfg, users=2, output_tokens=300, requests_per_user=6, warmup_requests=1, prompt_tokens=16)
     key = "faults/daemon/run0"
     seen = {}

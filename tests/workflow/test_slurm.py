@@ -18,10 +18,13 @@ from speedsplit.serving import session_state
 
 pytestmark = pytest.mark.slow
 
-# Two stacks, both cells, one run (4 bench jobs, a session per stack, its quality probe after its
-# last cell as in a local run); no link control or profile. (What a second run adds, its own
-# place in the session's lane, the local run checks.)
-OVERRIDES = """benchmark: {stacks: [hf-fp16, vllm-fp16]}
+# One stack, both cells, one run (2 bench jobs, one session, its quality probe after its last
+# cell as in a local run); no link control or profile. What Slurm changes (submissions, a group
+# a session, the card asked as a resource) is the same for every engine: a second stack (a vLLM
+# start, 60-90 s of both cores here) added nothing to check, and what a second run adds, its own
+# place in the session's lane, the local run checks. (One stack decomposes no chain: the run is
+# told to accept that.)
+OVERRIDES = """benchmark: {stacks: [hf-fp16], fail_on_undecomposed: false}
 grid: {runs: 1}
 link_control: {enabled: false}
 coordination: {enabled: false}
@@ -88,7 +91,7 @@ def test_every_job_went_through_slurm_and_a_session_is_one_submission(slurm_run)
     subs = submissions(slurm_run["log"])
     logs = sorted(subs.values())
     groups = [p for p in logs if "/group_" in p]
-    assert len(groups) == 2, logs  # one per session (hf-fp16, vllm-fp16), 2 bench jobs each
+    assert len(groups) == 1, logs  # one per session (hf-fp16's), its 2 bench jobs
     assert not [p for p in logs if "/rule_bench/" in p], logs
     assert any("/rule_model/" in p for p in logs) and any("/rule_bandwidth/" in p for p in logs), logs
     shown = {}
@@ -109,7 +112,7 @@ def test_a_sessions_cells_shared_one_server(slurm_run):
     for path in sorted((slurm_run["dir"] / "results/bench").rglob("run*.json")):
         res = read_result(path)
         by_stack.setdefault(res.stack, []).append(res)
-    assert sorted(by_stack) == ["hf-fp16", "vllm-fp16"]
+    assert sorted(by_stack) == ["hf-fp16"]
     for stack, results in by_stack.items():
         assert all(r.status == "ok" for r in results), stack
         assert sorted(r.server.cells_before for r in results) == [0, 1], stack
@@ -127,7 +130,7 @@ def shape(value):
 
 def test_results_have_the_structure_of_a_local_run(slurm_run, local_run):
     ours = sorted(p.relative_to(slurm_run["dir"]) for p in (slurm_run["dir"] / "results/bench").rglob("run*.json"))
-    assert len(ours) == 4
+    assert len(ours) == 2
     for rel in ours:
         here, there = json.loads((slurm_run["dir"] / rel).read_text()), json.loads((local_run / rel).read_text())
         for res in (here, there):
@@ -144,7 +147,7 @@ def test_results_have_the_structure_of_a_local_run(slurm_run, local_run):
 
 def test_no_server_is_left_running(slurm_run):
     ours = [st for st in session_state.host_states() if st.workflow == str(slurm_run["dir"].resolve())]
-    assert sorted(st.key for st in ours) == ["tiny/hf-fp16/tp1/all", "tiny/vllm-fp16/tp1/all"]
+    assert sorted(st.key for st in ours) == ["tiny/hf-fp16/tp1/all"]
     for st in ours:
         assert st.state == "stopped" and not session_state.daemon_alive(st)
         assert not any(r.alive() for r in st.servers)
