@@ -39,7 +39,7 @@ rule plots:
     output:
         report(directory("results/plots"), patterns=["{name}.svg"], caption="../docs/report/plots.rst", category="Plots"),
     params:
-        chains=list(CFG["chains"]),
+        chains=list(CFG.chains),
         kernel_reference=ss_grid.kernel_reference(CFG),
     log:
         "results/logs/plots.log",
@@ -58,7 +58,7 @@ rule report:
     output:
         report("results/report.html", caption="../docs/report/report.rst", category="Report"),
     params:
-        config=CFG,
+        config=CFG.filled(),
     log:
         "results/logs/report.log",
     conda:

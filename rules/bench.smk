@@ -10,9 +10,9 @@ rule job_file:
     output:
         "results/jobs/{model}/{stack}/{topology}/{cell}/run{run}.json",
     params:
-        stack=bench_stack,
-        cell=bench_job_cell,
-        quality=bench_quality,
+        stack=job_stack,
+        cell=job_cell,
+        quality=job_quality,
     log:
         "results/logs/jobs/{model}/{stack}/{topology}/{cell}/run{run}.log",
     conda:
@@ -93,7 +93,7 @@ rule calibrate:
     output:
         ss_plan.CALIBRATION,
     params:
-        users=CFG["benchmark"]["calibration_users"],
+        users=CFG.benchmark.calibration_users,
     resources:
         gpu=1,
     log:
@@ -127,11 +127,11 @@ rule link:
         "results/hardware/link.json",
     params:
         platform=PLATFORM,
-        gpus=CFG["link_control"]["gpus"] if PLATFORM == "cuda" else 1,
+        gpus=CFG.link_control.gpus if PLATFORM == "cuda" else 1,
         users=sorted({c.users for c in ss_grid.cells(CFG)}),
-        max_mib=CFG["link_control"]["max_mib"],
+        max_mib=CFG.link_control.max_mib,
     resources:
-        gpu=CFG["link_control"]["gpus"] if PLATFORM == "cuda" else 1,
+        gpu=CFG.link_control.gpus if PLATFORM == "cuda" else 1,
     log:
         "results/logs/link.log",
     conda:
@@ -155,8 +155,8 @@ rule profile:
         stack=bench_stack,
         cell=bench_cell,
         session=profile_session,
-        delay_iterations=CFG["coordination"]["delay_iterations"],
-        iterations=CFG["coordination"]["iterations"],
+        delay_iterations=CFG.coordination.delay_iterations,
+        iterations=CFG.coordination.iterations,
     resources:
         gpu=bench_gpus,
     log:

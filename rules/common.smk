@@ -33,9 +33,9 @@ def _alternatives(names):
 
 
 wildcard_constraints:
-    model=_alternatives(CFG["models"]),
-    stack=_alternatives(CFG["stacks"]),
-    topology=_alternatives(CFG["topologies"]),
+    model=_alternatives(CFG.models),
+    stack=_alternatives(CFG.stacks),
+    topology=_alternatives(CFG.topologies),
     cell=_alternatives(c.name for c in ss_grid.cells(CFG)),
     run=r"\d+",
     variant=r"fp16|(gptq|awq)-w\d+g(\d+|pc)",
@@ -44,7 +44,7 @@ wildcard_constraints:
 def close_run(failed=False):
     """Print the run's summary; a run whose chains could not all be decomposed fails, its
     reason the terminal's last line (an exception here would end it with a traceback)."""
-    reason = ss_summary.close_run("results", CFG["benchmark"]["fail_on_undecomposed"], ss_summary.snakemake_args())
+    reason = ss_summary.close_run("results", CFG.benchmark.fail_on_undecomposed, ss_summary.snakemake_args())
     if reason and not failed:
         print(f"speedsplit: {reason}", file=sys.stderr, flush=True)
         raise SystemExit(1)
@@ -63,16 +63,16 @@ def quantize_results():
 
 
 def link_results():
-    return ["results/hardware/link.json"] if CFG["link_control"]["enabled"] else []
+    return ["results/hardware/link.json"] if CFG.link_control.enabled else []
 
 
 def profile_results():
-    co = CFG["coordination"]
-    if not co["enabled"]:
+    co = CFG.coordination
+    if not co.enabled:
         return []
     cell = ss_grid.coordination_cell(CFG).name
     return [
-        f"results/profile/{m}/{co['stack']}/{t}/{cell}.json" for m in ss_grid.bench_models(CFG) for t in co["topologies"]
+        f"results/profile/{m}/{co.stack}/{t}/{cell}.json" for m in ss_grid.bench_models(CFG) for t in co.topologies
     ]
 
 
@@ -127,26 +127,36 @@ def bench_cell(wc):
     return ss_grid.cell_params(CFG, ss_grid.cell_by_name(CFG, wc.cell))
 
 
-def bench_job_cell(wc):
-    # the cell as its job file holds it (with the window it profiles, where it profiles one)
-    return ss_plan.job_cell(CFG, _job(wc))
-
-
 @functools.cache
 def _quality_carriers():
     return ss_plan.quality_carriers(CFG)
 
 
-def bench_quality(wc):
+@functools.cache
+def _job_params(job):
+    return ss_plan.job_params(CFG, job, _quality_carriers())
+
+
+# Rule job_file's params: the job as its job file holds it, from one function (plan.job_params)
+def job_stack(wc):
+    return _job_params(_job(wc))["stack"]
+
+
+def job_cell(wc):
+    # with the window it profiles, where it profiles one
+    return _job_params(_job(wc))["cell"]
+
+
+def job_quality(wc):
     # the quality probe this job runs after its load (None: none)
-    return ss_plan.quality_probe(CFG, _job(wc), _quality_carriers())
+    return _job_params(_job(wc))["quality"]
 
 
 def quantize_gpus(wc):
     # A dummy quantization writes a config beside the FP16 files and needs no card: on a GPU host
     # it runs while the first server starts (holding the card, it waited for the FP16 cells and
     # the card sat idle through it: 2 min on an H100). On a CPU every job takes the one "card".
-    if PLATFORM == "cuda" and CFG["quantization"]["method"] == "dummy":
+    if PLATFORM == "cuda" and CFG.quantization.method == "dummy":
         return 0
     return 1
 
@@ -181,10 +191,11 @@ def bench_group(wc):
 
 
 def model_entry(wc):
-    return dict(CFG["models"][wc.model])
+    return CFG.filled()["models"][wc.model]
 
 
 def quantize_settings(wc):
     # the format (gptq, awq) and a checkpoint of the model already quantized, if the config names one
     fmt = wc.variant.split("-")[0]
-    return dict(CFG["quantization"], fmt=fmt, prequantized=CFG["models"][wc.model]["prequantized"].get(fmt, ""))
+    prequantized = getattr(CFG.models[wc.model].prequantized, fmt, "")
+    return dict(CFG.filled()["quantization"], fmt=fmt, prequantized=prequantized)

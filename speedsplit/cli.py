@@ -15,8 +15,12 @@ import argparse
 import sys
 from pathlib import Path
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from speedsplit import cli_offline
+
+if TYPE_CHECKING:
+    from speedsplit.planning.experiment import Experiment
 
 RESULTS_HELP = "the workflow's results folder (default: results)"
 
@@ -49,7 +53,7 @@ def _results_folder(path: str) -> str:
     return path
 
 
-def _load_config(paths: list[str]) -> dict:
+def _load_config(paths: list[str]) -> Experiment:
     from speedsplit.planning import config
 
     return config.load(*paths)  # a ConfigError is one line (main)
@@ -74,7 +78,7 @@ def _estimate(args) -> int:
 
     config = _load_config(args.configfile)
     if args.platform:
-        config["platform"] = args.platform
+        config.platform = args.platform
     print(
         estimate.report(
             config,
@@ -139,15 +143,14 @@ def _compare_args(p):
 def _compare(args) -> int:
     from speedsplit.analysis import cost
     from speedsplit.output import compare
-    from speedsplit.planning.output_config import analysis_config
 
     config = _load_config(args.configfile)
-    analysis = analysis_config(config)
+    analysis = config.analysis
     spec = analysis.cost.model_dump(mode="json") if analysis.cost.priced() else None
     prices = tuple(
         cost.priced_at(usd) if usd is not None else spec for usd in (args.card_hour_usd_a, args.card_hour_usd_b)
     )
-    for line in compare.compare(args.a, args.b, config["chains"], args.out, tuple(analysis.tolerate_flags), prices):
+    for line in compare.compare(args.a, args.b, config.chains, args.out, tuple(analysis.tolerate_flags), prices):
         print(line)
     print(f"report: {(Path(args.out) / 'compare.html').resolve()}")
     return 0

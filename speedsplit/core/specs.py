@@ -32,13 +32,69 @@ from speedsplit.core.trace_split import ProfileWindow
 # What a cell's measured prompts say (models/prompts.py): random words, held-out code, code edits.
 PromptText = Literal["random", "code", "code-edit"]
 
+
+class PassedOn(BaseModel):
+    """Settings a config entry passes to its job file unchanged, declared once in a subclass that
+    both the config's type and the job's type take: a setting added there is a config key with
+    its default, bound and description, and a job-file key, at once (closed-loop settings have
+    theirs in core/loads.ClosedLoopSettings). A job file names one only where it is not its
+    default (`job_form`), so adding one changes no other stack's or cell's params: no finished
+    cell reruns."""
+
+    @classmethod
+    def job_form(cls, entry) -> dict:
+        """`entry`'s settings of this kind (a config entry or a job's part), each only where it is
+        not its default, in the order declared."""
+        return {k: getattr(entry, k) for k, f in cls.model_fields.items() if getattr(entry, k) != f.default}
+
+
+class StackSettings(PassedOn):
+    """A stack's settings passed on unchanged: planning/stack_config.StackConfig (the config's
+    stacks.<name>) and StackSpec (a job's stack) take them."""
+
+    keep_alive: bool = Field(
+        True,
+        description="Whether the load generator reuses a connection for the next request. llama.cpp's server "
+        "(b1, in llama-cpp-python 0.3.36) closes a connection after a streamed answer while its headers say "
+        "keep-alive, so every second request on it failed to send: its stacks set false (one connection per "
+        "request, as loopback costs nothing).",
+    )
+    lossless: bool = Field(
+        False,
+        description="Its greedy answers must be token for token those of the stack before it in a chain "
+        "(speculative decoding): a step to it whose quality probe's continuations differ fails its gate, "
+        "and says so.",
+    )
+    draft_model: str | None = Field(
+        None,
+        description="A model of this config (models.*) that drafts for the server's speculative decoding: its "
+        "FP16 folder, made by the model rule, is {draft_dir} in args (vLLM: --speculative-config with "
+        '{"model": "{draft_dir}", ...}). It must share the served model\'s tokenizer; a model that only drafts '
+        "is not benchmarked itself.",
+    )
+
+
+class CellSettings(PassedOn):
+    """A cell's settings passed on unchanged from its workload: planning/workload_config.WorkloadConfig
+    (the config's workloads.<name>) and CellParams (a job's cell) take them."""
+
+    text: PromptText = Field(
+        "random",
+        description="What the measured prompts say: random words (distinct, nothing to repeat); code, windows of "
+        "the Python library's held-out files (never trained on by a model the model rule trains); code-edit, such "
+        "a window and its own start again, as a request to rewrite a file sends, output_tokens of it left to "
+        "copy where prompt_tokens allows (what prompt-lookup speculative decoding drafts from). Closed loop and "
+        "open loop without a shared prefix; every stack gets the same prompts.",
+    )
+
+
 # A request is a latency outlier when it took this many times what its length predicts, and at
 # least this many seconds more (speedsplit/probes/loadgen.py: latency_outliers).
 OUTLIER_FACTOR = 5.0
 OUTLIER_MIN_S = 1.0
 
 
-class StackSpec(BaseModel):
+class StackSpec(StackSettings):
     """One stack resolved for one model, topology and platform, and how its server starts."""
 
     # a key the writer does not produce is refused: a job file of another version fails naming it
@@ -64,14 +120,6 @@ class StackSpec(BaseModel):
     memory_cap_args: list[str] = Field(default_factory=list, description="the server's own memory flag")
     kv_cache_gib: int | float | None = Field(None, description="the KV cache sized by hand (vLLM on a card)")
     host_cache_cap: bool = Field(False, description="a CPU server sizes its caches from its share of host memory")
-    keep_alive: bool = Field(True, description="the client reuses a connection for the next request")
-    lossless: bool = Field(
-        False, description="its greedy answers must be the chain's stack before it's, token for token"
-    )
-    draft_model: str | None = Field(
-        None,
-        description="the model its speculative decoding drafts with ({draft_dir}: its FP16 folder beside the served one)",
-    )
     # set by the session plan (core/specs.SessionPlan.with_startup), not by the config's cell
     startup_timeout_s: float | None = Field(None, description="seconds the server may take to be ready")
     api_key: bool = Field(False, description="the server demands a key (benchmark.api_key)")
@@ -106,7 +154,7 @@ def load_from_flat(data: dict) -> dict:
     return {**{k: v for k, v in data.items() if k not in FLAT_LOAD_KEYS}, "load": load}
 
 
-class CellParams(BaseModel):
+class CellParams(CellSettings):
     """The cell as measured: its load, lengths, sampling and the run's time limits."""
 
     # unknown keys are refused: a reader never meets a shape the writer does not produce. Its
@@ -124,7 +172,6 @@ class CellParams(BaseModel):
     output_tokens: int
     requests_per_user: int
     warmup_requests: int = Field(description="warm-up requests per user, before the measured phase")
-    text: PromptText = Field("random", description="what the measured prompts say (models/prompts.py)")
     telemetry_s: float = Field(0.5, description="seconds between telemetry readings")
     slo_ttft_p99_s: float = Field(2.0, description="latency objective: p99 TTFT at most this")
     slo_tpot_p99_s: float = Field(0.1, description="latency objective: p99 TPOT at most this")

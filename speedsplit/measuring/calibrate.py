@@ -188,7 +188,7 @@ def splits(config: dict) -> bool:
     from speedsplit.planning import grid as gridmod
 
     cfg = cfgmod.validate(config)
-    return gridmod.platform_of(cfg) == "cpu" and bool(cfg["benchmark"]["cpu_isolation"])
+    return gridmod.platform_of(cfg) == "cpu" and bool(cfg.benchmark.cpu_isolation)
 
 
 def run(out: str | Path | None, users: list[int], split: bool = False) -> Calibration:

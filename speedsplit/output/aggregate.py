@@ -27,6 +27,7 @@ from speedsplit.output import analyses, plots, report
 from speedsplit.output.analyses import quality
 from speedsplit.planning import config as cfgmod
 from speedsplit.planning import grid as gridmod
+from speedsplit.planning.experiment import Experiment
 
 # The quantize rule's reports under a results folder.
 QUANTIZE_REPORTS = "quantize/*/*.json"
@@ -111,7 +112,7 @@ def write_tables(result_paths: list[str | Path], out_dir: str | Path, **kwargs) 
         formats.write_frames(frames, tmp, markdown=("attribution",))
 
 
-def evidence_frames(folder: str | Path) -> tuple[dict[str, pl.DataFrame], dict]:
+def evidence_frames(folder: str | Path) -> tuple[dict[str, pl.DataFrame], Experiment]:
     """An evidence folder's tables built from its raw results as its evidence.yaml says (its
     configs named from the repository's root, two folders above it), and its config: a folder
     commits its tables as CSV only (docs/evidence/rebuild_tables.py)."""
@@ -178,12 +179,12 @@ def write_report(
     )
 
 
-def config_meets_results(config: dict, stacks: set[str]) -> list[str]:
+def config_meets_results(config: Experiment, stacks: set[str]) -> list[str]:
     """How the config's chains meet the stacks these results hold: a line per chain missing
     some of its stacks, one for chains with none; ConfigError where no chain names any stack
     measured (the config is not the one they were measured with)."""
     measured = sorted(stacks)
-    chains = config["chains"]
+    chains = config.chains
     if chains and not any(s in measured for chain in chains.values() for s in chain):
         raise ConfigError(
             f"the config's chains ({', '.join(chains)}) name none of the stacks these results hold "
@@ -201,7 +202,7 @@ def config_meets_results(config: dict, stacks: set[str]) -> list[str]:
     return out
 
 
-def aggregate_folders(config: dict, folders: list[str | Path], out: str | Path) -> Path:
+def aggregate_folders(config: Experiment, folders: list[str | Path], out: str | Path) -> Path:
     """Tables, plots and report (under `out`) from the results folders of one machine, each
     holding bench/, hardware/ and profile/ as the workflow writes them; the report's path."""
     folders = [Path(x) for x in folders]
@@ -225,10 +226,10 @@ def aggregate_folders(config: dict, folders: list[str | Path], out: str | Path) 
         quantize_paths=sorted({str(p) for d in folders for p in d.glob(QUANTIZE_REPORTS)}),
         **analyses.analysis_spec(config),
     )
-    write_plots(out / "tables", list(config["chains"]), out / "plots", gridmod.kernel_reference(config))
+    write_plots(out / "tables", list(config.chains), out / "plots", gridmod.kernel_reference(config))
     write_report(
         out / "report.html",
-        config=config,
+        config=config.filled(),
         result_paths=paths,
         tables_dir=out / "tables",
         plots_dir=out / "plots",

@@ -1,7 +1,6 @@
-"""The config's `benchmark` section (how each benchmark job measures), typed. Its schema entry
-is generated from `BenchmarkConfig` (spliced in by planning/config.load_schema), so a key, its
-type, its default and its description live here only; `benchmark_config(config)` reads a
-validated config's section (what planning reads instead of dict keys).
+"""The config's `benchmark` section (how each benchmark job measures), typed: a key, its type,
+its default and its description live here only (the config schema's entry is generated from
+the experiment, planning/experiment.py); a validated experiment's is `experiment.benchmark`.
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from speedsplit.planning.typed_config import Entry, plain_schema
+from speedsplit.planning.typed_config import Entry
 from speedsplit.core.numbers import AboveOne, AtLeastOne, NonNegative, Positive
 
 
@@ -129,13 +128,3 @@ class BenchmarkConfig(Entry):
             "code (after its summary and report); false accepts such a run."
         ),
     )
-
-
-def json_schema() -> dict:
-    """The config schema's `benchmark` entry (its defaults filled in when the section is absent)."""
-    return {**plain_schema(BenchmarkConfig), "default": {}}
-
-
-def benchmark_config(config: dict) -> BenchmarkConfig:
-    """A validated config's `benchmark` section, typed."""
-    return BenchmarkConfig.model_validate(config["benchmark"])

@@ -1,9 +1,8 @@
-"""Load and validate the workflow config: merge the files over the default, fill the schema's
-defaults (speedsplit/planning/schema.yaml, the one place a default lives; a model's, a stack's
-and a workload's entries are generated from planning/model_config.py, stack_config.py and
-workload_config.py), check the schema
-and every cross-reference. What the config then describes (cells, stacks, specs) is
-speedsplit/planning/grid.py, read through this module.
+"""Load and validate the workflow config: merge the files over the default, check it against
+the schema generated from the experiment's types (planning/experiment.py: each key's default,
+bound and description is declared once, in its section's type) and fill its defaults, type it
+once as an `Experiment`, and check every cross-reference. What the experiment then describes
+(cells, stacks, specs) is speedsplit/planning/grid.py; its jobs, speedsplit/planning/plan.py.
 
 Every error is one line naming the key path and what was expected (ConfigError). What serving
 the models needs beyond the config (checkpoints, weight formats, llama.cpp's tools) is checked
@@ -34,19 +33,10 @@ from speedsplit.planning.grid import (
     topology_gpus,
     trace_window,
 )
-from speedsplit.planning import (
-    benchmark_config,
-    grid_config,
-    model_config,
-    output_config,
-    quality_config,
-    stack_config,
-    studies_config,
-    workload_config,
-)
+from speedsplit.planning import experiment, model_config, quality_config, workload_config
+from speedsplit.planning.experiment import Experiment
 from speedsplit.planning.model_checks import check_formats, check_own_weights
 
-SCHEMA_PATH = Path(__file__).resolve().parent / "schema.yaml"
 # The embedded default experiment (a tiny synthesised model on CPU), beside the Snakefile.
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "config" / "config.yaml"
 
@@ -86,20 +76,8 @@ _Validator = _with_defaults(Draft202012Validator)
 
 
 def load_schema() -> dict:
-    """The config's JSON Schema: schema.yaml (the top level: names, platform, cards, chains), with
-    every section and every entry of a named map generated from its type (planning/*_config.py)."""
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())
-    schema["properties"]["models"]["additionalProperties"] = model_config.json_schema()
-    schema["properties"]["stacks"]["additionalProperties"] = stack_config.json_schema()
-    schema["properties"]["workloads"]["additionalProperties"] = workload_config.json_schema()
-    schema["properties"]["benchmark"] = benchmark_config.json_schema()
-    grid = grid_config.json_schemas()
-    schema["properties"]["sampling"]["additionalProperties"] = grid["sampling"]
-    schema["properties"]["grid"] = grid["grid"]
-    schema["properties"]["topologies"]["additionalProperties"] = grid["topology"]
-    for sections in (quality_config.json_schemas(), studies_config.json_schemas(), output_config.json_schemas()):
-        schema["properties"].update(sections)
-    return schema
+    """The config's JSON Schema, generated from the experiment's types (planning/experiment.py)."""
+    return experiment.json_schema()
 
 
 def _key_path(error) -> str:
@@ -125,16 +103,36 @@ def check_paths(folder: str, python: str) -> None:
         )
 
 
-def validate(config: dict) -> dict:
-    """Resolve stacks that extend stacks, fill defaults, check the schema and cross-references;
-    return the filled config."""
+def validate(config: dict) -> Experiment:
+    """Resolve stacks that extend stacks, check the schema (a one-line error naming the key path)
+    and fill its defaults, type the whole once and check every cross-reference."""
     config = resolve_stacks(copy.deepcopy(config)) if config else {}
     errors = sorted(_Validator(load_schema()).iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         e = errors[0]
         raise ConfigError(f"config error at {_key_path(e)}: {e.message}")
-    _check_references(config)
-    return config
+    _fill_derived(config)
+    typed = Experiment.model_validate(config)
+    typed._filled = config
+    _check_references(typed)
+    return typed
+
+
+def _fill_derived(config: dict) -> None:
+    """The defaults that depend on other keys: the grid's workloads and sampling (every one of
+    the config's), one single-card topology where none is named, and lm-evaluation-harness's task
+    folder beside the workflow (config/tasks/...) where the working folder has none of its name."""
+    grid = config["grid"]
+    grid["workloads"] = grid["workloads"] or list(config["workloads"])
+    grid["sampling"] = grid["sampling"] or list(config["sampling"])
+    if not config["topologies"]:
+        config["topologies"] = {"tp1": {"tensor_parallel": 1, "instances": 1}}
+    q, lm = config["quality"], config["quality"]["lm_eval"]
+    here = Path(lm["include_path"])
+    shipped = DEFAULT_CONFIG.parents[1] / here
+    if q["enabled"] and lm["tasks"] and lm["include_path"] and not here.is_dir() and not here.is_absolute():
+        if shipped.is_dir():
+            lm["include_path"] = str(shipped)
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -150,7 +148,7 @@ def read_yaml(path: str | Path) -> dict:
         raise ConfigError(f"config file {path}{where} is not valid YAML: {what}") from None
 
 
-def load(*paths: str | Path, base: str | Path | None = DEFAULT_CONFIG) -> dict:
+def load(*paths: str | Path, base: str | Path | None = DEFAULT_CONFIG) -> Experiment:
     """Read config files merged in order over the default config, as Snakemake merges
     `--configfile` over the Snakefile's `configfile:`; validate the result."""
     data: dict = read_yaml(base) if base else {}
@@ -181,19 +179,19 @@ def _tokenizer_of(model: model_config.ModelConfig) -> tuple:
     return (model.tokenizer, vocab, trained and (model.training.corpus, model.training.corpus_bytes))
 
 
-def _check_draft(config: dict, stack: str, entry) -> None:
+def _check_draft(config: Experiment, stack: str, entry) -> None:
     """A benchmarked stack's draft model is a model of the config whose tokenizer is the served
     models' (synthetic models: the same tokenizer kind and, trained, the same learnt one)."""
     if not entry.draft_model:
         return
     where = f"config error at stacks.{stack}.draft_model"
-    if entry.draft_model not in config["models"]:
-        raise ConfigError(f"{where}: unknown model {entry.draft_model!r} (known: {', '.join(config['models'])})")
+    if entry.draft_model not in config.models:
+        raise ConfigError(f"{where}: unknown model {entry.draft_model!r} (known: {', '.join(config.models)})")
     if "{draft_dir}" not in " ".join(entry.args + entry.on_gpu.args + entry.on_cpu.args):
         raise ConfigError(f"{where}: the stack's args never name {{draft_dir}}, so its server would not use the draft")
-    draft = model_config.model_config(config, entry.draft_model)
+    draft = config.models[entry.draft_model]
     for name in bench_models(config):
-        served = model_config.model_config(config, name)
+        served = config.models[name]
         if draft.source == served.source == "synthetic" and _tokenizer_of(draft) != _tokenizer_of(served):
             raise ConfigError(
                 f"{where}: {entry.draft_model} and models.{name} have different tokenizers (a draft must share the "
@@ -201,9 +199,9 @@ def _check_draft(config: dict, stack: str, entry) -> None:
             )
 
 
-def _check_references(config: dict) -> None:
-    stacks, workloads = config["stacks"], config["workloads"]
-    for stack, entry in stack_config.stacks_of(config).items():
+def _check_references(config: Experiment) -> None:
+    stacks, workloads = config.stacks, config.workloads
+    for stack, entry in config.stacks.items():
         # Secrets reach servers through the environment only: anything written in the config
         # is copied into job files, results, the report and the server's own log.
         for prefix, part in (("", entry), ("on_cpu.", entry.on_cpu), ("on_gpu.", entry.on_gpu)):
@@ -228,14 +226,14 @@ def _check_references(config: dict) -> None:
             raise ConfigError(
                 f"config error at stacks.{stack}.kv_cache_gib: only a vLLM stack sizes its KV cache by a flag"
             )
-    for chain, members in config["chains"].items():
+    for chain, members in config.chains.items():
         for i, stack in enumerate(members):
             if stack not in stacks:
                 raise ConfigError(
                     f"config error at chains.{chain}[{i}]: unknown stack {stack!r} (stacks: {', '.join(stacks)})"
                 )
     for name in workloads:  # a closed loop's settings mean nothing to arrivals on a schedule
-        w = workload_config.workload_config(config, name)
+        w = config.workloads[name]
         if w.text != "random" and (w.kind in ("trace", "sessions") or (w.lengths and w.lengths.shared_prefix_tokens)):
             raise ConfigError(
                 f"config error at workloads.{name}.text: {w.text} prompts are for a closed or open loop without a "
@@ -246,35 +244,31 @@ def _check_references(config: dict) -> None:
                 f"config error at workloads.{name}.{key}: a closed loop's setting, and this workload is "
                 f"{'a trace replay' if w.kind == 'trace' else 'open loop (arrival)'}"
             )
-    for key, known in (("workloads", workloads), ("sampling", config["sampling"])):
-        for i, name in enumerate(config["grid"][key]):
+    for key, known in (("workloads", workloads), ("sampling", config.sampling)):
+        for i, name in enumerate(getattr(config.grid, key)):
             if name not in known:
                 raise ConfigError(
                     f"config error at grid.{key}[{i}]: unknown {key} entry {name!r} (known: {', '.join(known)})"
                 )
-    for i, c in enumerate(config["grid"]["cells"]):
-        for key, known in (("workload", workloads), ("sampling", config["sampling"])):
-            if c[key] not in known:
-                raise ConfigError(f"config error at grid.cells[{i}].{key}: unknown {key} {c[key]!r}")
-        for j, stack in enumerate(c.get("stacks", [])):
+    for i, c in enumerate(config.grid.cells):
+        for key, known in (("workload", workloads), ("sampling", config.sampling)):
+            if getattr(c, key) not in known:
+                raise ConfigError(f"config error at grid.cells[{i}].{key}: unknown {key} {getattr(c, key)!r}")
+        for j, stack in enumerate(c.stacks):
             if stack not in stacks:
                 raise ConfigError(f"config error at grid.cells[{i}].stacks[{j}]: unknown stack {stack!r}")
-    if not config["grid"]["workloads"]:
-        config["grid"]["workloads"] = list(workloads)
-    if not config["grid"]["sampling"]:
-        config["grid"]["sampling"] = list(config["sampling"])
-    bench = benchmark_config.benchmark_config(config)
+    bench = config.benchmark
     for i, stack in enumerate(bench.stacks):
         if stack not in stacks:
             raise ConfigError(f"config error at benchmark.stacks[{i}]: unknown stack {stack!r}")
     for i, model in enumerate(bench.models):
-        if model not in config["models"]:
+        if model not in config.models:
             raise ConfigError(f"config error at benchmark.models[{i}]: unknown model {model!r}")
     for stack in bench_stacks(config):
-        _check_draft(config, stack, stack_config.stack_config(config, stack))
+        _check_draft(config, stack, config.stacks[stack])
     if platform_of(config) == "cpu":
         for stack in bench_stacks(config):
-            backend = kv_offload(stack_config.stack_config(config, stack))
+            backend = kv_offload(config.stacks[stack])
             if backend:
                 why = (
                     "LMCache's kernels are built for CUDA (its wheel links libcudart)"
@@ -286,39 +280,37 @@ def _check_references(config: dict) -> None:
                     f"config error at stacks.{stack}: {why}; measure this stack on a GPU (the reference server's "
                     "--offload-cache-tokens rehearses the step)"
                 )
-    for topo, entry in config["topologies"].items():
-        for i, stack in enumerate(entry.get("stacks", [])):
+    for topo, entry in config.topologies.items():
+        for i, stack in enumerate(entry.stacks):
             if stack not in stacks:
                 raise ConfigError(f"config error at topologies.{topo}.stacks[{i}]: unknown stack {stack!r}")
-    if not config["topologies"]:
-        config["topologies"] = {"tp1": {"tensor_parallel": 1, "instances": 1}}
     for i, topo in enumerate(bench.topologies):
-        if topo not in config["topologies"]:
+        if topo not in config.topologies:
             raise ConfigError(f"config error at benchmark.topologies[{i}]: unknown topology {topo!r}")
         need = topology_gpus(config, topo)
-        if platform_of(config) == "cuda" and need > config["gpus_available"]:
+        if platform_of(config) == "cuda" and need > config.gpus_available:
             raise ConfigError(
-                f"config error at topologies.{topo}: needs {need} GPUs but gpus_available is {config['gpus_available']}"
+                f"config error at topologies.{topo}: needs {need} GPUs but gpus_available is {config.gpus_available}"
             )
-    link = studies_config.link_control_config(config)
-    if link.enabled and platform_of(config) == "cuda" and link.gpus > config["gpus_available"]:
+    link = config.link_control
+    if link.enabled and platform_of(config) == "cuda" and link.gpus > config.gpus_available:
         raise ConfigError(
             f"config error at link_control.gpus: the control leases {link.gpus} GPUs but gpus_available is "
-            f"{config['gpus_available']}"
+            f"{config.gpus_available}"
         )
     _check_capacity(config)  # before cells(config) below reads the capacity sweep's workload
     # the benchmarked models, and those a benchmarked stack drafts with (the model rule makes both)
     benched = bench_models(config)
     drafts = draft_models(config, bench_stacks(config)) - set(benched)
     for model in [*benched, *sorted(drafts)]:
-        entry = model_config.model_config(config, model)
+        entry = config.models[model]
         if entry.source == "hub" and not entry.repo:
             raise ConfigError(f"config error at models.{model}.repo: a hub model needs a repo id")
         check_own_weights(config, model, entry)
         if model in drafts:
             continue  # a draft serves no workload of its own
         for wname in {c.workload for c in cells(config) if c.kind != "trace"}:
-            w = workload_config.workload_config(config, wname)
+            w = config.workloads[wname]
             held = _session_context(w, wname)
             if held > entry.max_model_len:
                 how = (
@@ -337,7 +329,7 @@ def _check_references(config: dict) -> None:
                     f"({entry.max_model_len})"
                 )
     check_formats(config)
-    _check_quality(config["quality"])
+    _check_quality(config.quality)
     _check_traffic(config)
     _check_coordination(config)
     _check_mechanism(config)
@@ -345,42 +337,39 @@ def _check_references(config: dict) -> None:
     _check_report(config)
 
 
-def _check_quality(q: dict) -> None:
-    if not q["enabled"]:
+def _check_quality(q: quality_config.QualityConfig) -> None:
+    if not q.enabled:
         return
-    if q["prompt_tokens"] > q["window_tokens"]:
+    if q.prompt_tokens > q.window_tokens:
         raise ConfigError(
-            f"config error at quality.prompt_tokens: {q['prompt_tokens']} is more than quality.window_tokens "
-            f"({q['window_tokens']}): a continuation's prompt is the start of a window"
+            f"config error at quality.prompt_tokens: {q.prompt_tokens} is more than quality.window_tokens "
+            f"({q.window_tokens}): a continuation's prompt is the start of a window"
         )
-    lm = q["lm_eval"]
-    if lm["tasks"]:
+    lm = q.lm_eval
+    if lm.tasks:
         from speedsplit.core.quality import LM_EVAL_INSTALL, lm_eval_installed
 
         if not lm_eval_installed():
             raise ConfigError(
                 f"config error at quality.lm_eval.tasks: lm-evaluation-harness is not installed ({LM_EVAL_INSTALL})"
             )
-        # a relative folder: in the working directory, else beside the workflow (config/tasks/...)
-        shipped = DEFAULT_CONFIG.parents[1] / lm["include_path"]
-        if lm["include_path"] and not Path(lm["include_path"]).is_dir():
-            if Path(lm["include_path"]).is_absolute() or not shipped.is_dir():
-                raise ConfigError(f"config error at quality.lm_eval.include_path: {lm['include_path']} is not a folder")
-            lm["include_path"] = str(shipped)
+        # a relative folder: in the working directory, else beside the workflow (_fill_derived)
+        if lm.include_path and not Path(lm.include_path).is_dir():
+            raise ConfigError(f"config error at quality.lm_eval.include_path: {lm.include_path} is not a folder")
 
 
-def _check_coordination(config: dict) -> None:
-    co = studies_config.coordination_config(config)
+def _check_coordination(config: Experiment) -> None:
+    co = config.coordination
     if not co.enabled:
         return
-    if co.stack not in config["stacks"] or family(stack_config.stack_config(config, co.stack)) != "vllm":
+    if co.stack not in config.stacks or family(config.stacks[co.stack]) != "vllm":
         raise ConfigError(f"config error at coordination.stack: {co.stack!r} is not a vLLM stack of this config")
     for i, topo in enumerate(co.topologies):
-        if topo not in config["topologies"] or grid_config.topology_config(config, topo).instances != 1:
+        if topo not in config.topologies or config.topologies[topo].instances != 1:
             raise ConfigError(
                 f"config error at coordination.topologies[{i}]: {topo!r} is not a single-instance topology"
             )
-        if platform_of(config) == "cuda" and topology_gpus(config, topo) > config["gpus_available"]:
+        if platform_of(config) == "cuda" and topology_gpus(config, topo) > config.gpus_available:
             raise ConfigError(
                 f"config error at coordination.topologies[{i}]: {topo!r} needs more GPUs than gpus_available"
             )
@@ -388,8 +377,8 @@ def _check_coordination(config: dict) -> None:
         raise ConfigError(f"config error at coordination.cell: unknown cell {co.cell!r}")
 
 
-def _check_mechanism(config: dict) -> None:
-    pr = studies_config.mechanism_config(config).profile
+def _check_mechanism(config: Experiment) -> None:
+    pr = config.mechanism.profile
     known = {c.name: c for c in cells(config)}
     for i, name in enumerate(pr.cells):
         if name not in known:
@@ -400,48 +389,48 @@ def _check_mechanism(config: dict) -> None:
                 "(a profiled window is one request per user of a closed-loop cell)"
             )
     for i, name in enumerate(pr.stacks or []):
-        if name not in config["stacks"] or family(stack_config.stack_config(config, name)) != "vllm":
+        if name not in config.stacks or family(config.stacks[name]) != "vllm":
             raise ConfigError(
                 f"config error at mechanism.profile.stacks[{i}]: {name!r} is not a vLLM stack of this config "
                 "(the profiler is vLLM's)"
             )
 
 
-def _check_factorial(config: dict) -> None:
-    fa = studies_config.factorial_config(config)
+def _check_factorial(config: Experiment) -> None:
+    fa = config.factorial
     if not fa.enabled:
         return
     for key in ("fast", "low", "high"):
-        if getattr(fa, key) not in config["stacks"]:
+        if getattr(fa, key) not in config.stacks:
             raise ConfigError(f"config error at factorial.{key}: unknown stack {getattr(fa, key)!r}")
     for i, name in enumerate(fa.sampling):
-        if name not in config["sampling"]:
+        if name not in config.sampling:
             raise ConfigError(f"config error at factorial.sampling[{i}]: unknown sampling {name!r}")
-    if fa.workload is not None and fa.workload not in config["workloads"]:
+    if fa.workload is not None and fa.workload not in config.workloads:
         raise ConfigError(f"config error at factorial.workload: unknown workload {fa.workload!r}")
 
 
-def _check_report(config: dict) -> None:
-    rep = output_config.report_config(config)
+def _check_report(config: Experiment) -> None:
+    rep = config.report
     for i, h in enumerate(rep.headline):
-        if h.workload not in config["workloads"]:
+        if h.workload not in config.workloads:
             raise ConfigError(f"config error at report.headline[{i}].workload: unknown workload {h.workload!r}")
-        if h.sampling is not None and h.sampling not in config["sampling"]:
+        if h.sampling is not None and h.sampling not in config.sampling:
             raise ConfigError(f"config error at report.headline[{i}].sampling: unknown sampling {h.sampling!r}")
-    if rep.kernel_reference is not None and rep.kernel_reference not in config["stacks"]:
+    if rep.kernel_reference is not None and rep.kernel_reference not in config.stacks:
         raise ConfigError(f"config error at report.kernel_reference: unknown stack {rep.kernel_reference!r}")
 
 
-def _check_capacity(config: dict) -> None:
-    cap = studies_config.capacity_config(config)
+def _check_capacity(config: Experiment) -> None:
+    cap = config.capacity
     if not cap.enabled:
         return
     for i, stack in enumerate(cap.stacks):
-        if stack not in config["stacks"]:
+        if stack not in config.stacks:
             raise ConfigError(f"config error at capacity.stacks[{i}]: unknown stack {stack!r}")
-    if cap.workload is not None and cap.workload not in config["workloads"]:
+    if cap.workload is not None and cap.workload not in config.workloads:
         raise ConfigError(f"config error at capacity.workload: unknown workload {cap.workload!r}")
-    workload = workload_config.workload_config(config, cap.workload or declared_cells(config)[0].workload)
+    workload = config.workloads[cap.workload or declared_cells(config)[0].workload]
     if workload.trace or workload.sessions:
         raise ConfigError(
             f"config error at capacity.workload: a {workload.kind} workload sets its own load; sweep users or an "
@@ -449,9 +438,9 @@ def _check_capacity(config: dict) -> None:
         )
     if workload.arrival and not cap.rates:
         raise ConfigError("config error at capacity.rates: an open-loop capacity workload needs its ladder of rates")
-    if cap.sampling not in config["sampling"]:
+    if cap.sampling not in config.sampling:
         raise ConfigError(f"config error at capacity.sampling: unknown sampling {cap.sampling!r}")
-    if cap.reference is not None and cap.reference not in config["stacks"]:
+    if cap.reference is not None and cap.reference not in config.stacks:
         raise ConfigError(f"config error at capacity.reference: unknown stack {cap.reference!r}")
 
 
@@ -477,13 +466,13 @@ def _session_context(w: workload_config.WorkloadConfig, name: str) -> int:
         raise ConfigError(f"config error at workloads.{name}.sessions.trace: {exc}") from None
 
 
-def _check_traffic(config: dict) -> None:
+def _check_traffic(config: Experiment) -> None:
     """Each open-loop workload's schedule can be built for every model it is measured on: a
     length file that exists and parses, lengths within each model's context."""
     from speedsplit.core import traffic
 
     for name in {c.workload for c in cells(config)}:
-        w = workload_config.workload_config(config, name)
+        w = config.workloads[name]
         given = [k for k in ("arrival", "trace", "sessions") if getattr(w, k) is not None]
         if len(given) > 1:
             raise ConfigError(
@@ -495,15 +484,15 @@ def _check_traffic(config: dict) -> None:
                 f"is more than the first prompt's prompt_tokens ({w.prompt_tokens})"
             )
     for name in {c.workload for c in cells(config) if c.kind == "trace"}:
-        t = workload_config.workload_config(config, name).trace
+        t = config.workloads[name].trace
         for model in bench_models(config):
             try:
                 window = traffic.TraceWindow(**trace_window(t, t.speedups[0]))
-                traffic.read_trace(window, model_config.model_config(config, model).max_model_len)
+                traffic.read_trace(window, config.models[model].max_model_len)
             except traffic.TrafficError as exc:
                 raise ConfigError(f"config error at workloads.{name}.trace: {exc} (models.{model})") from None
     for name in {c.workload for c in cells(config) if c.kind == "open"}:
-        w = workload_config.workload_config(config, name)
+        w = config.workloads[name]
         mix = w.lengths.model_dump(exclude_unset=True) if w.lengths else {}
         if w.lengths and w.lengths.kind == "file" and not w.lengths.path:
             raise ConfigError(f"config error at workloads.{name}.lengths.path: a length file is needed for kind file")
@@ -517,7 +506,7 @@ def _check_traffic(config: dict) -> None:
                         w.prompt_tokens,
                         w.output_tokens,
                         0,
-                        model_config.model_config(config, model).max_model_len,
+                        config.models[model].max_model_len,
                     )
                 except traffic.TrafficError as exc:
                     raise ConfigError(f"config error at workloads.{name}: {exc} (models.{model})") from None

@@ -31,11 +31,7 @@ from speedsplit.models.checkpoint import ModelError, read_model_config, shape_co
 from speedsplit.planning import grid as gridmod
 from speedsplit.planning import plan as planmod
 from speedsplit.planning import roofline
-from speedsplit.planning.grid_config import topology_config
-from speedsplit.planning.model_config import model_config
-from speedsplit.planning.output_config import estimate_config
-from speedsplit.planning.quality_config import quantization_config
-from speedsplit.planning.stack_config import stack_config
+from speedsplit.planning.experiment import Experiment
 
 DEFAULT_RESULTS = "results/bench/**/run*.json"
 BANDWIDTH = "results/hardware/bandwidth.json"
@@ -96,11 +92,11 @@ class Measured:
         )
 
 
-def model_shape(config: dict, model: str) -> dict | None:
+def model_shape(config: Experiment, model: str) -> dict | None:
     """The model's config.json: a local model's own, a hub model's once downloaded, else the
     published one of its `shape` (a synthetic model's; a hub model's before it is downloaded).
     `shape` has a default (tiny), so a model's own config.json comes first."""
-    entry = model_config(config, model)
+    entry = config.models[model]
     fetched = Path(f"resources/models/{model}/fp16")
     try:
         if entry.source == "local":
@@ -112,9 +108,9 @@ def model_shape(config: dict, model: str) -> dict | None:
         return None
 
 
-def _bandwidth(config: dict, path: str) -> float | None:
-    if estimate_config(config).bandwidth_gb_s:
-        return float(estimate_config(config).bandwidth_gb_s)
+def _bandwidth(config: Experiment, path: str) -> float | None:
+    if config.estimate.bandwidth_gb_s:
+        return float(config.estimate.bandwidth_gb_s)
     try:
         measured = json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -125,33 +121,35 @@ def _bandwidth(config: dict, path: str) -> float | None:
 
 
 def roofline_rate(
-    config: dict, shape: dict | None, stack: str, topology: str, cell: CellParams, bandwidth: float | None
+    config: Experiment, shape: dict | None, stack: str, topology: str, cell: CellParams, bandwidth: float | None
 ) -> float | None:
     """Output tok/s at the decode roofline times the configured efficiency (cuda only), for a
     model of this shape (config.json) on cards of this copy bandwidth (GB/s)."""
     if gridmod.platform_of(config) != "cuda" or not bandwidth or not shape:
         return None
-    variant = stack_config(config, stack).variant
+    variant = config.stacks[stack].variant
     if variant in gridmod.INT4:
-        q = quantization_config(config)
+        q = config.quantization
         shape = {
             **shape,
             "quantization_config": {"quant_method": variant, "bits": q.bits, "group_size": q.group_size},
         }
-    topo = topology_config(config, topology)
+    topo = config.topologies[topology]
     if not cell.users:  # open loop: no fixed batch to price
         return None
     batch = cell.users / topo.instances
     context = cell.prompt_tokens + cell.output_tokens / 2
     step_bytes = roofline.decode_step_bytes(shape, variant, batch, context) / topo.tensor_parallel
-    step_s = step_bytes / (bandwidth * 1e9 * estimate_config(config).roofline_efficiency)
+    step_s = step_bytes / (bandwidth * 1e9 * config.estimate.roofline_efficiency)
     return cell.users / step_s
 
 
-def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: str = BANDWIDTH) -> list[JobEstimate]:
+def job_estimates(
+    config: Experiment, results: str = DEFAULT_RESULTS, bandwidth_json: str = BANDWIDTH
+) -> list[JobEstimate]:
     """Every bench job of the grid, in lane order, with its estimate."""
     platform = gridmod.platform_of(config)
-    est = estimate_config(config)
+    est = config.estimate
     measured = Measured.read(results, platform)
     bandwidth = _bandwidth(config, bandwidth_json)  # read once, not per job
     shapes = {model: model_shape(config, model) for model in gridmod.bench_models(config)}
@@ -189,12 +187,12 @@ def job_estimates(config: dict, results: str = DEFAULT_RESULTS, bandwidth_json: 
     return out
 
 
-def _startup(config: dict, measured: Measured, job: planmod.BenchJob, at: float, compiled: dict) -> float:
+def _startup(config: Experiment, measured: Measured, job: planmod.BenchJob, at: float, compiled: dict) -> float:
     """A session's start-up: warm where a vLLM session of the same model, stack and topology
     had filled the shared compile cache before this one starts (results/cache/shared), else cold."""
-    platform, est, key = gridmod.platform_of(config), estimate_config(config), (job.model, job.stack, job.topology)
+    platform, est, key = gridmod.platform_of(config), config.estimate, (job.model, job.stack, job.topology)
     cold = measured.startup.get(key, float(getattr(est.startup_s, platform)))
-    if gridmod.family(stack_config(config, job.stack)) != "vllm":
+    if gridmod.family(config.stacks[job.stack]) != "vllm":
         return cold  # no compile cache to reuse
     if key in compiled and compiled[key] <= at:
         return measured.startup_warm.get(key, min(cold, float(getattr(est.startup_warm_s, platform))))
@@ -202,9 +200,9 @@ def _startup(config: dict, measured: Measured, job: planmod.BenchJob, at: float,
     return cold
 
 
-def runtime_minutes(config: dict, estimate: JobEstimate) -> int:
+def runtime_minutes(config: Experiment, estimate: JobEstimate) -> int:
     """A job's cluster runtime request: its estimate times the margin, in whole minutes."""
-    est = estimate_config(config)
+    est = config.estimate
     return max(int(est.min_runtime_min), math.ceil(estimate.total_s * est.margin / 60))
 
 
@@ -216,7 +214,7 @@ def grid_seconds(estimates: list[JobEstimate]) -> float:
     return max(lanes.values(), default=0.0)
 
 
-def report(config: dict, estimates: list[JobEstimate]) -> str:
+def report(config: Experiment, estimates: list[JobEstimate]) -> str:
     lines = [f"{'job':<64} {'lane':>4} {'start s':>8} {'load s':>8} {'tok/s':>9}  rate from"]
     for e in estimates:
         j = e.job

@@ -13,29 +13,25 @@ from typing import Any
 
 from speedsplit.core.errors import ConfigError
 from speedsplit.core.loads import ClosedLoopSettings
-from speedsplit.core.specs import OUTLIER_FACTOR, OUTLIER_MIN_S
+from speedsplit.core.specs import OUTLIER_FACTOR, OUTLIER_MIN_S, CellSettings, StackSettings
 from speedsplit.models.checkpoint import INT4_FORMATS
-from speedsplit.planning.benchmark_config import benchmark_config
-from speedsplit.planning.grid_config import grid_config, sampling_config, topology_config
-from speedsplit.planning.model_config import model_config
-from speedsplit.planning.output_config import report_config
-from speedsplit.planning.studies_config import capacity_config, coordination_config, factorial_config, slo_config
-from speedsplit.planning.stack_config import StackConfig, stack_config, stacks_of
-from speedsplit.planning.workload_config import Trace, workload_config
+from speedsplit.planning.stack_config import StackConfig
+from speedsplit.planning.workload_config import Trace
+from speedsplit.planning.experiment import Experiment
 
 
 INT4 = INT4_FORMATS  # the variants that serve 4-bit weights of a checkpoint
 OUTLIER_DEFAULTS = {"outlier_factor": OUTLIER_FACTOR, "outlier_min_s": OUTLIER_MIN_S}
 
 
-def kernel_reference(config: dict) -> str | None:
+def kernel_reference(config: Experiment) -> str | None:
     """The FP16 stack the kernel plot compares INT4 kernels against (report.kernel_reference,
     else the stack before the first gptq stack of the first chain that has one)."""
-    if report_config(config).kernel_reference:
-        return report_config(config).kernel_reference
-    for chain in config["chains"].values():
+    if config.report.kernel_reference:
+        return config.report.kernel_reference
+    for chain in config.chains.values():
         for before, stack in zip(chain, chain[1:]):
-            if stack_config(config, stack).variant in INT4:
+            if config.stacks[stack].variant in INT4:
                 return before
     return None
 
@@ -58,7 +54,7 @@ def weights(entry: StackConfig) -> str:
     return entry.variant
 
 
-def chain_steps(config: dict) -> dict[str, list[str]]:
+def chain_steps(config: Experiment) -> dict[str, list[str]]:
     """What each step of each chain changes, in words, from the two stacks' definitions:
         'runtime' (HF to vLLM, same weights), 'INT4 weights + kernel' (FP16 to GPTQ or AWQ, when
         the chain has no later kernel step), 'INT4 format' and 'kernel' (when it has: GPTQ to GPTQ
@@ -71,8 +67,8 @@ def chain_steps(config: dict) -> dict[str, list[str]]:
         weights); 'runtime' also names a change of engine on the same 16-bit weights (vLLM FP16 to
         llama.cpp F16). Two steps of one chain that would read alike each name their stacks."""
     out = {}
-    for name, chain in config["chains"].items():
-        entries = [stack_config(config, s) for s in chain]  # a stack may come twice
+    for name, chain in config.chains.items():
+        entries = [config.stacks[s] for s in chain]  # a stack may come twice
         pairs = list(zip(entries, entries[1:]))
         kernel_split = any(a.variant == b.variant and a.variant in INT4 for a, b in pairs)
         steps = []
@@ -161,21 +157,21 @@ def _only_prefix_caching(a: StackConfig, b: StackConfig) -> bool:
     return bool(differ) and all("prefix-caching" in arg for arg in differ)
 
 
-def factorial_spec(config: dict) -> dict | None:
+def factorial_spec(config: Experiment) -> dict | None:
     """The factorial section with its workload resolved, or None when it is off."""
-    fa = factorial_config(config)
+    fa = config.factorial
     if not fa.enabled:
         return None
     return {**fa.model_dump(exclude_unset=True), "workload": fa.workload or cells(config)[0].workload}
 
 
-def headline(config: dict) -> list[dict]:
+def headline(config: Experiment) -> list[dict]:
     """The cells the report's first screen answers for: report.headline; with a capacity
     sweep and none given, each workload and sampling's grid cell with the most users (the
     ladder's top levels are past the cliff, often skipped); else empty (the answer's own
     default: the most users measured)."""
-    given = report_config(config).headline
-    if given or not capacity_config(config).enabled:
+    given = config.report.headline
+    if given or not config.capacity.enabled:
         return [h.model_dump(exclude_none=True) for h in given]
     top: dict[tuple[str, str], int] = {}
     for c in declared_cells(config):
@@ -184,64 +180,65 @@ def headline(config: dict) -> list[dict]:
     return [{"users": u, "workload": w, "sampling": s} for (w, s), u in top.items()]
 
 
-def coordination_cell(config: dict) -> Cell:
+def coordination_cell(config: Experiment) -> Cell:
     """The cell the coordination profile runs (coordination.cell, else the grid's first)."""
-    name = coordination_config(config).cell
+    name = config.coordination.cell
     return cell_by_name(config, name) if name else cells(config)[0]
 
 
-def check_cluster_platform(config: dict) -> None:
+def check_cluster_platform(config: Experiment) -> None:
     """For a run whose jobs go to other machines (a cluster executor): the machine that builds
     the DAG cannot resolve `platform: auto` for them."""
-    if config.get("platform", "auto") == "auto":
+    if config.platform == "auto":
         raise ConfigError(
             "config key platform: 'auto' cannot be resolved for a cluster run (the submitting host "
             "decides nothing about the nodes): set platform to cuda or cpu (profiles/slurm sets cuda)"
         )
 
 
-def platform_of(config: dict) -> str:
+def platform_of(config: Experiment) -> str:
     """'cpu' or 'cuda'; 'auto' is cuda where nvidia-smi exists on the machine that asks."""
-    if config.get("platform", "auto") != "auto":
-        return config["platform"]
+    if config.platform != "auto":
+        return config.platform
     import shutil
 
     return "cuda" if shutil.which("nvidia-smi") else "cpu"
 
 
-def topology_gpus(config: dict, topology: str) -> int:
-    topo = topology_config(config, topology)
+def topology_gpus(config: Experiment, topology: str) -> int:
+    topo = config.topologies[topology]
     return topo.tensor_parallel * topo.instances
 
 
-def bench_models(config: dict) -> list[str]:
+def bench_models(config: Experiment) -> list[str]:
     """The models benchmarked: the list, else every model but those that only draft for a stack."""
     drafts = draft_models(config)
-    return list(benchmark_config(config).models) or [m for m in config["models"] if m not in drafts]
+    return list(config.benchmark.models) or [m for m in config.models if m not in drafts]
 
 
-def draft_models(config: dict, stacks: list[str] | None = None) -> set[str]:
+def draft_models(config: Experiment, stacks: list[str] | None = None) -> set[str]:
     """The models some stack's speculative decoding drafts with (stacks.*.draft_model; of
     those stacks where named)."""
-    return {s.draft_model for s in stacks_of(config, stacks).values() if s.draft_model}
+    names = config.stacks if stacks is None else stacks
+    return {config.stacks[s].draft_model for s in names if config.stacks[s].draft_model}
 
 
-def has_int4_stack(config: dict) -> bool:
+def has_int4_stack(config: Experiment) -> bool:
     """Whether any benchmarked stack serves INT4 weights (GPTQ, AWQ)."""
-    return any(s.variant in INT4 for s in stacks_of(config, bench_stacks(config)).values())
+    return any(config.stacks[s].variant in INT4 for s in bench_stacks(config))
 
 
-def bench_stacks(config: dict, topology: str | None = None) -> list[str]:
+def bench_stacks(config: Experiment, topology: str | None = None) -> list[str]:
     """Stacks to benchmark (in a topology): the explicit list, else every stack named by a
     chain, in order."""
-    if benchmark_config(config).stacks:
-        chosen = list(benchmark_config(config).stacks)
+    if config.benchmark.stacks:
+        chosen = list(config.benchmark.stacks)
     else:
         chosen = []
-        for members in config["chains"].values():
+        for members in config.chains.values():
             chosen += [s for s in members if s not in chosen]
-        chosen = chosen or list(config["stacks"])
-    only = topology_config(config, topology).stacks if topology else None
+        chosen = chosen or list(config.stacks)
+    only = config.topologies[topology].stacks if topology else None
     return [s for s in chosen if s in only] if only else chosen
 
 
@@ -282,13 +279,13 @@ _LEVELS = {
 _RATE_PREFIX = {"open": "r", "trace": "x", "sessions": "s"}
 
 
-def declared_cells(config: dict) -> list[Cell]:
+def declared_cells(config: Experiment) -> list[Cell]:
     """The cells the grid declares (its list, else its product): `cells` less the capacity
     sweep's levels."""
-    g = grid_config(config)
+    g = config.grid
 
     def of(users: list[int], workload: str, sampling: str, stacks: tuple[str, ...] = ()) -> list[Cell]:
-        w = workload_config(config, workload)
+        w = config.workloads[workload]
         return [Cell(u, workload, sampling, stacks, rate=rate, kind=w.kind) for u, rate in _LEVELS[w.kind](w, users)]
 
     if g.cells:
@@ -297,15 +294,15 @@ def declared_cells(config: dict) -> list[Cell]:
     return [cell for w in g.workloads for s in g.sampling for cell in of(g.users, w, s)]
 
 
-def cells(config: dict) -> list[Cell]:
+def cells(config: Experiment) -> list[Cell]:
     """Every cell measured: the grid's declared cells, then the capacity sweep's levels
     (ascending users, or rates for an open-loop workload) not already among them."""
-    runs_at_most = grid_config(config).runs
+    runs_at_most = config.grid.runs
     out = declared_cells(config)
-    cap = capacity_config(config)
+    cap = config.capacity
     if cap.enabled:
         workload = cap.workload or out[0].workload
-        if workload_config(config, workload).arrival:
+        if config.workloads[workload].arrival:
             levels = [Cell(0, workload, cap.sampling, rate=float(r), kind="open") for r in sorted(set(cap.rates or []))]
         else:
             levels = [Cell(u, workload, cap.sampling) for u in sorted(set(cap.users))]
@@ -329,9 +326,9 @@ def cells(config: dict) -> list[Cell]:
     return out
 
 
-def capacity_spec(config: dict) -> dict | None:
+def capacity_spec(config: Experiment) -> dict | None:
     """The capacity section resolved (workload, reference stack), or None when it is off."""
-    cap = capacity_config(config)
+    cap = config.capacity
     if not cap.enabled:
         return None
     return {
@@ -341,19 +338,19 @@ def capacity_spec(config: dict) -> dict | None:
     }
 
 
-def cell_by_name(config: dict, name: str) -> Cell:
+def cell_by_name(config: Experiment, name: str) -> Cell:
     for cell in cells(config):
         if cell.name == name:
             return cell
     raise ConfigError(f"unknown cell {name!r}")
 
 
-def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
+def cell_params(config: Experiment, cell: Cell) -> dict[str, Any]:
     """Everything that defines one cell's measurement, as plain builtins (Snakemake params):
     its job file. Timeouts change no measurement: they come from the plan (SessionPlan)."""
-    w = workload_config(config, cell.workload)
-    s = sampling_config(config, cell.sampling)
-    b = benchmark_config(config)
+    w = config.workloads[cell.workload]
+    s = config.sampling[cell.sampling]
+    b = config.benchmark
     return {
         "cell": cell.name,
         "users": cell.users,
@@ -362,8 +359,8 @@ def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
         "output_tokens": w.output_tokens,
         "requests_per_user": w.requests_per_user,
         "warmup_requests": w.warmup_requests,
-        # random words (the default) are not said: cells measured before the setting keep their params
-        **({"text": w.text} if w.text != "random" else {}),
+        # each only where it is not its default: cells measured before a setting keep their params
+        **CellSettings.job_form(w),
         # only those set: a cell without them keeps the params (and the results) it had
         **ClosedLoopSettings.of(w).job_form(),
         "warmup": b.warmup,
@@ -381,18 +378,18 @@ def cell_params(config: dict, cell: Cell) -> dict[str, Any]:
         **(_open_loop(config, cell) if cell.rate is not None else {}),
         # a capacity level: the levels under it, and after how many failing ones it is skipped
         "capacity_below": list(cell.below),
-        "capacity_stop_after": int(capacity_config(config).stop_after),
-        "slo_ttft_p99_s": float(slo_config(config).ttft_p99_s),
-        "slo_tpot_p99_s": float(slo_config(config).tpot_p99_s),
+        "capacity_stop_after": int(config.capacity.stop_after),
+        "slo_ttft_p99_s": float(config.slo.ttft_p99_s),
+        "slo_tpot_p99_s": float(config.slo.tpot_p99_s),
     }
 
 
-def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[str, Any]:
+def stack_params(config: Experiment, model: str, stack: str, topology: str) -> dict[str, Any]:
     """The resolved server definition for one (model, stack, topology) on this platform."""
-    entry = stack_config(config, stack)
+    entry = config.stacks[stack]
     plat = platform_of(config)
     overlay = entry.on_gpu if plat == "cuda" else entry.on_cpu
-    topo = topology_config(config, topology)
+    topo = config.topologies[topology]
     env = {**entry.env, **overlay.env}
     args = entry.args + overlay.args
     return {
@@ -410,24 +407,22 @@ def stack_params(config: dict, model: str, stack: str, topology: str) -> dict[st
         "expect_kernel": overlay.expect_kernel or entry.expect_kernel,
         "tensor_parallel": topo.tensor_parallel,
         "instances": topo.instances,
-        "max_model_len": model_config(config, model).max_model_len,
-        "cpu_isolation": benchmark_config(config).cpu_isolation,
-        "card_memory_gib": entry.card_memory_gib or config["card_memory_gib"],
+        "max_model_len": config.models[model].max_model_len,
+        "cpu_isolation": config.benchmark.cpu_isolation,
+        "card_memory_gib": entry.card_memory_gib or config.card_memory_gib,
         "memory_cap_args": entry.memory_cap_args,
         "kv_cache_gib": entry.kv_cache_gib,
         "host_cache_cap": plat == "cpu" and entry.on_cpu.host_cache_cap,
-        # named only where it is off: every other stack's params (and finished cells) stay as they were
-        **({} if entry.keep_alive else {"keep_alive": False}),
-        **({"lossless": True} if entry.lossless else {}),
-        **({"draft_model": entry.draft_model} if entry.draft_model else {}),
+        # each only where it is not its default: every other stack's params (and finished cells) stay
+        **StackSettings.job_form(entry),
     }
 
 
-def _open_loop(config: dict, cell: Cell) -> dict[str, Any]:
+def _open_loop(config: Experiment, cell: Cell) -> dict[str, Any]:
     """An open-loop cell's arrivals (its rate) and length mix, its trace window (its speedup)
     or its sessions (their rate), and the client lag it tolerates."""
-    w = workload_config(config, cell.workload)
-    lag = float(benchmark_config(config).max_client_lag_s)
+    w = config.workloads[cell.workload]
+    lag = float(config.benchmark.max_client_lag_s)
     if cell.kind == "trace":
         return {"trace": trace_window(w.trace, cell.rate), "max_client_lag_s": lag}
     if cell.kind == "sessions":

@@ -1,8 +1,8 @@
 """The grid a config measures, typed: its sampling modes (`sampling.<name>`), its cells (`grid`:
 the product users x workloads x sampling, or cells named one by one) and its topologies
-(`topologies.<name>`: how one measurement uses the cards). Their schema entries are generated
-from these types (planning/config.load_schema); `sampling_config`, `grid_config` and
-`topology_config` read a validated config's.
+(`topologies.<name>`: how one measurement uses the cards). A validated experiment's are
+`experiment.sampling[name]`, `experiment.grid` and `experiment.topologies[name]`
+(planning/experiment.py, whose schema is generated from these types).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from speedsplit.planning.typed_config import Entry, plain_schema
+from speedsplit.planning.typed_config import Entry
 from speedsplit.core.numbers import NonNegative, Share
 
 
@@ -54,27 +54,3 @@ class TopologyConfig(Entry):
     tensor_parallel: int = Field(1, ge=1, description="Tensor-parallel size of each instance.")
     instances: int = Field(1, ge=1, description="Independent instances; user u is served by instance u mod instances.")
     stacks: list[str] = Field([], description="Stacks measured in this topology (empty: all benchmarked stacks).")
-
-
-def json_schemas() -> dict[str, dict]:
-    """The config schema's entries: one sampling mode, the grid (filled when absent), one topology."""
-    return {
-        "sampling": plain_schema(SamplingConfig),
-        "grid": {**plain_schema(GridConfig), "default": {}},
-        "topology": plain_schema(TopologyConfig),
-    }
-
-
-def sampling_config(config: dict, name: str) -> SamplingConfig:
-    """A validated config's sampling mode `name`, typed."""
-    return SamplingConfig.model_validate(config["sampling"][name])
-
-
-def grid_config(config: dict) -> GridConfig:
-    """A validated config's grid, typed."""
-    return GridConfig.model_validate(config["grid"])
-
-
-def topology_config(config: dict, name: str) -> TopologyConfig:
-    """A validated config's topology `name`, typed."""
-    return TopologyConfig.model_validate(config["topologies"][name])

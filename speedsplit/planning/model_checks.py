@@ -6,16 +6,15 @@ from __future__ import annotations
 
 from speedsplit.planning.grid import bench_models, bench_stacks, platform_of
 from speedsplit.core.errors import ConfigError
-from speedsplit.planning.model_config import ModelConfig, model_config
-from speedsplit.planning.quality_config import quantization_config
-from speedsplit.planning.stack_config import stack_config, stacks_of
+from speedsplit.planning.model_config import ModelConfig
+from speedsplit.planning.experiment import Experiment
 
 
 # The shapes the model rule may train, and where: tiny ones anywhere, small ones on a card.
 TRAINED_SHAPES = {"tiny": "cpu", "tiny-draft": "cpu", "small": "cuda", "small-draft": "cuda"}
 
 
-def check_own_weights(config: dict, model: str, entry: ModelConfig) -> None:
+def check_own_weights(config: Experiment, model: str, entry: ModelConfig) -> None:
     """A local folder and pre-quantized checkpoints: there, complete, and what the config says."""
     from speedsplit.models.checkpoint import ModelError
     from speedsplit.models.local import inspect_local, inspect_quantized
@@ -44,7 +43,7 @@ def check_own_weights(config: dict, model: str, entry: ModelConfig) -> None:
             inspect_local(entry.path)
     except ModelError as exc:
         raise ConfigError(f"config error at models.{model}.path: {exc}") from None
-    q = quantization_config(config)
+    q = config.quantization
     for method, path in entry.prequantized.model_dump().items():
         if not path:
             continue
@@ -59,35 +58,35 @@ def check_own_weights(config: dict, model: str, entry: ModelConfig) -> None:
             raise ConfigError(f"config error at models.{model}.prequantized.{method}: {exc}") from None
 
 
-def check_formats(config: dict) -> None:
+def check_formats(config: Experiment) -> None:
     """A weight format the platform cannot make or run: one line at config time."""
     platform = platform_of(config)
     _check_llama_cpp(config)
     for stack in bench_stacks(config):
-        variant = stack_config(config, stack).variant
+        variant = config.stacks[stack].variant
         if variant == "fp8" and platform != "cuda":
             raise ConfigError(
                 f"config error at stacks.{stack}.variant: fp8 (vLLM's dynamic W8A8) needs a CUDA card with FP8 "
                 f"units (Ada, Hopper or newer); this config's platform is {platform}"
             )
         # (a checkpoint of one's own is refused with dummy too: check_own_weights)
-        if variant == "awq" and quantization_config(config).method == "dummy":
+        if variant == "awq" and config.quantization.method == "dummy":
             raise ConfigError(
                 f"config error at quantization.method: dummy writes GPTQ configs only; stack {stack} serves AWQ "
                 "(use gptqmodel)"
             )
 
 
-def _check_llama_cpp(config: dict) -> None:
+def _check_llama_cpp(config: Experiment) -> None:
     """What a llama.cpp stack needs, said when the config is read: a model whose tokenizer
     llama.cpp can read, the server binary, and the converter (also what a gpt2 tokenizer is
     read from)."""
     from speedsplit.models import gguf
     from speedsplit.models.checkpoint import ModelError
 
-    stacks = stacks_of(config, bench_stacks(config))
+    stacks = {s: config.stacks[s] for s in bench_stacks(config)}
     gguf_stacks = [s for s, st in stacks.items() if st.variant == "gguf"]
-    models = {m: model_config(config, m) for m in bench_models(config)}
+    models = {m: config.models[m] for m in bench_models(config)}
     synthetic = {m: entry for m, entry in models.items() if entry.source == "synthetic"}
     for stack in gguf_stacks:
         for model, entry in synthetic.items():

@@ -1,6 +1,6 @@
 """A model as a config gives it (`models.<name>`), typed: where it comes from and how it is made.
-The config schema's model entry is generated from `ModelConfig` (planning/config.load_schema);
-`model_config(config, name)` reads a validated config's model.
+A validated experiment's is `experiment.models[name]` (planning/experiment.py, whose schema is
+generated from these types).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from speedsplit.models.train import Training
-from speedsplit.planning.typed_config import Entry, plain_schema
+from speedsplit.planning.typed_config import Entry
 
 
 class Prequantized(Entry):
@@ -68,13 +68,3 @@ class ModelConfig(Entry):
     repo: str = Field("", description="Hub repo id (source hub), e.g. meta-llama/Llama-3.1-8B-Instruct.")
     revision: str = Field("main", description="Hub revision to pin (a commit hash is best).")
     max_model_len: int = Field(4096, ge=16, description="Context length the servers are started with.")
-
-
-def json_schema() -> dict:
-    """The config schema's entry for one model (`models.<name>`)."""
-    return plain_schema(ModelConfig)
-
-
-def model_config(config: dict, name: str) -> ModelConfig:
-    """A validated config's model `name`, typed."""
-    return ModelConfig.model_validate(config["models"][name])

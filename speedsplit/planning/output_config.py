@@ -1,6 +1,7 @@
 """How the results become tables, a report and estimates, as the config says it, typed: the
 analysis (`analysis`), the report's first screen (`report`) and the estimate of a grid's time
-(`estimate`). Their schema entries are generated from these types (planning/config.load_schema).
+(`estimate`): `experiment.analysis`, `.report` and `.estimate` (planning/experiment.py, whose
+schema is generated from these types).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from speedsplit.planning.typed_config import Entry, absent, nested, section_schema
+from speedsplit.planning.typed_config import Entry, absent, nested
 from speedsplit.core.numbers import AtLeastOne, NonNegative, Positive, Share
 
 
@@ -141,21 +142,3 @@ class EstimateConfig(Entry):
         ge=1,
         description="The smallest runtime request, in minutes (a lane asks for the sum of its jobs': keep it small).",
     )
-
-
-def json_schemas() -> dict[str, dict]:
-    """The config schema's `analysis`, `report` and `estimate` entries."""
-    return {"analysis": section_schema(AnalysisConfig), "report": section_schema(ReportConfig),
-            "estimate": section_schema(EstimateConfig)}  # fmt: skip
-
-
-def analysis_config(config: dict) -> AnalysisConfig:
-    return AnalysisConfig.model_validate(config["analysis"])
-
-
-def report_config(config: dict) -> ReportConfig:
-    return ReportConfig.model_validate(config["report"])
-
-
-def estimate_config(config: dict) -> EstimateConfig:
-    return EstimateConfig.model_validate(config["estimate"])

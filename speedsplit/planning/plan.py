@@ -17,20 +17,15 @@ from speedsplit.core.specs import BenchJob, SessionPlan
 from speedsplit.models.checkpoint import INT4_FORMATS
 from speedsplit.core.errors import ConfigError
 from speedsplit.planning import grid as gridmod
-from speedsplit.planning.benchmark_config import benchmark_config
-from speedsplit.planning.grid_config import grid_config
-from speedsplit.planning.quality_config import quality_config, quantization_config
-from speedsplit.planning.stack_config import stack_config
-from speedsplit.planning.studies_config import mechanism_config
-from speedsplit.planning.workload_config import workload_config
+from speedsplit.planning.experiment import Experiment
 
 
-def session_key(config: dict, job: BenchJob) -> str:
+def session_key(config: Experiment, job: BenchJob) -> str:
     sid = {"per_run": f"run{job.run}", "per_stack": "all", "per_cell": f"run{job.run}-{job.cell}"}
-    return f"{job.model}/{job.stack}/{job.topology}/{sid[benchmark_config(config).server_reuse]}"
+    return f"{job.model}/{job.stack}/{job.topology}/{sid[config.benchmark.server_reuse]}"
 
 
-def bench_jobs(config: dict) -> list[BenchJob]:
+def bench_jobs(config: Experiment) -> list[BenchJob]:
     """Every benchmark job, in lane order (sessions run-major, cells in config order)."""
     cells = gridmod.cells(config)
     jobs = []
@@ -42,27 +37,27 @@ def bench_jobs(config: dict) -> list[BenchJob]:
             if c.measured_by(stack) and (c.runs is None or run < c.runs)
         ]
 
-    bench = benchmark_config(config)
+    bench = config.benchmark
     for topology in bench.topologies:
         for model in gridmod.bench_models(config):
             if bench.server_reuse == "per_stack":  # a session's jobs must be adjacent
                 for stack in gridmod.bench_stacks(config, topology):
-                    for run in range(grid_config(config).runs):
+                    for run in range(config.grid.runs):
                         jobs += of(model, stack, topology, run)
                 continue
-            for run in range(grid_config(config).runs):
+            for run in range(config.grid.runs):
                 for stack in gridmod.bench_stacks(config, topology):
                     jobs += of(model, stack, topology, run)
     return jobs
 
 
-def quality_carriers(config: dict) -> set[BenchJob]:
+def quality_carriers(config: Experiment) -> set[BenchJob]:
     """The jobs that also run the quality probe (config quality): each (model, stack,
     topology)'s last job of run 0 in lane order, so that the probe follows every run-0 cell of
     its server (after a probe, the demo's vLLM CPU cells of the same server measured 5-17%
     slower than the same cells of run 1). Run 0's last job, not the session's: a grown grid
     (more runs) must not move it and rerun the old one."""
-    if not quality_config(config).enabled:
+    if not config.quality.enabled:
         return set()
     last: dict[tuple[str, str, str], BenchJob] = {}
     for job in bench_jobs(config):
@@ -71,12 +66,12 @@ def quality_carriers(config: dict) -> set[BenchJob]:
     return set(last.values())
 
 
-def quality_probe(config: dict, job: BenchJob, carriers: Collection[BenchJob] | None = None) -> dict | None:
+def quality_probe(config: Experiment, job: BenchJob, carriers: Collection[BenchJob] | None = None) -> dict | None:
     """The quality probe a job runs after its load, as plain builtins (its job file's
     `quality`), or None. `carriers` (quality_carriers, computed once) saves re-planning."""
     if job not in (quality_carriers(config) if carriers is None else carriers):
         return None
-    q = quality_config(config)
+    q = config.quality
     from speedsplit.core.quality import LmEval, QualityProbe
 
     # keys in the models' order, whatever the config file's: Snakemake compares params as text
@@ -86,24 +81,24 @@ def quality_probe(config: dict, job: BenchJob, carriers: Collection[BenchJob] | 
     return probe
 
 
-def profiled_stacks(config: dict) -> list[str]:
+def profiled_stacks(config: Experiment) -> list[str]:
     """The stacks mechanism.profile profiles: those it names, else every vLLM stack benchmarked."""
-    pr = mechanism_config(config).profile
+    pr = config.mechanism.profile
     if pr.stacks is not None:
         return list(pr.stacks)
-    return [s for s in gridmod.bench_stacks(config) if gridmod.family(stack_config(config, s)) == "vllm"]
+    return [s for s in gridmod.bench_stacks(config) if gridmod.family(config.stacks[s]) == "vllm"]
 
 
-def profile_window(config: dict, job: BenchJob) -> dict | None:
+def profile_window(config: Experiment, job: BenchJob) -> dict | None:
     """The window of decode steps a job profiles after its load (mechanism.profile: run 0 of a
     named cell on a profiled stack), as plain builtins, or None."""
-    pr = mechanism_config(config).profile
+    pr = config.mechanism.profile
     if job.run != 0 or job.cell not in pr.cells or job.stack not in profiled_stacks(config):
         return None
     return {"delay_iterations": pr.delay_iterations, "iterations": pr.iterations}
 
 
-def job_cell(config: dict, job: BenchJob) -> dict:
+def job_cell(config: Experiment, job: BenchJob) -> dict:
     """A job's cell as its job file holds it: the cell's params, and the window it profiles
     where it profiles one (only then: a cell without keeps the params it had)."""
     cell = gridmod.cell_params(config, gridmod.cell_by_name(config, job.cell))
@@ -111,13 +106,15 @@ def job_cell(config: dict, job: BenchJob) -> dict:
     return {**cell, "profile": window} if window else cell
 
 
-def lane_count(config: dict, topology: str) -> int:
+def lane_count(config: Experiment, topology: str) -> int:
     if gridmod.platform_of(config) != "cuda":
-        return benchmark_config(config).cpu_lanes  # one server at a time on a CPU, unless told
-    return max(1, config["gpus_available"] // gridmod.topology_gpus(config, topology))
+        return config.benchmark.cpu_lanes  # one server at a time on a CPU, unless told
+    return max(1, config.gpus_available // gridmod.topology_gpus(config, topology))
 
 
-def predecessors(config: dict, finished: Callable[[BenchJob], bool] | None = None) -> dict[BenchJob, BenchJob | None]:
+def predecessors(
+    config: Experiment, finished: Callable[[BenchJob], bool] | None = None
+) -> dict[BenchJob, BenchJob | None]:
     """For each job, the job that runs before it in its lane (None for a lane's first).
 
     Given `finished` (whether a job's result exists), a finished job has no predecessor and
@@ -151,7 +148,7 @@ def predecessors(config: dict, finished: Callable[[BenchJob], bool] | None = Non
     return prev
 
 
-def session_groups(config: dict, finished: Callable[[BenchJob], bool]) -> dict[BenchJob, str | None]:
+def session_groups(config: Experiment, finished: Callable[[BenchJob], bool]) -> dict[BenchJob, str | None]:
     """Each bench job's Snakemake group: one per stretch of a session's jobs still to run.
 
     On a cluster a group is one submission, so a session's server serves all its cells
@@ -170,7 +167,7 @@ def session_groups(config: dict, finished: Callable[[BenchJob], bool]) -> dict[B
     return groups
 
 
-def session_plans(config: dict, finished: Callable[[BenchJob], bool] | None = None) -> dict[str, SessionPlan]:
+def session_plans(config: Experiment, finished: Callable[[BenchJob], bool] | None = None) -> dict[str, SessionPlan]:
     """Every session of the grid, keyed by session key (what results/plan.json holds). Its
     last job, which stops its servers, is its last one still to run (given `finished`)."""
     finished = finished or (lambda job: False)
@@ -190,14 +187,14 @@ def session_plans(config: dict, finished: Callable[[BenchJob], bool] | None = No
     return plans
 
 
-def _in_flight(config: dict, cell: gridmod.Cell) -> int:
+def _in_flight(config: Experiment, cell: gridmod.Cell) -> int:
     """Tokens a cell keeps in flight at most: every user's prompt and output at once."""
-    w = workload_config(config, cell.workload)
+    w = config.workloads[cell.workload]
     return cell.users * (w.prompt_tokens + w.output_tokens)
 
 
-def _session_plan(config: dict, key: str, last_job: str, kv_tokens: int = 0) -> SessionPlan:
-    b, stack = benchmark_config(config), stack_config(config, key.split("/")[1])
+def _session_plan(config: Experiment, key: str, last_job: str, kv_tokens: int = 0) -> SessionPlan:
+    b, stack = config.benchmark, config.stacks[key.split("/")[1]]
     return SessionPlan(
         key=key,
         log=f"results/logs/sessions/{key.replace('/', '__')}.log",
@@ -216,12 +213,12 @@ def _session_plan(config: dict, key: str, last_job: str, kv_tokens: int = 0) -> 
     )
 
 
-def profile_session(config: dict, model: str, stack: str, topology: str) -> dict:
+def profile_session(config: Experiment, model: str, stack: str, topology: str) -> dict:
     """The server session of a coordination profile: its own server, stopped when it ends."""
     return asdict(_session_plan(config, f"{model}/{stack}/{topology}/profile", last_job=""))
 
 
-def plan_json(config: dict, finished: Callable[[BenchJob], bool] | None = None) -> dict:
+def plan_json(config: Experiment, finished: Callable[[BenchJob], bool] | None = None) -> dict:
     """results/plan.json: every session, and the session of every job (by result path)."""
     return {
         "sessions": {key: asdict(p) for key, p in session_plans(config, finished).items()},
@@ -229,19 +226,26 @@ def plan_json(config: dict, finished: Callable[[BenchJob], bool] | None = None) 
     }
 
 
-def job_spec(config: dict, job: BenchJob, carriers: Collection[BenchJob] | None = None):
+def job_params(config: Experiment, job: BenchJob, carriers: Collection[BenchJob] | None = None) -> dict:
+    """A job as rule job_file's params: its stack, cell and quality probe as the plain builtins
+    its job file holds. Snakemake compares each param as text to rerun a changed cell, so their
+    shape is kept as it was (a setting at its default is left out): a finished cell does not
+    rerun when the workflow changes around it. `job_spec` is the same job, typed."""
+    return {
+        "stack": gridmod.stack_params(config, job.model, job.stack, job.topology),
+        "cell": job_cell(config, job),
+        "quality": quality_probe(config, job, carriers),
+    }
+
+
+def job_spec(config: Experiment, job: BenchJob, carriers: Collection[BenchJob] | None = None):
     """What the job measures as the config plans it now: the JobSpec rule job_file writes."""
     from speedsplit.core.specs import JobSpec
 
-    return JobSpec(
-        stack=gridmod.stack_params(config, job.model, job.stack, job.topology),
-        cell=job_cell(config, job),
-        run=job.run,
-        quality=quality_probe(config, job, carriers),
-    )
+    return JobSpec(**job_params(config, job, carriers), run=job.run)
 
 
-def finished_as_planned(config: dict) -> Callable[[BenchJob], bool]:
+def finished_as_planned(config: Experiment) -> Callable[[BenchJob], bool]:
     """Whether a job is finished and stays so this run: its result is there and its job file
     holds what the config plans now (read as a JobSpec: a file an older version wrote, of
     another shape but the same content, is the same job). A cell whose params changed is rerun
@@ -264,7 +268,7 @@ def finished_as_planned(config: dict) -> Callable[[BenchJob], bool]:
     return finished
 
 
-def write_plan(config: dict, path: str | Path, finished: Callable[[BenchJob], bool] | None = None) -> None:
+def write_plan(config: Experiment, path: str | Path, finished: Callable[[BenchJob], bool] | None = None) -> None:
     """Write results/plan.json if its content changed (a cluster job that re-reads the
     workflow never rewrites it)."""
     from speedsplit.core.results import write_json_atomic
@@ -275,15 +279,15 @@ def write_plan(config: dict, path: str | Path, finished: Callable[[BenchJob], bo
         write_json_atomic(path, data)
 
 
-def variant_dir(config: dict, stack: str) -> str:
+def variant_dir(config: Experiment, stack: str) -> str:
     """Folder name under resources/models/{model}/ holding the weights a stack serves."""
-    entry = stack_config(config, stack)
+    entry = config.stacks[stack]
     variant = entry.variant
     if variant in ("fp16", "fp8"):  # vLLM makes FP8 from the FP16 weights as it loads them
         return "fp16"
     if variant == "gguf":  # llama.cpp's file, converted from the FP16 weights
         return f"gguf-{entry.gguf_type}"
-    q = quantization_config(config)
+    q = config.quantization
     group = "pc" if q.group_size == -1 else q.group_size
     return f"{variant}-w{q.bits}g{group}"
 
@@ -294,7 +298,7 @@ QUANTIZE_REPORT = "results/quantize/{model}/{variant}.json"
 CALIBRATION = "results/hardware/calibration.json"
 
 
-def quantize_reports(config: dict) -> list[str]:
+def quantize_reports(config: Experiment) -> list[str]:
     """The quantize rule's reports behind the benchmarked stacks (one per model and INT4 folder)."""
     dirs = {variant_dir(config, s) for s in gridmod.bench_stacks(config)}
     dirs = {d for d in dirs if d.split("-")[0] in INT4_FORMATS}
@@ -302,7 +306,13 @@ def quantize_reports(config: dict) -> list[str]:
 
 
 def find_job(
-    config: dict, model: str, stack: str, topology: str, cell: str, run: int, known: Collection[BenchJob] | None = None
+    config: Experiment,
+    model: str,
+    stack: str,
+    topology: str,
+    cell: str,
+    run: int,
+    known: Collection[BenchJob] | None = None,
 ) -> BenchJob:
     """The job with these wildcards; `known` (e.g. the planned jobs, computed once) saves
     re-planning the whole grid on every lookup."""

@@ -1,7 +1,7 @@
 """What the config asks of the models' quality, typed: the INT4 quantization (`quantization`) and
 the quality probe beside speed (`quality`, with lm-evaluation-harness's tasks in `lm_eval`).
-Their schema entries are generated from these types (planning/config.load_schema);
-`quantization_config` and `quality_config` read a validated config's.
+A validated experiment's are `experiment.quantization` and `experiment.quality`
+(planning/experiment.py, whose schema is generated from these types).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from speedsplit.planning.typed_config import Entry, nested, section_schema
+from speedsplit.planning.typed_config import Entry, nested
 from speedsplit.core.numbers import Positive, Share
 
 
@@ -103,18 +103,3 @@ class QualityConfig(Entry):
         ),
     )
     lm_eval: LmEvalConfig = nested(LmEvalConfig, LmEvalConfig.__doc__)
-
-
-def json_schemas() -> dict[str, dict]:
-    """The config schema's `quantization` and `quality` entries."""
-    return {"quantization": section_schema(QuantizationConfig), "quality": section_schema(QualityConfig)}
-
-
-def quantization_config(config: dict) -> QuantizationConfig:
-    """A validated config's `quantization`, typed."""
-    return QuantizationConfig.model_validate(config["quantization"])
-
-
-def quality_config(config: dict) -> QualityConfig:
-    """A validated config's `quality`, typed."""
-    return QualityConfig.model_validate(config["quality"])

@@ -1,7 +1,6 @@
-"""A stack as a config gives it (`stacks.<name>`), typed. The config schema's stack entry is
-generated from `StackConfig` (`json_schema()`, spliced in by planning/config.load_schema), so a
-stack key, its type, its default and its description live here only; `stack_config(config, name)`
-reads a validated config's stack as a `StackConfig` (what planning reads instead of dict keys).
+"""A stack as a config gives it (`stacks.<name>`), typed: a stack key, its type, its default and
+its description live here only (the config schema's stack entry is generated from it, through
+planning/experiment.py); a validated experiment's stack is `experiment.stacks[name]`.
 
 Keys that `extends` uses (extends, abstract, add_args, set_args: planning/extends.py) are
 resolved before the schema fills defaults; they are here so that the schema accepts them.
@@ -13,7 +12,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from speedsplit.planning.typed_config import absent, Entry, plain_schema
+from speedsplit.core.specs import StackSettings
+from speedsplit.planning.typed_config import absent, Entry
 from speedsplit.core.numbers import AtLeastOne, Number, Positive
 
 
@@ -44,7 +44,7 @@ class GpuOverlay(_Overlay):
     dtype: str = Field("float16", description="Value of {dtype}.")
 
 
-class StackConfig(Entry):
+class StackConfig(Entry, StackSettings):
     """One stack."""
 
     variant: Literal["fp16", "gptq", "awq", "fp8", "gguf"] = Field(
@@ -85,13 +85,6 @@ class StackConfig(Entry):
         "character into the next chunk, so its chunks are fewer than its tokens); 'transformers' sends a "
         "per-request generation_config and counts one token a chunk.",
     )
-    keep_alive: bool = Field(
-        True,
-        description="Whether the load generator reuses a connection for the next request. llama.cpp's server "
-        "(b1, in llama-cpp-python 0.3.36) closes a connection after a streamed answer while its headers say "
-        "keep-alive, so every second request on it failed to send: its stacks set false (one connection per "
-        "request, as loopback costs nothing).",
-    )
     request_model: str = Field(
         "{served_name}",
         description="The model name requests carry (placeholders allowed); `transformers serve` pinned to a "
@@ -109,19 +102,6 @@ class StackConfig(Entry):
         "",
         description="Regex the linear kernel reported in the engine log must match; a run whose kernel differs "
         "is flagged. Empty: no expectation.",
-    )
-    lossless: bool = Field(
-        False,
-        description="Its greedy answers must be token for token those of the stack before it in a chain "
-        "(speculative decoding): a step to it whose quality probe's continuations differ fails its gate, "
-        "and says so.",
-    )
-    draft_model: str | None = Field(
-        None,
-        description="A model of this config (models.*) that drafts for the server's speculative decoding: its "
-        "FP16 folder, made by the model rule, is {draft_dir} in args (vLLM: --speculative-config with "
-        '{"model": "{draft_dir}", ...}). It must share the served model\'s tokenizer; a model that only drafts '
-        "is not benchmarked itself.",
     )
     card_memory_gib: Positive | None = Field(
         None, description="This stack's memory cap (see the top-level key); null - the top-level value."
@@ -149,18 +129,3 @@ class StackConfig(Entry):
     on_gpu: GpuOverlay = Field(
         default_factory=GpuOverlay, description="Overlay used on the cuda platform.", json_schema_extra={"default": {}}
     )
-
-
-def json_schema() -> dict:
-    """The config schema's entry for one stack (`stacks.<name>`)."""
-    return plain_schema(StackConfig)
-
-
-def stack_config(config: dict, name: str) -> StackConfig:
-    """A validated config's stack `name`, typed."""
-    return StackConfig.model_validate(config["stacks"][name])
-
-
-def stacks_of(config: dict, names=None) -> dict[str, StackConfig]:
-    """A validated config's stacks (those named, else all), typed."""
-    return {name: stack_config(config, name) for name in (config["stacks"] if names is None else names)}

@@ -1,7 +1,9 @@
 """The studies beside the grid a config may ask for, typed: the capacity sweep (`capacity`), the
 latency objectives every run is judged by (`slo`), the factorial of the study's confounds
 (`factorial`), where tensor parallelism loses time (`coordination`), the interconnect control
-(`link_control`) and why a step is worth what it is, kernel by kernel (`mechanism`). Their schema entries are generated from these types (planning/config.load_schema).
+(`link_control`) and why a step is worth what it is, kernel by kernel (`mechanism`): a validated
+experiment's `experiment.capacity`, `.slo`, ... (planning/experiment.py, whose schema is
+generated from these types).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from speedsplit.planning.typed_config import Entry, absent, nested, section_schema
+from speedsplit.planning.typed_config import Entry, absent, nested
 from speedsplit.core.numbers import Positive
 
 
@@ -119,32 +121,3 @@ SECTIONS = {
     "link_control": LinkControlConfig,
     "mechanism": MechanismConfig,
 }
-
-
-def json_schemas() -> dict[str, dict]:
-    """The config schema's entries of these sections."""
-    return {key: section_schema(model) for key, model in SECTIONS.items()}
-
-
-def capacity_config(config: dict) -> CapacityConfig:
-    return CapacityConfig.model_validate(config["capacity"])
-
-
-def slo_config(config: dict) -> SloConfig:
-    return SloConfig.model_validate(config["slo"])
-
-
-def factorial_config(config: dict) -> FactorialConfig:
-    return FactorialConfig.model_validate(config["factorial"])
-
-
-def coordination_config(config: dict) -> CoordinationConfig:
-    return CoordinationConfig.model_validate(config["coordination"])
-
-
-def mechanism_config(config: dict) -> MechanismConfig:
-    return MechanismConfig.model_validate(config["mechanism"])
-
-
-def link_control_config(config: dict) -> LinkControlConfig:
-    return LinkControlConfig.model_validate(config["link_control"])

@@ -1,8 +1,8 @@
 """What the typed parts of the config share (planning/model_config.py, stack_config.py,
 workload_config.py): a base that refuses unknown keys, numbers kept as YAML gives them, keys
 absent unless given, and a model's JSON Schema as the config schema holds it (plain: what
-jsonschema reads and what its messages name well). planning/config.load_schema splices each
-into schema.yaml.
+jsonschema reads and what its messages name well). planning/experiment.py's root holds them
+all, and its schema is the config's.
 """
 
 from __future__ import annotations
@@ -72,8 +72,3 @@ def plain_schema(model: type[BaseModel]) -> dict:
     """A model's JSON Schema as the config schema holds it."""
     schema = model.model_json_schema()
     return _plain(schema, schema.get("$defs", {}))
-
-
-def section_schema(model: type[BaseModel]) -> dict:
-    """A top-level section's JSON Schema: filled from its own defaults where the config has none."""
-    return {**plain_schema(model), "default": {}}

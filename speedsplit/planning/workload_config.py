@@ -1,8 +1,8 @@
 """A workload as a config gives it (`workloads.<name>`), typed: the request shape of a cell and
 the load it puts on a stack, told apart by which of `arrival` (open loop), `trace` (trace
-replay) and `sessions` (multi-turn sessions) it holds, none being closed loop (`kind`). The config schema's workload entry is
-generated from `WorkloadConfig` (planning/config.load_schema); `workload_config(config, name)`
-reads a validated config's workload.
+replay) and `sessions` (multi-turn sessions) it holds, none being closed loop (`kind`). A
+validated experiment's is `experiment.workloads[name]` (planning/experiment.py, whose schema is
+generated from these types).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from speedsplit.core.loads import ClosedLoopSettings, SessionSchedule
-from speedsplit.core.specs import PromptText
-from speedsplit.planning.typed_config import Entry, absent, plain_schema
+from speedsplit.core.specs import CellSettings
+from speedsplit.planning.typed_config import Entry, absent
 from speedsplit.core.numbers import NonNegative, Positive
 
 # exactly one of the two says how long an open loop or a trace window lasts
@@ -104,7 +104,7 @@ class SessionsConfig(Entry):
         return SessionSchedule(**fields, rate_rps=rate_rps)
 
 
-class WorkloadConfig(Entry, ClosedLoopSettings):
+class WorkloadConfig(Entry, ClosedLoopSettings, CellSettings):
     """One request shape (prompt_tokens and output_tokens are required unless it replays a trace)."""
 
     model_config = ConfigDict(
@@ -118,14 +118,6 @@ class WorkloadConfig(Entry, ClosedLoopSettings):
     output_tokens: int = Field(256, ge=1, description="Exact output length in tokens.")
     requests_per_user: int = Field(2, ge=1, description="Measured requests each user sends.")
     warmup_requests: int = Field(1, ge=0, description="Requests per user before the measured phase.")
-    text: PromptText = Field(
-        "random",
-        description="What the measured prompts say: random words (distinct, nothing to repeat); code, windows of "
-        "the Python library's held-out files (never trained on by a model the model rule trains); code-edit, such "
-        "a window and its own start again, as a request to rewrite a file sends, output_tokens of it left to "
-        "copy where prompt_tokens allows (what prompt-lookup speculative decoding drafts from). Closed loop and "
-        "open loop without a shared prefix; every stack gets the same prompts.",
-    )
     arrival: Arrival | None = absent(
         "Open loop (absent: closed loop): requests arrive at a rate, each sent when due whatever is in flight, "
         "the same schedule (from the sampling seed) on every stack. One cell per rate, named "
@@ -159,13 +151,3 @@ class WorkloadConfig(Entry, ClosedLoopSettings):
     def kind(self) -> Literal["closed", "open", "trace", "sessions"]:
         """Its load's kind (core/loads.py): trace replay, sessions, open loop, else closed loop."""
         return "trace" if self.trace else "sessions" if self.sessions else "open" if self.arrival else "closed"
-
-
-def json_schema() -> dict:
-    """The config schema's entry for one workload (`workloads.<name>`)."""
-    return plain_schema(WorkloadConfig)
-
-
-def workload_config(config: dict, name: str) -> WorkloadConfig:
-    """A validated config's workload `name`, typed."""
-    return WorkloadConfig.model_validate(config["workloads"][name])

@@ -192,8 +192,15 @@ def test_runs_that_disagree_say_whether_the_host_itself_moved_under_them(tmp_pat
 
 
 def test_step_names_follow_what_changes_between_the_stacks():
-    cfg = C.load()
-    cfg["chains"] = {
+    given = C.load().filled()  # its stacks resolved: each one's whole command line
+
+    def chained(chains: dict):
+        """The config with exactly these chains, validated; benchmarking the study's stacks (by
+        default every chain's are, and a CPU refuses the offload stack)."""
+        benchmark = {**given["benchmark"], "stacks": ["hf-fp16", "vllm-fp16", "vllm-marlin"]}
+        return C.validate({**given, "chains": chains, "benchmark": benchmark})
+
+    chains = {
         "study": ["hf-fp16", "vllm-fp16", "vllm-marlin"],
         "format": ["hf-fp16", "vllm-fp16", "vllm-gptq-triton", "vllm-marlin"],
         "hf": ["hf-generate", "hf-fp16", "vllm-fp16"],
@@ -201,7 +208,7 @@ def test_step_names_follow_what_changes_between_the_stacks():
         "speculative": ["vllm-fp16", "vllm-fp16-ngram"],
         "offload": ["vllm-fp16-noprefix", "vllm-fp16", "vllm-fp16-offload"],
     }
-    assert G.chain_steps(cfg) == {
+    assert G.chain_steps(chained(chains)) == {
         "study": ["runtime", "INT4 weights + kernel"],
         "format": ["runtime", "INT4 format", "kernel"],
         "hf": ["scheduler", "runtime"],
@@ -209,16 +216,17 @@ def test_step_names_follow_what_changes_between_the_stacks():
         "speculative": ["speculative decoding (ngram)"],
         "offload": ["prefix caching", "KV-cache offload (native)"],
     }
-    cfg["stacks"]["vllm-fp16-noprefix"]["args"] += ["--max-num-seqs", "8"]  # more than the switch: not that step
+    given["stacks"]["vllm-fp16-noprefix"]["args"] += ["--max-num-seqs", "8"]  # more than the switch: not that step
+    cfg = chained(chains)
     assert G.chain_steps(cfg)["prefix"] == ["configuration"]
     assert G.kernel_reference(cfg) == "vllm-fp16"
     # two FP16-to-FP16 steps of one chain never read alike: stock generate() at another batch
     # ceiling is its own step, and steps that would share a name each name their stacks
-    cfg["chains"] = {
+    chains = {
         "hf": ["hf-generate", "hf-generate-b64", "hf-fp16"],
         "twice": ["vllm-fp16-noprefix", "vllm-fp16", "vllm-fp16-noprefix"],
     }
-    steps = G.chain_steps(cfg)
+    steps = G.chain_steps(chained(chains))
     assert steps["hf"] == ["batch ceiling", "scheduler"]
     assert steps["twice"] == [
         "configuration (vllm-fp16-noprefix → vllm-fp16)",

@@ -104,9 +104,9 @@ def test_a_level_whose_run_measured_another_kernel_or_platform_fails(tmp_path):
 
 
 def test_ladder_levels_are_cells_of_the_sweeping_stacks_run_zero_only():
-    cfg = copy.deepcopy(C.load(REPO / "config" / "config.yaml"))
-    cfg["capacity"] = {"enabled": True, "users": [8, 2, 16], "stacks": ["vllm-fp16", "vllm-marlin"]}
-    cfg = C.validate(cfg)
+    given = C.read_yaml(REPO / "config" / "config.yaml")
+    given["capacity"] = {"enabled": True, "users": [8, 2, 16], "stacks": ["vllm-fp16", "vllm-marlin"]}
+    cfg = C.validate(given)
     levels = [c for c in G.cells(cfg) if c.below or c.users == 16]
     # u2 and u8 wide are grid cells already; u16 is new, above both
     assert [(c.name, c.below, c.runs) for c in levels] == [("u16-wide-greedy", ("u2-wide-greedy", "u8-wide-greedy"), 1)]
@@ -115,9 +115,9 @@ def test_ladder_levels_are_cells_of_the_sweeping_stacks_run_zero_only():
     params = G.cell_params(cfg, levels[0])
     assert params["capacity_below"] == ["u2-wide-greedy", "u8-wide-greedy"] and params["capacity_stop_after"] == 2
     assert G.capacity_spec(cfg)["reference"] == "vllm-fp16"
-    cfg["capacity"]["stacks"] = ["vllm-fp17"]
+    given["capacity"]["stacks"] = ["vllm-fp17"]
     with pytest.raises(ConfigError, match=r"capacity.stacks\[0\]: unknown stack 'vllm-fp17'"):
-        C.validate(cfg)
+        C.validate(given)
 
 
 @pytest.mark.slow
@@ -165,14 +165,14 @@ def test_a_kv_budget_makes_a_real_cliff_and_an_interrupted_sweep_resumes(tmp_pat
 def test_an_open_loop_workload_sweeps_a_ladder_of_rates(tmp_path):
     """Levels are request rates (cells r{rate}-...), judged like users; the table gives the
     sustainable rate and its ratio to the reference."""
-    cfg = copy.deepcopy(C.load(REPO / "config" / "config.yaml"))
-    cfg["workloads"]["mix"] = {"prompt_tokens": 16, "output_tokens": 8, "arrival": {"rates": [1], "requests": 4}}
-    cfg["grid"]["cells"] = [{"users": 1, "workload": "mix", "sampling": "greedy"}]
-    cfg["capacity"] = {"enabled": True, "workload": "mix", "stacks": ["vllm-fp16"]}
+    given = C.read_yaml(REPO / "config" / "config.yaml")
+    given["workloads"]["mix"] = {"prompt_tokens": 16, "output_tokens": 8, "arrival": {"rates": [1], "requests": 4}}
+    given["grid"]["cells"] = [{"users": 1, "workload": "mix", "sampling": "greedy"}]
+    given["capacity"] = {"enabled": True, "workload": "mix", "stacks": ["vllm-fp16"]}
     with pytest.raises(ConfigError, match=r"^config error at capacity.rates: an open-loop capacity workload needs"):
-        C.validate(copy.deepcopy(cfg))
-    cfg["capacity"]["rates"] = [4, 1, 2]
-    cfg = C.validate(cfg)
+        C.validate(copy.deepcopy(given))
+    given["capacity"]["rates"] = [4, 1, 2]
+    cfg = C.validate(given)
     levels = [(c.name, c.below) for c in G.cells(cfg) if c.below or c.rate == 4]
     assert levels == [
         ("r2-mix-greedy", ("r1-mix-greedy",)),
@@ -201,7 +201,7 @@ def test_an_open_loop_workload_sweeps_a_ladder_of_rates(tmp_path):
 
 
 def test_a_trace_cannot_be_the_capacity_workload():
-    cfg = copy.deepcopy(C.load(REPO / "config" / "config.yaml"))
+    cfg = C.read_yaml(REPO / "config" / "config.yaml")
     trace = {"path": str(REPO / "tests/data/mooncake-conversation-excerpt.jsonl"), "requests": 4, "speedups": [1]}
     cfg["workloads"]["replay"] = {"trace": trace}
     cfg["capacity"] = {"enabled": True, "workload": "replay", "rates": [1]}

@@ -85,8 +85,8 @@ def test_the_8b_study_chain_priced_says_what_a_million_tokens_cost_beside_its_an
     from speedsplit.planning import config as C
 
     folder = REPO / "docs/evidence/h200-2026-11-30-chain"
-    cfg = C.load(REPO / "config/h200-smoke.yaml")
-    cfg["analysis"]["cost"] = {"card_hour_usd": {"cuda": 3.6}, "stacks": {}}
+    smoke = C.merge(C.read_yaml(C.DEFAULT_CONFIG), C.read_yaml(REPO / "config/h200-smoke.yaml"))
+    cfg = C.validate(C.merge(smoke, {"analysis": {"cost": {"card_hour_usd": {"cuda": 3.6}, "stacks": {}}}}))
     spec = analyses.analysis_spec(cfg)
     assert spec["specs"]["cost"]["card_hour_usd"]["cuda"] == 3.6
     frames = build_frames(

@@ -79,7 +79,7 @@ def test_the_report_shows_it(paths, tmp_path):
     (tmp_path / "plots").mkdir()
     aggregate.write_report(
         tmp_path / "report.html",
-        config=C.load(REPO / "config/config.yaml"),
+        config=C.load(REPO / "config/config.yaml").filled(),
         result_paths=paths,
         tables_dir=tmp_path / "tables",
         plots_dir=tmp_path / "plots",

@@ -116,7 +116,7 @@ def test_the_report_and_the_run_summary_answer_under_traffic_first(tmp_path):
             ]
     f = frames(tmp_path, results)
     out = tmp_path / "report.html"
-    report.build(out, config=C.load(), provenance=None, frames=f, svgs={}, answers=answers(f))
+    report.build(out, config=C.load().filled(), provenance=None, frames=f, svgs={}, answers=answers(f))
     page = out.read_text()
     first = page[page.index("<section id='answer'>") : page.index("</section>")]
     assert "Under traffic" in first and "No chain has every stack measured" not in first

@@ -151,7 +151,7 @@ def test_an_open_loop_cell_on_a_real_server(tiny_model, tmp_path):
     from speedsplit.core import traffic
     from speedsplit.core.record import read_result
 
-    cfg = C.load(REPO / "config/config.yaml")
+    cfg = C.read_yaml(REPO / "config/config.yaml")
     mix = {
         "prompt_tokens": 24,
         "output_tokens": 6,
@@ -188,7 +188,7 @@ def test_a_trace_window_on_vllm_reaches_its_prefix_cache(tiny_model, tmp_path):
     """A window of the Mooncake conversation trace, scaled to the tiny model: every request
     with the trace's lengths (scaled), and vLLM's prefix cache hits on the shared blocks."""
 
-    cfg = C.load(REPO / "config/config.yaml")
+    cfg = C.read_yaml(REPO / "config/config.yaml")
     excerpt = str(REPO / "tests/data/mooncake-conversation-excerpt.jsonl")
     conv = {"warmup_requests": 1, "prompt_tokens": 16, "output_tokens": 4}
     conv["trace"] = {"path": excerpt, "requests": 24, "speedups": [8], "length_scale": 0.25, "over_context": "cap"}

@@ -13,9 +13,10 @@ from speedsplit.models.checkpoint import GPTQ_MODULES, acquire, check_model
 from speedsplit.models.local import inspect_quantized, safetensors_keys
 from speedsplit.core.errors import ConfigError
 from speedsplit.planning import config as C
+from speedsplit.planning.experiment import Experiment
 
 
-def config_with(model: dict, **top) -> dict:
+def config_with(model: dict, **top) -> Experiment:
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     cfg["models"] = {"mine": {"max_model_len": 512, **model}}
     cfg["benchmark"]["models"] = ["mine"]
@@ -33,7 +34,7 @@ def copy_without(src, dst, *names):
 def test_a_local_folder_is_checked_and_linked_in_place(tiny_model, tmp_path):
     cfg = config_with({"source": "local", "path": str(tiny_model)})
     out = tmp_path / "resources/models/mine/fp16"
-    info = acquire(cfg["models"]["mine"], out)
+    info = acquire(cfg.filled()["models"]["mine"], out)  # as the model rule gives it
     assert info["source"] == "local" and info["architecture"] == "LlamaForCausalLM"
     assert info["dtype"] in ("float16", "bfloat16") and info["size_gib"] > 0
     weights = next(out.glob("*.safetensors"))
@@ -94,7 +95,7 @@ def test_a_prequantized_checkpoint_is_checked_against_bits_and_group_size(tiny_m
     held = inspect_quantized(good, "gptq", 4, 128)
     assert held["modules"] == ["mlp.down_proj", "self_attn.q_proj"] and held["quantized_layers"] == 2
     cfg = config_with({"prequantized": {"gptq": str(good)}})
-    assert cfg["models"]["mine"]["prequantized"]["gptq"] == str(good)
+    assert cfg.models["mine"].prequantized.gptq == str(good)
     cases = [
         (gptq_folder(tiny_model, tmp_path, group_size=32), "has group size 32, not the 128 of quantization.group_size"),
         (gptq_folder(tiny_model, tmp_path, bits=8), "holds 8-bit weights, not the 4 bits of quantization.bits"),
@@ -152,17 +153,20 @@ def test_fp8_and_awq_stacks_say_in_one_line_what_the_platform_cannot_do(tiny_mod
     assert plan.variant_dir(cuda, "vllm-fp8") == "fp16"  # vLLM quantizes the FP16 weights as it loads them
     awq = {"awq": ["vllm-fp16", "vllm-awq"]}
     made_here = config_with({}, chains=awq, platform="cpu", benchmark={"models": ["mine"], "stacks": []})
-    assert made_here["quantization"]["method"] == "gptqmodel"  # the quantize rule makes it
+    assert made_here.quantization.method == "gptqmodel"  # the quantize rule makes it
     with pytest.raises(ConfigError, match="quantization.method: dummy writes GPTQ configs only"):
         config_with({}, chains=awq, platform="cuda", quantization={"method": "dummy"}, benchmark={"models": ["mine"]})
     folder = gptq_folder(tiny_model, tmp_path)
     cfg = json.loads((folder / "config.json").read_text())
     cfg["quantization_config"] = {"quant_method": "awq", "w_bit": 4, "q_group_size": 128, "zero_point": True}
     (folder / "config.json").write_text(json.dumps(cfg))
-    ok = config_with({"prequantized": {"awq": str(folder)}}, chains=awq, platform="cpu", benchmark={"models": ["mine"]})
+    awq_given = {"prequantized": {"awq": str(folder)}}
+    ok = config_with(awq_given, chains=awq, platform="cpu", benchmark={"models": ["mine"]})
     assert plan.variant_dir(ok, "vllm-awq") == "awq-w4g128"
     assert grid.chain_steps(ok)["awq"] == ["INT4 weights + kernel"]
-    assert grid.chain_steps(C.merge(ok, {"chains": {"x": ["vllm-marlin", "vllm-awq"]}}))["x"] == ["INT4 format"]
+    chains = {**awq, "x": ["vllm-marlin", "vllm-awq"]}
+    both = config_with(awq_given, chains=chains, platform="cpu", benchmark={"models": ["mine"]})
+    assert grid.chain_steps(both)["x"] == ["INT4 format"]
 
 
 @pytest.mark.slow

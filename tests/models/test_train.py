@@ -79,7 +79,7 @@ def test_only_the_tiny_and_small_synthetic_shapes_are_trained_the_small_ones_on_
     with pytest.raises(ConfigError, match=r"models\.small\.shape: a trained small model trains on a CUDA card"):
         C.load(cfg)
     cfg.write_text("platform: cuda\nmodels:\n  small: {source: synthetic, shape: small, weights: trained}\n")
-    assert C.load(cfg)["models"]["small"]["shape"] == "small"
+    assert C.load(cfg).models["small"].shape == "small"
 
 
 @pytest.mark.slow  # a second training run (8 s on 2 cores): make test, not the fast tier

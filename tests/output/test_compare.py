@@ -114,7 +114,7 @@ def test_the_committed_comparisons_rebuild(name, tmp_path):
     a, b, configs = COMMITTED[name]
     ev, done = REPO / "docs/evidence", REPO / "docs/comparisons" / name
     cfg = C.load(*[REPO / c for c in configs])
-    compare.compare(ev / a, ev / b, cfg["chains"], tmp_path)
+    compare.compare(ev / a, ev / b, cfg.chains, tmp_path)
     for table in ("compare_factors", "compare_stacks"):
         assert (tmp_path / "tables" / f"{table}.csv").read_text() == (done / "tables" / f"{table}.csv").read_text()
 

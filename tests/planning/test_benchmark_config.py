@@ -12,7 +12,8 @@ from speedsplit.core.errors import ConfigError
 from speedsplit.core.specs import OUTLIER_FACTOR, OUTLIER_MIN_S
 from speedsplit.planning import config as C
 from speedsplit.planning import grid as G
-from speedsplit.planning.benchmark_config import BenchmarkConfig, benchmark_config, json_schema
+from speedsplit.planning.benchmark_config import BenchmarkConfig
+from speedsplit.planning.typed_config import plain_schema
 
 # the section as the schema fills it when a config says nothing of it
 FILLED = {
@@ -41,6 +42,11 @@ KEYS = ", ".join(sorted(FILLED))
 DEFAULT = C.read_yaml(C.DEFAULT_CONFIG)
 
 
+def json_schema() -> dict:
+    """The config schema's `benchmark` entry (its defaults filled in when the section is absent)."""
+    return C.load_schema()["properties"]["benchmark"]
+
+
 def small(**sections) -> dict:
     """A small config of one model, two stacks in a chain and one workload, on a CPU."""
     return {
@@ -63,10 +69,10 @@ def refusal(benchmark: dict, **sections) -> str:
 
 def test_a_config_without_the_section_gets_every_default_and_reads_it_typed():
     cfg = C.validate(small())
-    assert cfg["benchmark"] == FILLED
+    assert cfg.filled()["benchmark"] == FILLED
     assert BenchmarkConfig().model_dump() == FILLED
-    assert benchmark_config(cfg) == BenchmarkConfig()
-    assert list(cfg["benchmark"]) == list(BenchmarkConfig.model_fields)  # in the section's own order
+    assert cfg.benchmark == BenchmarkConfig()
+    assert list(cfg.filled()["benchmark"]) == list(BenchmarkConfig.model_fields)  # in the section's own order
 
 
 def test_the_outlier_defaults_are_the_job_files_so_a_default_run_leaves_them_out():
@@ -175,9 +181,10 @@ def test_a_value_at_its_bound_is_taken_and_kept_as_yaml_gave_it():
         "outlier_min_s": 0,
         "min_measured_s": 0,
     }
-    filled = C.validate(small(benchmark=at))["benchmark"]
+    cfg = C.validate(small(benchmark=at))
+    filled = cfg.filled()["benchmark"]
     assert {k: filled[k] for k in at} == at
-    typed = benchmark_config({"benchmark": filled})
+    typed = cfg.benchmark
     for key, value in at.items():
         assert getattr(typed, key) == value and type(getattr(typed, key)) is type(value), key
 
@@ -197,9 +204,9 @@ def test_a_benchmarked_topology_needs_its_gpus_on_cuda_only():
     assert refusal({"topologies": ["tp2"]}, **two, platform="cuda") == (
         "config error at topologies.tp2: needs 2 GPUs but gpus_available is 1"
     )
-    assert benchmark_config(C.validate(small(benchmark={"topologies": ["tp2"]}, **two))).topologies == ["tp2"]
+    assert C.validate(small(benchmark={"topologies": ["tp2"]}, **two)).benchmark.topologies == ["tp2"]
     # a topology that is declared but not benchmarked asks for no card
-    assert C.validate(small(**two, platform="cuda"))["benchmark"]["topologies"] == ["tp1"]
+    assert C.validate(small(**two, platform="cuda")).filled()["benchmark"]["topologies"] == ["tp1"]
 
 
 def test_empty_lists_mean_every_stack_of_every_chain_and_every_model():
@@ -215,7 +222,7 @@ def test_the_schema_entry_is_the_section_filled_from_an_empty_default():
     Draft202012Validator.check_schema(schema)
     assert (schema["type"], schema["additionalProperties"], schema["default"]) == ("object", False, {})
     assert "required" not in schema and list(schema["properties"]) == list(BenchmarkConfig.model_fields)
-    assert C.load_schema()["properties"]["benchmark"] == schema
+    assert schema == {**plain_schema(BenchmarkConfig), "default": {}}  # generated from the section's type
     props = schema["properties"]
     assert {k: p["default"] for k, p in props.items()} == FILLED
     assert props["telemetry_s"] == {
@@ -243,7 +250,7 @@ def test_every_key_says_what_it_does_in_one_line():
 
 
 def test_the_default_config_benchmarks_as_its_file_says():
-    bench = benchmark_config(C.load())
+    bench = C.load().benchmark
     assert (bench.topologies, bench.server_reuse, bench.min_measured_s) == (["tp1"], "per_run", 1.0)
     assert type(bench.min_measured_s) is float
     assert bench.model_dump(exclude={"topologies", "server_reuse", "min_measured_s"}) == {

@@ -15,10 +15,18 @@ def base() -> dict:
     return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
 
 
+def given(*paths, top: dict | None = None) -> dict:
+    """What C.load(*paths) validates (the files merged over the default config), `top` over it."""
+    data = C.read_yaml(C.DEFAULT_CONFIG)
+    for path in paths:
+        data = C.merge(data, C.read_yaml(path))
+    return C.merge(data, top or {})
+
+
 def test_default_and_study_configs_validate():
     for name in ("config.yaml", "study.yaml", "h200-smoke.yaml"):
         cfg = C.load(REPO / "config" / name)
-        assert cfg["models"] and G.cells(cfg)
+        assert cfg.models and G.cells(cfg)
 
 
 def test_defaults_are_filled():
@@ -30,10 +38,11 @@ def test_defaults_are_filled():
             "sampling": {"greedy": {}},
         }
     )
-    assert cfg["models"]["m"]["shape"] == "tiny"
-    assert cfg["stacks"]["s"]["on_cpu"]["dtype"] == "bfloat16"
-    assert cfg["grid"]["workloads"] == ["w"] and cfg["grid"]["runs"] == 3
-    assert cfg["topologies"] == {"tp1": {"tensor_parallel": 1, "instances": 1}}
+    filled = cfg.filled()
+    assert filled["models"]["m"]["shape"] == "tiny"
+    assert filled["stacks"]["s"]["on_cpu"]["dtype"] == "bfloat16"
+    assert filled["grid"]["workloads"] == ["w"] and filled["grid"]["runs"] == 3
+    assert filled["topologies"] == {"tp1": {"tensor_parallel": 1, "instances": 1}}
 
 
 @pytest.mark.parametrize(
@@ -103,23 +112,23 @@ def test_bad_values_fail_with_one_line_naming_the_key(edit, expect):
 
 
 def test_the_factorial_names_known_stacks_and_sampling():
-    cfg = C.load(REPO / "config/config.yaml")
-    cfg["factorial"] = {"enabled": True, "high": "hf-generate-b128"}
+    def with_factorial(factorial: dict) -> dict:
+        return given(REPO / "config/config.yaml", top={"factorial": factorial})
+
     with pytest.raises(ConfigError, match="config error at factorial.high: unknown stack 'hf-generate-b128'"):
-        C.validate(cfg)
-    cfg["factorial"] = {"enabled": True, "sampling": ["greedy", "nucleus"]}
+        C.validate(with_factorial({"enabled": True, "high": "hf-generate-b128"}))
     with pytest.raises(ConfigError, match=r"factorial.sampling\[1\]: unknown sampling 'nucleus'"):
-        C.validate(cfg)
-    cfg["factorial"] = {"enabled": True}
-    assert G.factorial_spec(C.validate(cfg))["workload"] == G.cells(cfg)[0].workload
+        C.validate(with_factorial({"enabled": True, "sampling": ["greedy", "nucleus"]}))
+    cfg = C.validate(with_factorial({"enabled": True}))
+    assert G.factorial_spec(cfg)["workload"] == G.cells(cfg)[0].workload
 
 
 def test_auto_platform_is_refused_for_a_cluster_run():
     cfg = C.validate(base())
-    assert cfg["platform"] == "auto"  # fine where this machine runs the jobs
+    assert cfg.platform == "auto"  # fine where this machine runs the jobs
     with pytest.raises(ConfigError, match="config key platform: 'auto' cannot be resolved for a cluster run"):
         G.check_cluster_platform(cfg)
-    G.check_cluster_platform({**cfg, "platform": "cuda"})
+    G.check_cluster_platform(C.validate({**base(), "platform": "cuda"}))
 
 
 @pytest.mark.snakemake
@@ -154,22 +163,23 @@ def test_cells_and_params_are_plain_builtins():
 
 def test_cpu_isolation_applies_on_cuda_and_on_a_cpu():
     """On cuda a card's share of the cores; on a CPU the split between server and client."""
-    cfg = C.load()
     for platform in ("cpu", "cuda"):
-        assert G.stack_params(C.merge(cfg, {"platform": platform}), "tiny", "vllm-fp16", "tp1")["cpu_isolation"]
-    cuda = C.merge(cfg, {"platform": "cuda"})
-    assert G.stack_params(cuda, "tiny", "vllm-fp16", "tp1")["cpu_isolation"] is True
-    off = C.merge(cuda, {"benchmark": {"cpu_isolation": False}})
+        on = C.validate(given(top={"platform": platform}))
+        assert G.stack_params(on, "tiny", "vllm-fp16", "tp1")["cpu_isolation"]
+    cuda = given(top={"platform": "cuda"})
+    assert G.stack_params(C.validate(cuda), "tiny", "vllm-fp16", "tp1")["cpu_isolation"] is True
+    off = C.validate(C.merge(cuda, {"benchmark": {"cpu_isolation": False}}))
     assert G.stack_params(off, "tiny", "vllm-fp16", "tp1")["cpu_isolation"] is False
 
 
 def test_with_a_capacity_sweep_the_report_headlines_the_grid_not_the_ladders_top():
-    cfg = C.load(REPO / "config/h200-smoke.yaml", REPO / "config/h200-capacity.yaml")
+    files = (REPO / "config/h200-smoke.yaml", REPO / "config/h200-capacity.yaml")
+    cfg = C.load(*files)
     assert max(c.users for c in G.cells(cfg)) == 512  # the ladder's top, past any cliff there
     assert G.headline(cfg) == [{"users": 64, "workload": "h200-wide", "sampling": "greedy"}]
     assert G.headline(C.load()) == []  # no sweep: the answer's own default (the most users)
-    given = C.merge(cfg, {"report": {"headline": [{"users": 32, "workload": "h200-wide"}]}})
-    assert G.headline(C.validate(given)) == [{"users": 32, "workload": "h200-wide"}]
+    headline = given(*files, top={"report": {"headline": [{"users": 32, "workload": "h200-wide"}]}})
+    assert G.headline(C.validate(headline)) == [{"users": 32, "workload": "h200-wide"}]
 
 
 def test_a_job_file_holds_no_secret_the_environment_has(tmp_path, monkeypatch):
@@ -185,7 +195,6 @@ def test_a_job_file_holds_no_secret_the_environment_has(tmp_path, monkeypatch):
 
 
 def open_loop_config(**arrival):
-    cfg = C.load(REPO / "config/config.yaml")
     raw = {
         "workloads": {
             "mix": {
@@ -198,7 +207,7 @@ def open_loop_config(**arrival):
         },
         "grid": {"workloads": ["wide", "mix"], "users": [2], "sampling": ["greedy"]},
     }
-    return C.validate(C.merge(cfg, raw))
+    return C.validate(given(REPO / "config/config.yaml", top=raw))
 
 
 def test_an_open_loop_workload_is_a_cell_per_rate_whose_job_file_holds_its_arrivals():
@@ -226,13 +235,12 @@ def test_an_open_loop_workload_is_a_cell_per_rate_whose_job_file_holds_its_arriv
     ],
 )
 def test_bad_open_loop_settings_fail_in_one_line(arrival, lengths, message):
-    cfg = C.load(REPO / "config/config.yaml")
     mix = {"prompt_tokens": 64, "output_tokens": 16, "arrival": {"rates": [1], "requests": 3, **arrival}}
     if "duration_s" in arrival:
         mix["arrival"]["requests"] = 10
     if lengths:
         mix["lengths"] = lengths
-    raw = C.merge(cfg, {"workloads": {"mix": mix}, "grid": {"workloads": ["mix"]}})
+    raw = given(REPO / "config/config.yaml", top={"workloads": {"mix": mix}, "grid": {"workloads": ["mix"]}})
     if message is None:
         C.validate(raw)
         return
@@ -247,8 +255,8 @@ def trace_workload(**trace):
 
 
 def test_a_trace_workload_is_a_cell_per_speedup():
-    cfg = C.load(REPO / "config/config.yaml")
-    cfg = C.validate(C.merge(cfg, {"workloads": {"conv": trace_workload()}, "grid": {"workloads": ["conv"]}}))
+    top = {"workloads": {"conv": trace_workload()}, "grid": {"workloads": ["conv"]}}
+    cfg = C.validate(given(REPO / "config/config.yaml", top=top))
     assert [c.name for c in G.cells(cfg)] == ["x1-conv-greedy", "x4-conv-greedy"]
     p = G.cell_params(cfg, G.cell_by_name(cfg, "x4-conv-greedy"))
     assert p["trace"]["speedup"] == 4.0 and p["trace"]["length_scale"] == 0.05 and "speedups" not in p["trace"]
@@ -263,8 +271,8 @@ def test_a_trace_workload_is_a_cell_per_speedup():
     ],
 )
 def test_bad_trace_settings_fail_in_one_line(trace, message):
-    cfg = C.load(REPO / "config/config.yaml")
-    raw = C.merge(cfg, {"workloads": {"conv": trace_workload(**trace)}, "grid": {"workloads": ["conv"]}})
+    top = {"workloads": {"conv": trace_workload(**trace)}, "grid": {"workloads": ["conv"]}}
+    raw = given(REPO / "config/config.yaml", top=top)
     with pytest.raises(ConfigError, match=message) as err:
         C.validate(raw)
     assert "\n" not in str(err.value)
@@ -300,7 +308,7 @@ def test_kv_cache_offload_on_a_cpu_is_refused_in_one_line_naming_the_stack(tmp_p
     ):
         C.load(top)
     top.write_text(yaml.safe_dump({"platform": "cuda", "benchmark": {"stacks": ["vllm-fp16", "vllm-fp16-offload"]}}))
-    assert C.load(top)["benchmark"]["stacks"] == ["vllm-fp16", "vllm-fp16-offload"]
+    assert C.load(top).benchmark.stacks == ["vllm-fp16", "vllm-fp16-offload"]
     top.write_text(yaml.safe_dump({"benchmark": {"stacks": ["vllm-fp16-lmcache"]}}))
     with pytest.raises(
         ConfigError,
@@ -315,7 +323,7 @@ def test_a_model_that_only_drafts_is_not_benchmarked_and_a_draft_is_checked_in_o
     draft that is no model of the config, one the stack's args never name, or one of another
     tokenizer is refused naming the stack."""
     cfg = C.load()
-    assert "tiny-draft" in cfg["models"] and G.bench_models(cfg) == ["tiny"]
+    assert "tiny-draft" in cfg.models and G.bench_models(cfg) == ["tiny"]
     assert G.stack_params(cfg, "tiny", "vllm-fp16-draft", "tp1")["draft_model"] == "tiny-draft"
     assert "draft_model" not in G.stack_params(cfg, "tiny", "vllm-fp16", "tp1")  # other stacks' params as they were
     top = tmp_path / "top.yaml"
@@ -354,7 +362,10 @@ def test_the_speculative_gpu_config_serves_the_small_pair():
     cfg = C.load(REPO / "config/h200-smoke.yaml", REPO / "config/h100-speculative.yaml")
     assert G.bench_models(cfg) == ["small"] and draft_models(cfg) == {"small-draft"}
     assert G.stack_params(cfg, "small", "vllm-fp16-draft", "tp1")["draft_model"] == "small-draft"
-    assert cfg["chains"] == {"study": ["vllm-fp16", "vllm-fp16-ngram"], "kernel": ["vllm-fp16", "vllm-fp16-draft"]}
+    assert cfg.filled()["chains"] == {
+        "study": ["vllm-fp16", "vllm-fp16-ngram"],
+        "kernel": ["vllm-fp16", "vllm-fp16-draft"],
+    }
 
 
 def test_the_lmcache_gpu_config_sets_both_offload_steps_side_by_side():
@@ -363,7 +374,7 @@ def test_the_lmcache_gpu_config_sets_both_offload_steps_side_by_side():
     cfg = C.load(
         REPO / "config/h200-smoke.yaml", REPO / "config/h200-sessions.yaml", REPO / "config/h100-sessions-lmcache.yaml"
     )
-    assert cfg["benchmark"]["stacks"] == ["vllm-fp16", "vllm-fp16-offload", "vllm-fp16-lmcache"]
+    assert cfg.benchmark.stacks == ["vllm-fp16", "vllm-fp16-offload", "vllm-fp16-lmcache"]
     assert G.chain_steps(cfg) == {"study": ["KV-cache offload (native)"], "kernel": ["KV-cache offload (LMCache)"]}
     lmcache = G.stack_params(cfg, "llama-3.1-8b", "vllm-fp16-lmcache", "tp1")
     assert lmcache["kv_cache_gib"] == 4 and lmcache["env"]["LMCACHE_MAX_LOCAL_CPU_SIZE"] == "16"

@@ -11,11 +11,30 @@ from speedsplit.planning import config as C
 from speedsplit.planning import grid as G
 from speedsplit.planning import estimate as E
 from speedsplit.planning import plan, roofline
+from speedsplit.planning.experiment import Experiment
+
+
+def given(*paths, top: dict | None = None) -> dict:
+    """What C.load(*paths) validates (the files merged over the default config), `top` over it."""
+    data = C.read_yaml(C.DEFAULT_CONFIG)
+    for path in paths:
+        data = C.merge(data, C.read_yaml(path))
+    return C.merge(data, top or {})
+
+
+def ci_with(top: dict | None = None) -> Experiment:
+    """tests/config/ci.yaml on the CPU, `top` merged over it."""
+    return C.validate(given(REPO / "tests/config/ci.yaml", top=C.merge({"platform": "cpu"}, top or {})))
+
+
+def smoke_with(top: dict) -> Experiment:
+    """config/h200-smoke.yaml, `top` merged over it."""
+    return C.validate(given(REPO / "config/h200-smoke.yaml", top=top))
 
 
 @pytest.fixture
 def ci():
-    return C.merge(C.load(REPO / "tests/config/ci.yaml"), {"platform": "cpu"})
+    return ci_with()
 
 
 def tokens(cfg, cell_name):
@@ -39,7 +58,7 @@ def test_a_closed_loop_job_lasts_its_users_ramp_and_thinking_too(ci, tmp_path):
     """Not served, yet in the job's time: the last user joins (users - 1) / users of the ramp late
     and thinks think_s between its requests (core/loads.ClosedLoopSettings.waiting_s)."""
     plain = E.job_estimates(ci, results=str(tmp_path / "none/*.json"))
-    cfg = C.merge(ci, {"workloads": {w: {"ramp_s": 2, "think_s": 3} for w in ci["workloads"]}})
+    cfg = ci_with({"workloads": {w: {"ramp_s": 2, "think_s": 3} for w in ci.workloads}})
     est = E.job_estimates(cfg, results=str(tmp_path / "none/*.json"))
     for a, b in zip(plain, est):
         c = G.cell_params(cfg, G.cell_by_name(cfg, b.job.cell))
@@ -75,7 +94,7 @@ def test_results_of_the_other_platform_are_not_used(ci, tmp_path):
 
 
 def test_the_roofline_on_cuda_reads_every_weight_once_per_decode_step(tmp_path):
-    cfg = C.merge(C.load(REPO / "config/h200-smoke.yaml"), {"estimate": {"bandwidth_gb_s": 4000.0}})
+    cfg = smoke_with({"estimate": {"bandwidth_gb_s": 4000.0}})
     est = {(e.job.stack, e.job.cell): e for e in E.job_estimates(cfg, results=str(tmp_path / "*.json"))}
     wide = est[("vllm-fp16", "u64-h200-wide-greedy")]
     step_s = roofline.decode_step_bytes(shape_config("llama-3.1-8b"), "fp16", 64, 512 + 256 / 2) / (4000e9 * 0.5)
@@ -84,7 +103,7 @@ def test_the_roofline_on_cuda_reads_every_weight_once_per_decode_step(tmp_path):
 
 
 def test_lanes_run_side_by_side(tmp_path):
-    cfg = C.merge(C.load(REPO / "config/h200-smoke.yaml"), {"gpus_available": 2})
+    cfg = smoke_with({"gpus_available": 2})
     est = E.job_estimates(cfg, results=str(tmp_path / "*.json"))
     lanes = {e.lane for e in est}
     assert lanes == {0, 1}
@@ -97,9 +116,9 @@ def test_a_jobs_runtime_request_is_its_estimate_with_the_margin(ci, tmp_path):
     long = max(est, key=lambda e: e.total_s)
     assert E.runtime_minutes(ci, long) == -(-long.total_s * 2.0 // 60)  # whole minutes, rounded up
     short = min(est, key=lambda e: e.total_s)
-    floor = C.merge(ci, {"estimate": {"min_runtime_min": 30}})
+    floor = ci_with({"estimate": {"min_runtime_min": 30}})
     assert E.runtime_minutes(floor, short) == 30
-    slow = C.merge(ci, {"estimate": {"output_tok_s": {"cpu": 0.01}, "margin": 1.5}})
+    slow = ci_with({"estimate": {"output_tok_s": {"cpu": 0.01}, "margin": 1.5}})
     e = E.job_estimates(slow, results=str(tmp_path / "*.json"))[0]
     assert E.runtime_minutes(slow, e) == -(-e.total_s * 1.5 // 60) > 30
 
@@ -115,7 +134,7 @@ def test_the_command_prints_every_job_and_the_grid(capsys, tmp_path):
 
 
 def test_warming_up_only_at_a_sessions_start_counts_the_warm_up_once(ci, tmp_path):
-    once = C.merge(ci, {"benchmark": {"warmup": "session_start"}})
+    once = ci_with({"benchmark": {"warmup": "session_start"}})
     every = {e.job: e for e in E.job_estimates(ci, results=str(tmp_path / "none/*.json"))}
     for e in E.job_estimates(once, results=str(tmp_path / "none/*.json")):
         cell = G.cell_params(ci, G.cell_by_name(ci, e.job.cell))
@@ -144,13 +163,14 @@ def test_a_vllm_session_after_one_that_filled_its_compile_cache_starts_warm(tmp_
     """Sessions of one vLLM stack that follow a finished start read the shared compile cache
     (estimate.startup_warm_s, or what warm results measured); HF has no such cache; two lanes
     starting the same stack at once both compile."""
-    cfg = C.merge(C.load(REPO / "config/h200-smoke.yaml"), {"benchmark": {"server_reuse": "per_run"}})
+    smoke = {"benchmark": {"server_reuse": "per_run"}}
+    cfg = smoke_with(smoke)
     est = E.job_estimates(cfg, results=str(tmp_path / "*.json"))
     starts = [(e.job.stack, e.start_s) for e in est if e.start_s]
     for stack in ("vllm-fp16", "vllm-marlin"):
         assert [s for st, s in starts if st == stack] == [200, 70]  # run 0 compiles, run 1 reads it back
     assert [s for st, s in starts if st == "hf-fp16"] == [200, 200]
-    two = E.job_estimates(C.merge(cfg, {"gpus_available": 2}), results=str(tmp_path / "*.json"))
+    two = E.job_estimates(smoke_with({**smoke, "gpus_available": 2}), results=str(tmp_path / "*.json"))
     first = [e for e in two if e.start_s and e.job.stack == "vllm-fp16" and e.job.run == 0]
     assert first and all(e.start_s == 200 for e in first)
     res = fake_result("vllm-fp16", 64, 0, 6000.0, workload="h200-wide")
@@ -173,13 +193,15 @@ def test_a_model_is_estimated_at_its_own_shape(tmp_path, monkeypatch):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine/config.json").write_text(json.dumps(own))
     monkeypatch.chdir(tmp_path)
-    config = {
-        "models": {
-            "mine": {"source": "local", "path": str(tmp_path / "mine")},
-            "hubbed": {"source": "hub", "repo": "org/m", "shape": "mistral-7b"},
-            "synth": {"source": "synthetic", "shape": "llama-3.1-8b"},
+    config = Experiment.model_validate(  # typed, not validated: only the models' shapes are read
+        {
+            "models": {
+                "mine": {"source": "local", "path": str(tmp_path / "mine")},
+                "hubbed": {"source": "hub", "repo": "org/m", "shape": "mistral-7b"},
+                "synth": {"source": "synthetic", "shape": "llama-3.1-8b"},
+            }
         }
-    }
+    )
     assert model_shape(config, "mine") == own
     assert model_shape(config, "hubbed") == shape_config("mistral-7b")
     assert model_shape(config, "synth") == shape_config("llama-3.1-8b")

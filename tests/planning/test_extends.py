@@ -7,12 +7,12 @@ from conftest import REPO
 from speedsplit.core.errors import ConfigError
 from speedsplit.planning import config as C
 from speedsplit.planning import grid as G
-from speedsplit.planning.stack_config import stacks_of
+from speedsplit.planning.experiment import Experiment
 
 DEFAULT = REPO / "config" / "config.yaml"
 
 
-def config_with(stacks: dict, **top) -> dict:
+def config_with(stacks: dict, **top) -> Experiment:
     cfg = {
         "models": {"m": {}},
         "stacks": stacks,
@@ -45,7 +45,7 @@ def test_a_stack_gives_only_what_differs_from_its_base():
                 "on_cpu": {"env": {"E": "5"}, "expect_kernel": "CPUWNA16"},
             },
         }
-    )["stacks"]
+    ).filled()["stacks"]
     child = stacks["child"]
     assert child["variant"] == "gptq" and child["startup_timeout_s"] == 900
     assert child["args"] == [
@@ -73,7 +73,7 @@ def test_extends_chains_and_args_replace():
             "b": {"extends": "a", "add_args": ["--more"]},
             "c": {"extends": "b", "args": ["y"]},
         }
-    )["stacks"]
+    ).filled()["stacks"]
     assert stacks["a"]["args"] == ["x", "--flag"] and stacks["b"]["args"] == ["x", "--flag", "--more"]
     assert stacks["c"]["args"] == ["y"] and stacks["c"]["env"] == {"K": "1"}
 
@@ -113,10 +113,11 @@ def test_an_override_of_a_base_in_a_later_file_reaches_the_stacks_extending_it(t
     top = tmp_path / "top.yaml"
     top.write_text(yaml.safe_dump({"stacks": {"vllm": {"env": {"VLLM_LOGGING_LEVEL": "DEBUG"}}}}))
     cfg = C.load(top)
-    vllm_stacks = [name for name, s in stacks_of(cfg).items() if G.family(s) == "vllm"]
+    vllm_stacks = [name for name, s in cfg.stacks.items() if G.family(s) == "vllm"]
     assert len(vllm_stacks) >= 10
-    assert all(cfg["stacks"][name]["env"]["VLLM_LOGGING_LEVEL"] == "DEBUG" for name in vllm_stacks)
-    assert cfg["stacks"]["vllm-marlin"]["env"]["VLLM_DISABLED_KERNELS"] == "MacheteLinearKernel"
+    stacks = cfg.filled()["stacks"]
+    assert all(stacks[name]["env"]["VLLM_LOGGING_LEVEL"] == "DEBUG" for name in vllm_stacks)
+    assert stacks["vllm-marlin"]["env"]["VLLM_DISABLED_KERNELS"] == "MacheteLinearKernel"
 
 
 def test_the_default_config_states_the_vllm_command_and_its_cpu_overlay_once():
@@ -124,14 +125,17 @@ def test_the_default_config_states_the_vllm_command_and_its_cpu_overlay_once():
     assert text.count("vllm.entrypoints.openai.api_server") == 1
     assert text.count("VLLM_CPU_KVCACHE_SPACE") == 1
     cfg = C.load()
-    vllm_stacks = {name: s for name, s in stacks_of(cfg).items() if G.family(s) == "vllm"}
+    vllm_stacks = {name: s for name, s in cfg.stacks.items() if G.family(s) == "vllm"}
     base_args = yaml.safe_load(text)["stacks"]["vllm"]["args"]
     for name, s in vllm_stacks.items():
         assert s.args[: len(base_args)] == base_args, name
         if s.variant != "fp8":
             assert s.on_cpu.args == ["--enforce-eager"], name
     # the kernel sweep and the prefix switch: what each stack adds, and nothing else
-    assert cfg["stacks"]["vllm-fp16-noprefix"]["args"] == base_args + ["--no-enable-prefix-caching"]
-    assert cfg["stacks"]["vllm-marlin"]["args"] == base_args + ["--quantization", "gptq_marlin"]
-    assert cfg["stacks"]["hf-generate-b64"]["args"][-2:] == ["--max-batch", "64"]
-    assert G.chain_steps({**cfg, "chains": {"f": ["hf-generate", "hf-generate-b64"]}})["f"] == ["batch ceiling"]
+    stacks = cfg.filled()["stacks"]
+    assert stacks["vllm-fp16-noprefix"]["args"] == base_args + ["--no-enable-prefix-caching"]
+    assert stacks["vllm-marlin"]["args"] == base_args + ["--quantization", "gptq_marlin"]
+    assert stacks["hf-generate-b64"]["args"][-2:] == ["--max-batch", "64"]
+    batch = C.read_yaml(DEFAULT)
+    batch["chains"] = {"f": ["hf-generate", "hf-generate-b64"]}
+    assert G.chain_steps(C.validate(batch))["f"] == ["batch ceiling"]

@@ -17,17 +17,24 @@ from speedsplit.planning.grid_config import (
     GridConfig,
     SamplingConfig,
     TopologyConfig,
-    grid_config,
-    json_schemas,
-    sampling_config,
-    topology_config,
 )
+from speedsplit.planning.typed_config import plain_schema
 
 SAMPLING = {"temperature": 0, "top_p": 1, "seed": 0}
 GRID = {"users": [1], "workloads": [], "sampling": [], "runs": 3, "cells": []}
 CELL = {"sampling": "greedy", "stacks": []}  # what a cell holds beside its users and workload
 TOPOLOGY = {"tensor_parallel": 1, "instances": 1, "stacks": []}
 DEFAULT = C.read_yaml(C.DEFAULT_CONFIG)
+
+
+def json_schemas() -> dict[str, dict]:
+    """The config schema's entries: one sampling mode, the grid (filled when absent), one topology."""
+    top = C.load_schema()["properties"]
+    return {
+        "sampling": top["sampling"]["additionalProperties"],
+        "grid": top["grid"],
+        "topology": top["topologies"]["additionalProperties"],
+    }
 
 
 def small(**sections) -> dict:
@@ -51,26 +58,26 @@ def refusal(**sections) -> str:
 
 def test_a_sampling_mode_given_nothing_is_greedy_over_the_whole_distribution():
     cfg = C.validate(small())
-    assert cfg["sampling"] == {"greedy": SAMPLING, "hot": {"temperature": 0.7, "top_p": 0.9, "seed": 7}}
+    assert cfg.filled()["sampling"] == {"greedy": SAMPLING, "hot": {"temperature": 0.7, "top_p": 0.9, "seed": 7}}
     assert SamplingConfig().model_dump() == SAMPLING
-    assert sampling_config(cfg, "greedy") == SamplingConfig()
-    hot = sampling_config(cfg, "hot")
+    assert cfg.sampling["greedy"] == SamplingConfig()
+    hot = cfg.sampling["hot"]
     assert (hot.temperature, hot.top_p, hot.seed) == (0.7, 0.9, 7)
 
 
 def test_a_config_without_a_grid_measures_one_user_at_every_workload_and_sampling_three_times():
     cfg = C.validate(small())
-    assert cfg["grid"] == {**GRID, "workloads": ["w", "v"], "sampling": ["greedy", "hot"]}  # config order
+    assert cfg.filled()["grid"] == {**GRID, "workloads": ["w", "v"], "sampling": ["greedy", "hot"]}  # config order
     assert GridConfig().model_dump() == GRID
-    assert grid_config(cfg) == GridConfig(workloads=["w", "v"], sampling=["greedy", "hot"])
+    assert cfg.grid == GridConfig(workloads=["w", "v"], sampling=["greedy", "hot"])
     assert [c.name for c in G.cells(cfg)] == ["u1-w-greedy", "u1-w-hot", "u1-v-greedy", "u1-v-hot"]
 
 
 def test_a_named_cell_is_greedy_on_every_stack_unless_it_says_otherwise():
     cells = [{"users": 2, "workload": "w"}, {"users": 4, "workload": "v", "sampling": "hot", "stacks": ["b"]}]
     cfg = C.validate(small(grid={"cells": cells}))
-    assert cfg["grid"]["cells"] == [{**cells[0], **CELL}, cells[1]]
-    typed = grid_config(cfg).cells
+    assert cfg.filled()["grid"]["cells"] == [{**cells[0], **CELL}, cells[1]]
+    typed = cfg.grid.cells
     assert typed == [CellEntry(users=2, workload="w"), CellEntry(users=4, workload="v", sampling="hot", stacks=["b"])]
     # the cells replace the product of users, workloads and sampling
     assert [(c.name, c.stacks) for c in G.cells(cfg)] == [("u2-w-greedy", ()), ("u4-v-hot", ("b",))]
@@ -78,10 +85,13 @@ def test_a_named_cell_is_greedy_on_every_stack_unless_it_says_otherwise():
 
 def test_a_config_without_topologies_measures_on_one_card():
     cfg = C.validate(small())
-    assert list(cfg["topologies"]) == ["tp1"]
-    assert topology_config(cfg, "tp1") == TopologyConfig() and TopologyConfig().model_dump() == TOPOLOGY
+    assert list(cfg.filled()["topologies"]) == ["tp1"]
+    assert cfg.topologies["tp1"] == TopologyConfig() and TopologyConfig().model_dump() == TOPOLOGY
     cfg = C.validate(small(topologies={"tp1": {}, "2x2": {"tensor_parallel": 2, "instances": 2, "stacks": ["a"]}}))
-    assert cfg["topologies"] == {"tp1": TOPOLOGY, "2x2": {"tensor_parallel": 2, "instances": 2, "stacks": ["a"]}}
+    assert cfg.filled()["topologies"] == {
+        "tp1": TOPOLOGY,
+        "2x2": {"tensor_parallel": 2, "instances": 2, "stacks": ["a"]},
+    }
     assert G.topology_gpus(cfg, "2x2") == 4
     assert (G.bench_stacks(cfg, "2x2"), G.bench_stacks(cfg, "tp1")) == (["a"], ["a", "b"])  # empty: every stack
 
@@ -163,12 +173,12 @@ def test_a_value_at_its_bound_is_taken_and_kept_as_yaml_gave_it():
             topologies={"tp1": {"tensor_parallel": 1, "instances": 1}},
         )
     )
-    greedy, hot = sampling_config(cfg, "greedy"), sampling_config(cfg, "hot")
+    greedy, hot = cfg.sampling["greedy"], cfg.sampling["hot"]
     assert [(type(s.temperature), type(s.top_p)) for s in (greedy, hot)] == [(int, int), (float, float)]
     assert (hot.temperature, hot.top_p) == (1.5, 0.01)
-    assert (grid_config(cfg).users, grid_config(cfg).runs) == ([1], 1)
+    assert (cfg.grid.users, cfg.grid.runs) == ([1], 1)
     # a seed is any integer: request k of run r is sent seed + 100003 r + k
-    assert sampling_config(C.validate(small(sampling={"greedy": {"seed": -3}})), "greedy").seed == -3
+    assert C.validate(small(sampling={"greedy": {"seed": -3}})).sampling["greedy"].seed == -3
 
 
 @pytest.mark.parametrize(
@@ -218,10 +228,10 @@ def test_the_schema_entries_fill_the_grid_but_not_a_named_entry():
         assert list(schema["properties"]) == list(model.model_fields) and "required" not in schema
     assert schemas["grid"]["default"] == {}
     assert "default" not in schemas["sampling"] and "default" not in schemas["topology"]  # a name must be given
-    top = C.load_schema()["properties"]
-    assert top["grid"] == schemas["grid"]
-    assert top["sampling"]["additionalProperties"] == schemas["sampling"]
-    assert top["topologies"]["additionalProperties"] == schemas["topology"]
+    # generated from the types
+    assert schemas["grid"] == {**plain_schema(GridConfig), "default": {}}
+    assert schemas["sampling"] == plain_schema(SamplingConfig)
+    assert schemas["topology"] == plain_schema(TopologyConfig)
     assert {k: p["default"] for k, p in schemas["sampling"]["properties"].items()} == SAMPLING
     assert {k: p["default"] for k, p in schemas["grid"]["properties"].items()} == GRID
     assert {k: p["default"] for k, p in schemas["topology"]["properties"].items()} == TOPOLOGY
@@ -259,11 +269,11 @@ def test_every_key_says_what_it_does_in_one_line():
 
 def test_the_default_config_measures_its_grid_as_the_file_says():
     cfg = C.load()
-    assert grid_config(cfg) == GridConfig(users=[2, 8], workloads=["wide", "narrow"], sampling=["greedy"], runs=2)
-    assert sampling_config(cfg, "greedy") == SamplingConfig(temperature=0.0)
-    assert type(sampling_config(cfg, "greedy").temperature) is float  # the file says 0.0
-    assert sampling_config(cfg, "ancestral") == SamplingConfig(temperature=1.0, top_p=1.0)
-    assert topology_config(cfg, "tp1") == TopologyConfig()
+    assert cfg.grid == GridConfig(users=[2, 8], workloads=["wide", "narrow"], sampling=["greedy"], runs=2)
+    assert cfg.sampling["greedy"] == SamplingConfig(temperature=0.0)
+    assert type(cfg.sampling["greedy"].temperature) is float  # the file says 0.0
+    assert cfg.sampling["ancestral"] == SamplingConfig(temperature=1.0, top_p=1.0)
+    assert cfg.topologies["tp1"] == TopologyConfig()
 
 
 SHIPPED = sorted(p.name for p in (REPO / "config").glob("*.yaml"))

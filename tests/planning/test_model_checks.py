@@ -11,14 +11,14 @@ from conftest import REPO
 
 from speedsplit.core.errors import ConfigError
 from speedsplit.planning import config as C
+from speedsplit.planning.experiment import Experiment
 from speedsplit.planning.model_checks import check_formats, check_own_weights
-from speedsplit.planning.model_config import model_config
 
 BUILD_HINT = "make llama-cpp builds it (envs/llama.cpp.sh)"
 SHAPES = "tiny, tiny-draft, small, small-draft"
 
 
-def load(tmp_path, top: dict) -> dict:
+def load(tmp_path, top: dict) -> Experiment:
     """config/config.yaml with `top` merged over it, as `--configfile top.yaml` would."""
     path = tmp_path / "top.yaml"
     path.write_text(yaml.safe_dump(top))
@@ -69,8 +69,8 @@ def install_llama_cpp(prefix):
 def test_the_default_config_passes_the_model_checks_on_a_cpu(tmp_path):
     """A trained tiny model, GPTQ and FP16 stacks: nothing the platform cannot make or run."""
     cfg = load(tmp_path, {"platform": "cpu"})
-    assert model_config(cfg, "tiny").weights == "trained"
-    assert check_own_weights(cfg, "tiny", model_config(cfg, "tiny")) is None and check_formats(cfg) is None
+    assert cfg.models["tiny"].weights == "trained"
+    assert check_own_weights(cfg, "tiny", cfg.models["tiny"]) is None and check_formats(cfg) is None
 
 
 @pytest.mark.parametrize(
@@ -133,14 +133,14 @@ def test_a_draft_model_is_checked_as_a_benchmarked_one_is(tmp_path):
 
 def test_a_trained_small_model_is_accepted_on_a_cuda_card(tmp_path):
     cfg = load(tmp_path, {"platform": "cuda", "models": {"tiny": {"shape": "small"}}})
-    assert model_config(cfg, "tiny").shape == "small" and model_config(cfg, "tiny").weights == "trained"
+    assert cfg.models["tiny"].shape == "small" and cfg.models["tiny"].weights == "trained"
 
 
 def test_a_complete_local_folder_is_accepted(tmp_path):
     folder = model_folder(tmp_path / "mine", qweights=False)
     tiny = {"source": "local", "weights": "random", "path": str(folder)}
     cfg = load(tmp_path, {"platform": "cpu", "models": {"tiny": tiny}})
-    assert model_config(cfg, "tiny").path == str(folder)
+    assert cfg.models["tiny"].path == str(folder)
 
 
 @pytest.mark.parametrize(
@@ -176,7 +176,7 @@ def test_a_prequantized_checkpoint_of_the_configs_bits_and_group_size_is_accepte
     ckpt = model_folder(tmp_path / method, quantization=quantization)
     top = {"quantization": {"group_size": group_size}, "models": {"tiny": {"prequantized": {method: str(ckpt)}}}}
     cfg = load(tmp_path, {"platform": "cpu", **top})
-    assert getattr(model_config(cfg, "tiny").prequantized, method) == str(ckpt)
+    assert getattr(cfg.models["tiny"].prequantized, method) == str(ckpt)
 
 
 @pytest.mark.parametrize(
@@ -237,19 +237,19 @@ def test_fp8_is_refused_on_a_cpu_and_accepted_on_a_cuda_card(tmp_path):
         "config error at stacks.vllm-fp8.variant: fp8 (vLLM's dynamic W8A8) needs a CUDA card with FP8 units "
         "(Ada, Hopper or newer); this config's platform is cpu"
     )
-    assert load(tmp_path, {**top, "platform": "cuda"})["benchmark"]["stacks"] == ["vllm-fp16", "vllm-fp8"]
+    assert load(tmp_path, {**top, "platform": "cuda"}).benchmark.stacks == ["vllm-fp16", "vllm-fp8"]
 
 
 def test_an_awq_stack_is_refused_with_the_dummy_method_and_accepted_with_gptqmodel(tmp_path):
     """dummy writes GPTQ configs only: the GPTQ stacks of the default chain take it."""
-    assert load(tmp_path, {"platform": "cpu", "quantization": {"method": "dummy"}})["quantization"]["method"] == "dummy"
+    assert load(tmp_path, {"platform": "cpu", "quantization": {"method": "dummy"}}).quantization.method == "dummy"
     top = {"platform": "cpu", "benchmark": {"stacks": ["vllm-awq"]}}
     message = refusal(tmp_path, {**top, "quantization": {"method": "dummy"}})
     # (a checkpoint of one's own is no way out: dummy refuses it too)
     assert message == (
         "config error at quantization.method: dummy writes GPTQ configs only; stack vllm-awq serves AWQ (use gptqmodel)"
     )
-    assert load(tmp_path, top)["benchmark"]["stacks"] == ["vllm-awq"]
+    assert load(tmp_path, top).benchmark.stacks == ["vllm-awq"]
 
 
 def test_a_llama_cpp_stack_refuses_a_synthetic_model_whose_tokenizer_llama_cpp_cannot_read(tmp_path, llama_cpp):
@@ -267,9 +267,9 @@ def test_a_llama_cpp_stack_is_accepted_where_llama_cpp_is_installed(tmp_path, ll
     install_llama_cpp(llama_cpp)
     stacks = {"benchmark": {"stacks": ["llamacpp-f16", "llamacpp-q8_0"]}}
     synthetic = {"platform": "cpu", "models": {"tiny": {"weights": "random", "tokenizer": "gpt2"}}, **stacks}
-    assert model_config(load(tmp_path, synthetic), "tiny").tokenizer == "gpt2"
+    assert load(tmp_path, synthetic).models["tiny"].tokenizer == "gpt2"
     hub = {"platform": "cpu", "models": {"tiny": {"source": "hub", "repo": "org/m", "weights": "random"}}, **stacks}
-    assert model_config(load(tmp_path, hub), "tiny").tokenizer == "wordlevel"
+    assert load(tmp_path, hub).models["tiny"].tokenizer == "wordlevel"
 
 
 def test_a_llama_cpp_stack_without_llama_server_is_refused_at_its_args(tmp_path, llama_cpp):
@@ -301,4 +301,4 @@ def test_without_llama_cpps_converter_a_gguf_stack_or_a_gpt2_tokenizer_is_refuse
 def test_a_llama_cpp_stack_that_is_not_benchmarked_needs_no_llama_cpp(tmp_path, llama_cpp):
     """config/config.yaml declares llamacpp-f16 beside a wordlevel model; its chain leaves it out."""
     cfg = load(tmp_path, {"platform": "cpu"})
-    assert "llamacpp-f16" in cfg["stacks"] and model_config(cfg, "tiny").tokenizer == "wordlevel"
+    assert "llamacpp-f16" in cfg.stacks and cfg.models["tiny"].tokenizer == "wordlevel"

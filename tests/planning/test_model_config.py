@@ -14,7 +14,8 @@ from speedsplit.core.errors import ConfigError
 from speedsplit.models.train import Training
 from speedsplit.planning import config as C
 from speedsplit.planning import grid as G
-from speedsplit.planning.model_config import ModelConfig, Prequantized, json_schema, model_config
+from speedsplit.planning.model_config import ModelConfig, Prequantized
+from speedsplit.planning.typed_config import plain_schema
 
 TRAINING = {
     "steps": 1000,
@@ -44,6 +45,11 @@ SHAPES = ["tiny", "tiny-draft", "small", "small-draft", "llama-3.1-8b", "mistral
 DEFAULT = C.read_yaml(C.DEFAULT_CONFIG)
 
 
+def json_schema() -> dict:
+    """The config schema's entry for one model (`models.<name>`)."""
+    return C.load_schema()["properties"]["models"]["additionalProperties"]
+
+
 def small(models: dict, **sections) -> dict:
     """A small config of these models, one stack and one workload of 8 + 8 tokens, on a CPU."""
     return {
@@ -65,20 +71,20 @@ def refusal(models: dict, **sections) -> str:
 
 def test_a_model_given_nothing_is_a_tiny_synthetic_model_of_random_weights():
     cfg = C.validate(small({"m": {}}))
-    assert cfg["models"]["m"] == FILLED
+    assert cfg.filled()["models"]["m"] == FILLED
     assert ModelConfig().model_dump() == FILLED
-    assert model_config(cfg, "m") == ModelConfig()
+    assert cfg.models["m"] == ModelConfig()
     assert Training().model_dump() == TRAINING and Prequantized().model_dump() == FILLED["prequantized"]
 
 
 def test_a_model_keeps_what_it_is_given_and_fills_the_rest():
     given = {"source": "hub", "repo": "org/name", "revision": "abc123", "max_model_len": 16}
     cfg = C.validate(small({"m": given}))
-    assert cfg["models"]["m"] == {**FILLED, **given}
-    typed = model_config(cfg, "m")
+    assert cfg.filled()["models"]["m"] == {**FILLED, **given}
+    typed = cfg.models["m"]
     assert (typed.source, typed.repo, typed.revision, typed.max_model_len) == ("hub", "org/name", "abc123", 16)
     trained = C.validate(small({"m": {"weights": "trained", "training": {"steps": 5, "max_s": 30}}}))
-    training = model_config(trained, "m").training
+    training = trained.models["m"].training
     assert (training.steps, training.max_s, training.seq_len) == (5, 30, 128)
     assert type(training.max_s) is int  # kept as YAML gave it
 
@@ -127,8 +133,8 @@ def test_a_whole_number_written_as_a_float_is_an_integer_to_the_schema_and_read_
     """JSON Schema's integer is any number without a fraction: YAML's 1024.0 passes, and the
     typed model reads it as 1024 (the servers are started with --max-model-len 1024)."""
     cfg = C.validate(small({"m": {"max_model_len": 1024.0}}))
-    assert cfg["models"]["m"]["max_model_len"] == 1024.0
-    assert type(model_config(cfg, "m").max_model_len) is int
+    assert cfg.filled()["models"]["m"]["max_model_len"] == 1024.0
+    assert type(cfg.models["m"].max_model_len) is int
     assert G.stack_params(cfg, "m", "s", "tp1")["max_model_len"] == 1024
     assert type(G.stack_params(cfg, "m", "s", "tp1")["max_model_len"]) is int
 
@@ -156,7 +162,7 @@ def test_a_hub_model_needs_a_repo_where_it_is_made():
     assert refusal({"m": {"source": "hub"}}) == "config error at models.m.repo: a hub model needs a repo id"
     # a model nothing benchmarks or drafts with is never fetched
     cfg = C.validate(small({"m": {}, "h": {"source": "hub"}}, benchmark={"models": ["m"]}))
-    assert G.bench_models(cfg) == ["m"] and model_config(cfg, "h").repo == ""
+    assert G.bench_models(cfg) == ["m"] and cfg.models["h"].repo == ""
     # a draft of a benchmarked stack is fetched too
     drafting = {"s": {"args": ["serve", "{draft_dir}"], "draft_model": "h"}}
     assert refusal({"m": {}, "h": {"source": "hub"}}, stacks=drafting, benchmark={"models": ["m"]}) == (
@@ -165,7 +171,7 @@ def test_a_hub_model_needs_a_repo_where_it_is_made():
 
 
 def test_a_model_holds_the_longest_request_its_workloads_send():
-    assert C.validate(small({"m": {"max_model_len": 16}}))["models"]["m"]["max_model_len"] == 16  # 8 + 8
+    assert C.validate(small({"m": {"max_model_len": 16}})).filled()["models"]["m"]["max_model_len"] == 16  # 8 + 8
     assert refusal({"m": {"max_model_len": 16}}, workloads={"w": {"prompt_tokens": 9, "output_tokens": 8}}) == (
         "config error at workloads.w: prompt_tokens + output_tokens = 17 exceeds models.m.max_model_len (16)"
     )
@@ -176,7 +182,7 @@ def test_a_model_holds_the_longest_request_its_workloads_send():
         "sessions": {"rates": [1], "count": 2, "turns": 3, "turn_tokens": 10},
     }
     fits = C.validate(small({"m": {"max_model_len": 52}}, workloads={"w": sessions}))
-    assert model_config(fits, "m").max_model_len == 52
+    assert fits.models["m"].max_model_len == 52
     assert refusal({"m": {"max_model_len": 51}}, workloads={"w": sessions}) == (
         "config error at workloads.w.sessions: a session's last turn holds 52 tokens (prompt_tokens + (turns - 1) "
         "x (output_tokens + turn_tokens) + output_tokens), beyond models.m.max_model_len (51)"
@@ -185,7 +191,7 @@ def test_a_model_holds_the_longest_request_its_workloads_send():
     drafting = {"s": {"args": ["serve", "{draft_dir}"], "draft_model": "d"}}
     models = {"m": {}, "d": {"shape": "tiny-draft", "max_model_len": 16}}
     cfg = C.validate(small(models, stacks=drafting, workloads={"w": {"prompt_tokens": 64, "output_tokens": 64}}))
-    assert G.bench_models(cfg) == ["m"] and model_config(cfg, "d").max_model_len == 16
+    assert G.bench_models(cfg) == ["m"] and cfg.models["d"].max_model_len == 16
 
 
 def test_a_draft_is_a_model_of_the_config_with_the_served_models_tokenizer():
@@ -195,7 +201,7 @@ def test_a_draft_is_a_model_of_the_config_with_the_served_models_tokenizer():
         "config error at stacks.s.draft_model: d and models.m have different tokenizers (a draft must share the "
         "served model's)"
     )
-    assert model_config(C.validate(small({"m": {}, "d": {"shape": "tiny-draft"}}, stacks=drafting)), "d").shape == (
+    assert C.validate(small({"m": {}, "d": {"shape": "tiny-draft"}}, stacks=drafting)).models["d"].shape == (
         "tiny-draft"
     )
 
@@ -206,7 +212,7 @@ def test_the_schema_entry_fills_a_model_and_its_nested_objects_from_empty_defaul
     assert (schema["type"], schema["additionalProperties"]) == ("object", False)
     assert "required" not in schema and "default" not in schema  # a model is named: the map holds it
     assert list(schema["properties"]) == list(ModelConfig.model_fields)
-    assert C.load_schema()["properties"]["models"]["additionalProperties"] == schema
+    assert schema == plain_schema(ModelConfig)  # generated from the model's type
     props = schema["properties"]
     assert {k: p["default"] for k, p in props.items()} == {**FILLED, "prequantized": {}, "training": {}}
     for nested, model in (("prequantized", Prequantized), ("training", Training)):
@@ -231,7 +237,7 @@ def test_every_key_says_what_it_does_in_one_line():
 
 def test_the_default_configs_models_read_as_the_file_says():
     cfg = C.load()
-    tiny, draft = model_config(cfg, "tiny"), model_config(cfg, "tiny-draft")
+    tiny, draft = cfg.models["tiny"], cfg.models["tiny-draft"]
     assert (tiny.source, tiny.shape, tiny.weights, tiny.seed, tiny.max_model_len) == (
         "synthetic",
         "tiny",

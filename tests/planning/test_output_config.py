@@ -19,11 +19,8 @@ from speedsplit.planning.output_config import (
     EstimateConfig,
     Headline,
     ReportConfig,
-    analysis_config,
-    estimate_config,
-    json_schemas,
-    report_config,
 )
+from speedsplit.planning.typed_config import plain_schema
 
 FILLED = {
     "analysis": {"cost": {"card_hour_usd": {"cpu": None, "cuda": None}, "stacks": {}}, "tolerate_flags": []},
@@ -40,7 +37,6 @@ FILLED = {
     },
 }
 MODELS = {"analysis": AnalysisConfig, "report": ReportConfig, "estimate": EstimateConfig}
-READ = {"analysis": analysis_config, "report": report_config, "estimate": estimate_config}
 FLAGS = [
     "request_failures",
     "output_length_mismatch",
@@ -51,6 +47,12 @@ FLAGS = [
     "latency_outlier",
 ]
 DEFAULT = C.read_yaml(C.DEFAULT_CONFIG)
+
+
+def json_schemas() -> dict[str, dict]:
+    """The config schema's `analysis`, `report` and `estimate` entries."""
+    top = C.load_schema()["properties"]
+    return {key: top[key] for key in MODELS}
 
 
 def small(**sections) -> dict:
@@ -76,25 +78,25 @@ def refusal(**sections) -> str:
 @pytest.mark.parametrize("key", list(FILLED))
 def test_a_config_without_the_section_gets_every_default_and_reads_it_typed(key):
     cfg = C.validate(small())
-    assert cfg[key] == FILLED[key]
+    assert cfg.filled()[key] == FILLED[key]
     assert MODELS[key]().model_dump() == FILLED[key]
-    assert READ[key](cfg) == MODELS[key]()
+    assert getattr(cfg, key) == MODELS[key]()
 
 
 def test_a_config_without_a_price_costs_nothing_and_one_price_is_enough():
-    assert not CostConfig().priced() and not analysis_config(C.validate(small())).cost.priced()
+    assert not CostConfig().priced() and not C.validate(small()).analysis.cost.priced()
     for cost in ({"card_hour_usd": {"cuda": 2.5}}, {"card_hour_usd": {"cpu": 1}}, {"stacks": {"a": 4}}):
-        typed = analysis_config(C.validate(small(analysis={"cost": cost}))).cost
+        typed = C.validate(small(analysis={"cost": cost})).analysis.cost
         assert typed.priced(), cost
     # what the cost analysis is handed: the prices as given, null where none
-    typed = analysis_config(C.validate(small(analysis={"cost": {"card_hour_usd": {"cuda": 2.5}, "stacks": {"a": 4}}})))
+    typed = C.validate(small(analysis={"cost": {"card_hour_usd": {"cuda": 2.5}, "stacks": {"a": 4}}})).analysis
     assert typed.cost.model_dump(mode="json") == {"card_hour_usd": {"cpu": None, "cuda": 2.5}, "stacks": {"a": 4}}
     assert type(typed.cost.stacks["a"]) is int and type(typed.cost.card_hour_usd.cuda) is float
 
 
 def test_tolerated_flags_are_kept_in_the_order_given():
     cfg = C.validate(small(analysis={"tolerate_flags": ["latency_outlier", "short_measurement"]}))
-    assert analysis_config(cfg).tolerate_flags == ["latency_outlier", "short_measurement"]
+    assert cfg.analysis.tolerate_flags == ["latency_outlier", "short_measurement"]
     assert AnalysisConfig(tolerate_flags=FLAGS).tolerate_flags == FLAGS  # every flag may be tolerated
 
 
@@ -182,7 +184,7 @@ def test_a_card_bandwidth_that_is_not_above_zero_is_refused(bandwidth):
     )
     with pytest.raises(ValidationError, match="bandwidth_gb_s"):
         EstimateConfig(bandwidth_gb_s=bandwidth)
-    assert estimate_config(C.validate(small(estimate={"bandwidth_gb_s": 4800}))).bandwidth_gb_s == 4800
+    assert C.validate(small(estimate={"bandwidth_gb_s": 4800})).estimate.bandwidth_gb_s == 4800
 
 
 @pytest.mark.parametrize(
@@ -217,8 +219,9 @@ def test_a_value_at_its_bound_is_taken_and_kept_as_yaml_gave_it():
         "min_runtime_min": 1,
         "bandwidth_gb_s": 0.001,
     }
-    filled = C.validate(small(estimate=at))["estimate"]
-    typed = estimate_config({"estimate": filled})
+    cfg = C.validate(small(estimate=at))
+    filled = cfg.filled()["estimate"]
+    typed = cfg.estimate
     assert typed.model_dump(include=set(at)) == at
     assert [type(typed.startup_s.cpu), type(typed.startup_s.cuda), type(typed.margin)] == [int, float, int]
     assert filled["startup_warm_s"] == FILLED["estimate"]["startup_warm_s"]  # an object given in part is filled
@@ -233,14 +236,14 @@ def test_the_report_names_workloads_sampling_and_a_stack_of_the_config():
     )
     assert refusal(report={"kernel_reference": "x"}) == "config error at report.kernel_reference: unknown stack 'x'"
     cfg = C.validate(small(report={"kernel_reference": "b"}))
-    assert report_config(cfg).kernel_reference == "b" == G.kernel_reference(cfg)
+    assert cfg.report.kernel_reference == "b" == G.kernel_reference(cfg)
 
 
 def test_a_headline_without_sampling_stands_for_each_of_the_grids():
     headline = [{"users": 2, "workload": "w"}, {"users": 4, "workload": "v", "sampling": "hot"}]
     cfg = C.validate(small(report={"headline": headline}))
-    assert cfg["report"]["headline"] == headline  # nothing filled: sampling stays absent
-    typed = report_config(cfg).headline
+    assert cfg.filled()["report"]["headline"] == headline  # nothing filled: sampling stays absent
+    typed = cfg.report.headline
     assert typed == [Headline(users=2, workload="w"), Headline(users=4, workload="v", sampling="hot")]
     assert typed[0].sampling is None
     assert G.headline(cfg) == headline  # what the report is handed: absent, not null
@@ -249,12 +252,11 @@ def test_a_headline_without_sampling_stands_for_each_of_the_grids():
 def test_the_schema_entries_are_the_sections_filled_from_empty_defaults():
     schemas = json_schemas()
     assert list(schemas) == ["analysis", "report", "estimate"]
-    top = C.load_schema()["properties"]
     for key, schema in schemas.items():
         Draft202012Validator.check_schema(schema)
         assert (schema["type"], schema["additionalProperties"], schema["default"]) == ("object", False, {}), key
         assert list(schema["properties"]) == list(MODELS[key].model_fields) and "required" not in schema
-        assert top[key] == schema, key
+        assert schema == {**plain_schema(MODELS[key]), "default": {}}, key  # generated from the section's type
     analysis, report, estimate = (schemas[k]["properties"] for k in schemas)
     # each object inside a section is filled from {} where it is absent
     for nested in (analysis["cost"], analysis["cost"]["properties"]["card_hour_usd"]):
@@ -306,7 +308,7 @@ def test_a_description_is_one_line_and_says_null_only_where_null_is_taken():
 def test_the_default_config_reports_and_estimates_by_the_defaults():
     cfg = C.load()
     for key in FILLED:
-        assert cfg[key] == FILLED[key] and READ[key](cfg) == MODELS[key](), key
+        assert cfg.filled()[key] == FILLED[key] and getattr(cfg, key) == MODELS[key](), key
 
 
 SHIPPED = sorted(p.name for p in (REPO / "config").glob("*.yaml"))

@@ -1,4 +1,3 @@
-import copy
 import re
 
 import pytest
@@ -14,6 +13,14 @@ from speedsplit.planning import plan as P
 @pytest.fixture()
 def cfg():
     return C.load(REPO / "config" / "config.yaml")
+
+
+def given(*paths, top: dict | None = None) -> dict:
+    """What C.load(*paths) validates (the files merged over the default config), `top` over it."""
+    data = C.read_yaml(C.DEFAULT_CONFIG)
+    for path in paths:
+        data = C.merge(data, C.read_yaml(path))
+    return C.merge(data, top or {})
 
 
 def test_every_job_once_in_run_major_lane_order(cfg):
@@ -34,18 +41,17 @@ def test_one_lane_on_cpu_chains_every_job(cfg):
 def test_on_a_cpu_every_topology_shares_the_one_lane():
     """Lanes per topology let another topology's job run between two cells of a session on
     the one CPU; its lease stopped the idle server, and the session was launched twice."""
-    cfg = C.load(REPO / "config/study.yaml")
-    cfg["platform"] = "cpu"
+    cfg = C.validate(given(REPO / "config/study.yaml", top={"platform": "cpu"}))
     prev = P.predecessors(cfg)
     assert len({t.topology for t in prev}) == 3
     assert [j for j, p in prev.items() if p is None] == [P.bench_jobs(cfg)[0]]
-    cfg["benchmark"]["cpu_lanes"] = 3  # servers that barely compute may share the cores
+    # servers that barely compute may share the cores
+    cfg = C.validate(given(REPO / "config/study.yaml", top={"platform": "cpu", "benchmark": {"cpu_lanes": 3}}))
     assert len([j for j, p in P.predecessors(cfg).items() if p is None]) == 3
 
 
-def test_lanes_on_gpus_follow_the_cards_available(cfg):
-    cfg = copy.deepcopy(cfg)
-    cfg.update(platform="cuda", gpus_available=2)
+def test_lanes_on_gpus_follow_the_cards_available():
+    cfg = C.validate(given(REPO / "config" / "config.yaml", top={"platform": "cuda", "gpus_available": 2}))
     prev = P.predecessors(cfg)
     firsts = [j for j, p in prev.items() if p is None]
     assert len(firsts) == 2  # two single-card lanes
@@ -67,12 +73,12 @@ def test_sessions_and_their_last_cell(cfg):
     assert plan.log == "results/logs/sessions/tiny__hf-fp16__tp1__run0.log"
     assert (
         plan.cache_dir == "results/cache/tiny__hf-fp16__tp1__run0"
-        and plan.idle_timeout_s == cfg["benchmark"]["idle_timeout_s"]
+        and plan.idle_timeout_s == cfg.filled()["benchmark"]["idle_timeout_s"]
     )
-    cfg["benchmark"]["server_reuse"] = "per_cell"
+    cfg = C.validate(given(REPO / "config" / "config.yaml", top={"benchmark": {"server_reuse": "per_cell"}}))
     plans = P.session_plans(cfg)
     assert all(plans[P.session_key(cfg, j)].is_last(j) for j in members)
-    cfg["benchmark"]["server_reuse"] = "per_stack"
+    cfg = C.validate(given(REPO / "config" / "config.yaml", top={"benchmark": {"server_reuse": "per_stack"}}))
     assert P.session_key(cfg, jobs[0]) == "tiny/hf-fp16/tp1/all"
     ordered = P.bench_jobs(cfg)
     assert [j.stack for j in ordered[:8]] == ["hf-fp16"] * 8  # both runs of a stack back to back
@@ -81,13 +87,13 @@ def test_sessions_and_their_last_cell(cfg):
 def test_variant_dirs(cfg):
     assert P.variant_dir(cfg, "hf-fp16") == "fp16"
     assert P.variant_dir(cfg, "vllm-marlin") == "gptq-w4g128"
-    cfg["quantization"]["group_size"] = -1
+    cfg = C.validate(given(REPO / "config" / "config.yaml", top={"quantization": {"group_size": -1}}))
     assert P.variant_dir(cfg, "vllm-marlin") == "gptq-w4gpc"
 
 
 def test_topology_stack_lists_and_unknown_jobs():
     cfg = C.load(REPO / "config" / "study.yaml")
-    stacks_by_topo = {t: {j.stack for j in P.bench_jobs(cfg) if j.topology == t} for t in cfg["topologies"]}
+    stacks_by_topo = {t: {j.stack for j in P.bench_jobs(cfg) if j.topology == t} for t in cfg.topologies}
     assert stacks_by_topo == {
         "tp1": {"hf-fp16", "vllm-fp16", "vllm-marlin"},
         "tp4": {"vllm-fp16", "vllm-marlin"},
@@ -124,22 +130,22 @@ def test_a_sessions_cells_to_run_share_a_group_that_a_finished_cell_splits(cfg):
     ]
 
 
-def test_a_cell_with_a_stack_list_is_measured_by_those_stacks_only(cfg):
-    cfg = copy.deepcopy(cfg)
-    cfg["grid"]["cells"] = [
+def test_a_cell_with_a_stack_list_is_measured_by_those_stacks_only():
+    raw = given(REPO / "config" / "config.yaml")
+    raw["grid"]["cells"] = [
         {"users": 2, "workload": "wide", "sampling": "greedy"},
         {"users": 2, "workload": "wide", "sampling": "ancestral", "stacks": ["vllm-fp16"]},
     ]
-    cfg = C.validate(cfg)
+    cfg = C.validate(raw)
     jobs = P.bench_jobs(cfg)
     ancestral = {j.stack for j in jobs if j.cell == "u2-wide-ancestral"}
     assert ancestral == {"vllm-fp16"} and len(jobs) == (3 + 1) * 2
     # the session's last job is its own last cell, whichever cells it measures
     plans = P.session_plans(cfg)
     assert plans[P.session_key(cfg, jobs[0])].last_job.endswith("u2-wide-greedy/run0.json")
-    cfg["grid"]["cells"][1]["stacks"] = ["vllm-fp17"]
+    raw["grid"]["cells"][1]["stacks"] = ["vllm-fp17"]
     with pytest.raises(ConfigError, match=r"grid.cells\[1\].stacks\[0\]: unknown stack 'vllm-fp17'"):
-        C.validate(cfg)
+        C.validate(raw)
 
 
 @pytest.mark.parametrize(
@@ -189,9 +195,9 @@ def test_a_cell_whose_params_changed_is_planned_with_the_jobs_still_to_run(tmp_p
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(json.dumps(content))
     assert all(P.finished_as_planned(cfg)(job) for job in P.bench_jobs(cfg))
-    edited = copy.deepcopy(cfg)
-    wide = next(iter(edited["workloads"]))
-    edited["workloads"][wide]["output_tokens"] += 8
+    wide = next(iter(cfg.workloads))
+    longer = {"workloads": {wide: {"output_tokens": cfg.workloads[wide].output_tokens + 8}}}
+    edited = C.validate(given(REPO / "config/config.yaml", top=longer))
     finished = P.finished_as_planned(edited)
     todo = [job for job in P.bench_jobs(edited) if not finished(job)]
     assert todo and {job.cell.split("-")[1] for job in todo} == {wide}
@@ -209,9 +215,8 @@ def test_a_cell_whose_params_changed_is_planned_with_the_jobs_still_to_run(tmp_p
 def test_the_quality_probe_follows_every_cell_its_server_measures():
     """The probe goes with a stack's last job of run 0, whatever the servers' reuse (a grown
     grid, more runs, must not move it and rerun the old carrier)."""
-    cfg = C.load(REPO / "config/config.yaml")
     for reuse, want in (("per_run", (0, -1)), ("per_stack", (0, -1)), ("per_cell", (0, -1))):
-        c = C.merge(cfg, {"benchmark": {"server_reuse": reuse}})
+        c = C.validate(given(REPO / "config/config.yaml", top={"benchmark": {"server_reuse": reuse}}))
         carriers = P.quality_carriers(c)
         for stack in {j.stack for j in carriers}:
             run, at = want
@@ -225,7 +230,8 @@ def test_a_profiled_window_goes_with_run_0_of_each_named_cell_on_each_vllm_stack
     its job-file params (no key added), so turning the profile on reruns only the profiled cells."""
     cell = G.cells(cfg)[0].name
     plain = {j: P.job_cell(cfg, j) for j in P.bench_jobs(cfg)}
-    c = C.merge(cfg, {"mechanism": {"profile": {"cells": [cell], "iterations": 8}}})
+    profile = {"mechanism": {"profile": {"cells": [cell], "iterations": 8}}}
+    c = C.validate(given(REPO / "config" / "config.yaml", top=profile))
     profiled = [j for j in P.bench_jobs(c) if P.profile_window(c, j)]
     vllm = [s for s in G.bench_stacks(c) if s.startswith("vllm")]
     assert sorted((j.stack, j.cell, j.run) for j in profiled) == sorted((s, cell, 0) for s in vllm)
@@ -238,7 +244,12 @@ def test_a_profiled_window_goes_with_run_0_of_each_named_cell_on_each_vllm_stack
     armed = {k: p.profiler_dir for k, p in P.session_plans(c).items()}
     assert {k.split("/")[1] for k, d in armed.items() if d} == set(vllm)
     assert all(d is None for d in (p.profiler_dir for p in P.session_plans(cfg).values()))
-    only = C.merge(c, {"mechanism": {"profile": {"stacks": ["vllm-marlin"]}}})
+    only = C.validate(
+        given(
+            REPO / "config" / "config.yaml",
+            top=C.merge(profile, {"mechanism": {"profile": {"stacks": ["vllm-marlin"]}}}),
+        )
+    )
     assert {j.stack for j in P.bench_jobs(only) if P.profile_window(only, j)} == {"vllm-marlin"}
 
 
@@ -261,4 +272,4 @@ def test_a_profile_of_an_unknown_cell_or_of_a_stack_without_the_profiler_is_refu
         },
     }
     with pytest.raises(ConfigError, match=re.escape(said)):
-        C.validate(C.merge(C.load(REPO / "config/config.yaml"), {**mix, "mechanism": {"profile": profile}}))
+        C.validate(given(REPO / "config/config.yaml", top={**mix, "mechanism": {"profile": profile}}))

@@ -20,9 +20,6 @@ from speedsplit.planning.quality_config import (
     LmEvalConfig,
     QualityConfig,
     QuantizationConfig,
-    json_schemas,
-    quality_config,
-    quantization_config,
 )
 from speedsplit.planning.typed_config import plain_schema
 
@@ -54,6 +51,12 @@ TASKS = "config/tasks/python-next-line"  # the example task the workflow ships
 DEFAULT = C.read_yaml(C.DEFAULT_CONFIG)
 
 
+def json_schemas() -> dict[str, dict]:
+    """The config schema's `quantization` and `quality` entries."""
+    top = C.load_schema()["properties"]
+    return {"quantization": top["quantization"], "quality": top["quality"]}
+
+
 def small(**sections) -> dict:
     """A small config: one model, a chain of two stacks, one workload, on a CPU."""
     return {
@@ -76,16 +79,16 @@ def refusal(**sections) -> str:
 
 def test_a_config_without_the_sections_quantizes_with_gptq_and_probes_every_stack():
     cfg = C.validate(small())
-    assert (cfg["quantization"], cfg["quality"]) == (QUANTIZATION, QUALITY)
+    assert (cfg.filled()["quantization"], cfg.filled()["quality"]) == (QUANTIZATION, QUALITY)
     assert QuantizationConfig().model_dump() == QUANTIZATION and QualityConfig().model_dump() == QUALITY
-    assert quantization_config(cfg) == QuantizationConfig() and quality_config(cfg) == QualityConfig()
-    assert quality_config(cfg).lm_eval == LmEvalConfig()
+    assert cfg.quantization == QuantizationConfig() and cfg.quality == QualityConfig()
+    assert cfg.quality.lm_eval == LmEvalConfig()
 
 
 def test_lm_eval_given_in_part_is_filled_and_the_rest_of_quality_kept():
     cfg = C.validate(small(quality={"prompts": 4, "gate": 1, "lm_eval": {"limit": 10}}))
-    assert cfg["quality"] == {**QUALITY, "prompts": 4, "gate": 1, "lm_eval": {**LM_EVAL, "limit": 10}}
-    typed = quality_config(cfg)
+    assert cfg.filled()["quality"] == {**QUALITY, "prompts": 4, "gate": 1, "lm_eval": {**LM_EVAL, "limit": 10}}
+    typed = cfg.quality
     assert (typed.prompts, typed.gate, typed.lm_eval.limit, typed.lm_eval.timeout_s) == (4, 1, 10, 1800)
     assert type(typed.gate) is int  # kept as YAML gave it
 
@@ -169,8 +172,8 @@ def test_the_typed_sections_refuse_what_the_schema_refuses(model, fields):
 def test_a_value_at_its_bound_is_taken():
     at = {"prompts": 1, "prompt_tokens": 2, "output_tokens": 1, "windows": 0, "window_tokens": 2, "top_logprobs": 20}
     cfg = C.validate(small(quality={**at, "gate": 1.0}, quantization={"group_size": -1, "calibration_tokens": 8}))
-    assert quality_config(cfg).model_dump(include=set(at)) == at and quality_config(cfg).gate == 1.0
-    assert (quantization_config(cfg).group_size, quantization_config(cfg).calibration_tokens) == (-1, 8)
+    assert cfg.quality.model_dump(include=set(at)) == at and cfg.quality.gate == 1.0
+    assert (cfg.quantization.group_size, cfg.quantization.calibration_tokens) == (-1, 8)
 
 
 def test_a_continuations_prompt_is_the_start_of_a_window_while_the_probe_runs():
@@ -178,29 +181,28 @@ def test_a_continuations_prompt_is_the_start_of_a_window_while_the_probe_runs():
         "config error at quality.prompt_tokens: 65 is more than quality.window_tokens (64): a continuation's prompt "
         "is the start of a window"
     )
-    assert quality_config(C.validate(small(quality={"prompt_tokens": 64, "window_tokens": 64}))).prompt_tokens == 64
+    assert C.validate(small(quality={"prompt_tokens": 64, "window_tokens": 64})).quality.prompt_tokens == 64
     # a probe that does not run asks nothing of its windows
     off = C.validate(small(quality={"enabled": False, "prompt_tokens": 65, "window_tokens": 64}))
-    assert not quality_config(off).enabled and P.quality_carriers(off) == set()
+    assert not off.quality.enabled and P.quality_carriers(off) == set()
 
 
 def test_an_include_path_is_a_folder_here_else_beside_the_workflow(tmp_path, monkeypatch):
     lm = {"tasks": ["python_next_line"], "include_path": TASKS}
-    assert quality_config(C.validate(small(quality={"lm_eval": lm}))).lm_eval.include_path == TASKS  # from here
+    assert C.validate(small(quality={"lm_eval": lm})).quality.lm_eval.include_path == TASKS  # from here
     monkeypatch.chdir(tmp_path)  # elsewhere, the shipped folder is the workflow's
-    resolved = quality_config(C.validate(small(quality={"lm_eval": lm}))).lm_eval.include_path
+    resolved = C.validate(small(quality={"lm_eval": lm})).quality.lm_eval.include_path
     assert Path(resolved) == REPO / TASKS and Path(resolved).is_absolute()
     (tmp_path / "mine").mkdir()  # a folder of one's own, in the working directory
-    mine = quality_config(C.validate(small(quality={"lm_eval": {**lm, "include_path": "mine"}}))).lm_eval
+    mine = C.validate(small(quality={"lm_eval": {**lm, "include_path": "mine"}})).quality.lm_eval
     assert mine.include_path == "mine"
     for missing in ("nope", str(tmp_path / "nope")):
         assert refusal(quality={"lm_eval": {**lm, "include_path": missing}}) == (
             f"config error at quality.lm_eval.include_path: {missing} is not a folder"
         )
     # without tasks nothing runs, so the folder is not looked for
-    assert (
-        C.validate(small(quality={"lm_eval": {"include_path": "nope"}}))["quality"]["lm_eval"]["include_path"] == "nope"
-    )
+    nothing = C.validate(small(quality={"lm_eval": {"include_path": "nope"}}))
+    assert nothing.filled()["quality"]["lm_eval"]["include_path"] == "nope"
 
 
 def test_the_probe_a_job_is_handed_is_the_quality_section_with_lm_eval_only_where_tasks_are_named():
@@ -239,18 +241,18 @@ def test_a_dummy_quantization_writes_gptq_configs_only():
     assert refusal(stacks=stacks, quantization={"method": "dummy"}) == (
         "config error at quantization.method: dummy writes GPTQ configs only; stack b serves AWQ (use gptqmodel)"
     )
-    assert quantization_config(C.validate(small(stacks=stacks))).method == "gptqmodel"
+    assert C.validate(small(stacks=stacks)).quantization.method == "gptqmodel"
 
 
 def test_the_schema_entries_are_the_sections_filled_from_empty_defaults():
     schemas = json_schemas()
     assert list(schemas) == ["quantization", "quality"]
-    top = C.load_schema()["properties"]
     for key, model in (("quantization", QuantizationConfig), ("quality", QualityConfig)):
         schema = schemas[key]
         Draft202012Validator.check_schema(schema)
         assert (schema["type"], schema["additionalProperties"], schema["default"]) == ("object", False, {})
-        assert list(schema["properties"]) == list(model.model_fields) and top[key] == schema
+        assert list(schema["properties"]) == list(model.model_fields)
+        assert schema == {**plain_schema(model), "default": {}}, key  # generated from the section's type
     quantization, quality = schemas["quantization"]["properties"], schemas["quality"]["properties"]
     assert {k: p["default"] for k, p in quantization.items()} == QUANTIZATION
     assert {k: p["default"] for k, p in quality.items()} == {**QUALITY, "lm_eval": {}}
@@ -279,8 +281,8 @@ def test_every_key_says_what_it_does_in_one_line():
 
 def test_the_default_config_quantizes_as_its_file_says():
     cfg = C.load()
-    assert quantization_config(cfg) == QuantizationConfig(calibration_samples=16, calibration_tokens=128)
-    assert quality_config(cfg) == QualityConfig()
+    assert cfg.quantization == QuantizationConfig(calibration_samples=16, calibration_tokens=128)
+    assert cfg.quality == QualityConfig()
 
 
 SHIPPED = sorted(p.name for p in (REPO / "config").glob("*.yaml"))

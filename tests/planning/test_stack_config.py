@@ -10,7 +10,9 @@ from pydantic import ValidationError
 from speedsplit.core.errors import ConfigError
 from speedsplit.planning import config as C
 from speedsplit.planning.extends import resolve_stacks
-from speedsplit.planning.stack_config import CpuOverlay, GpuOverlay, StackConfig, json_schema, stack_config, stacks_of
+from speedsplit.planning.experiment import Experiment
+from speedsplit.planning.stack_config import CpuOverlay, GpuOverlay, StackConfig
+from speedsplit.planning.typed_config import plain_schema
 
 # what a stack holds once the schema has filled it, given its command line alone
 FILLED = {
@@ -39,15 +41,25 @@ NULLABLE = ("card_memory_gib", "kv_cache_gib", "api_key_env", "draft_model")  # 
 KEYS = "abstract, add_args, api_key_env, args, card_memory_gib, dialect, draft_model, env, expect_kernel, extends, "
 
 
-def validated(stacks: dict) -> dict:
-    """The stacks of a small config holding `stacks`, validated as a user's config is."""
+def json_schema() -> dict:
+    """The config schema's entry for one stack (`stacks.<name>`)."""
+    return C.load_schema()["properties"]["stacks"]["additionalProperties"]
+
+
+def experiment(stacks: dict) -> Experiment:
+    """A small config holding `stacks`, validated as a user's config is."""
     cfg = {
         "models": {"m": {}},
         "stacks": stacks,
         "workloads": {"w": {"prompt_tokens": 8, "output_tokens": 8}},
         "sampling": {"greedy": {}},
     }
-    return C.validate(cfg)["stacks"]
+    return C.validate(cfg)
+
+
+def validated(stacks: dict) -> dict:
+    """The stacks of a small config holding `stacks`, validated as a user's config is, filled."""
+    return experiment(stacks).filled()["stacks"]
 
 
 def refusal(entry: dict) -> str:
@@ -132,9 +144,10 @@ def test_a_wrong_stack_key_is_refused_in_one_line_naming_its_path(entry, expect)
 
 def test_a_number_at_its_bound_is_taken_and_kept_as_yaml_gave_it():
     vllm = ["{python}", "-m", "vllm.entrypoints.openai.api_server"]
-    s = validated({"s": {"args": vllm, "startup_timeout_s": 1, "card_memory_gib": 0.5, "kv_cache_gib": 24}})["s"]
+    cfg = experiment({"s": {"args": vllm, "startup_timeout_s": 1, "card_memory_gib": 0.5, "kv_cache_gib": 24}})
+    s = cfg.filled()["stacks"]["s"]
     assert (s["startup_timeout_s"], s["card_memory_gib"], s["kv_cache_gib"]) == (1, 0.5, 24)
-    typed = StackConfig.model_validate(s)
+    typed = cfg.stacks["s"]
     assert (type(typed.startup_timeout_s), type(typed.card_memory_gib), type(typed.kv_cache_gib)) == (int, float, int)
     assert type(StackConfig(args=[], startup_timeout_s=24.0).startup_timeout_s) is float
     for key, value, bound in (
@@ -153,6 +166,7 @@ def test_the_schema_entry_requires_args_and_refuses_keys_it_does_not_name():
         assert schema["properties"][overlay]["additionalProperties"] is False
         assert list(schema["properties"][overlay]["properties"]) == list(model.model_fields)
     Draft202012Validator.check_schema(schema)
+    assert schema == plain_schema(StackConfig)  # generated from the stack's type
 
 
 def test_the_schema_fills_the_models_defaults_and_leaves_extends_keys_without_default_or_null():
@@ -192,14 +206,14 @@ def test_every_key_of_the_schema_entry_says_what_it_does_in_one_line():
 
 def test_a_validated_configs_stacks_read_typed_by_name():
     stacks = {"a": {"args": ["x"], "dialect": "llamacpp"}, "b": {"args": ["y"], "keep_alive": False}}
-    cfg = {"stacks": validated(stacks)}
-    assert stack_config(cfg, "a") == StackConfig(args=["x"], dialect="llamacpp")
-    assert list(stacks_of(cfg)) == ["a", "b"] and list(stacks_of(cfg, ["b"])) == ["b"]
-    assert stacks_of(cfg, ["b"])["b"].keep_alive is False
+    cfg = experiment(stacks)
+    assert cfg.stacks["a"] == StackConfig(args=["x"], dialect="llamacpp")
+    assert list(cfg.stacks) == ["a", "b"]  # in the order given
+    assert cfg.stacks["b"] == StackConfig(args=["y"], keep_alive=False) and cfg.stacks["b"].keep_alive is False
 
 
 def test_the_default_configs_stacks_read_as_the_file_says_their_bases_gone():
-    stacks = stacks_of(C.load())
+    stacks = C.load().stacks
     assert "vllm" not in stacks  # abstract: a base only
     hf = stacks["hf-fp16"]
     assert (hf.dialect, hf.request_model, hf.startup_timeout_s, hf.api_key_env) == (

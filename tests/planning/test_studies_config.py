@@ -23,14 +23,8 @@ from speedsplit.planning.studies_config import (
     MechanismConfig,
     ProfileConfig,
     SloConfig,
-    capacity_config,
-    coordination_config,
-    factorial_config,
-    json_schemas,
-    link_control_config,
-    mechanism_config,
-    slo_config,
 )
+from speedsplit.planning.typed_config import plain_schema
 
 FILLED = {
     "capacity": {
@@ -64,19 +58,17 @@ FILLED = {
     "link_control": {"enabled": False, "gpus": 2, "max_mib": 256},
     "mechanism": {"profile": {"cells": [], "delay_iterations": 16, "iterations": 32}},
 }
-READ = {
-    "capacity": capacity_config,
-    "slo": slo_config,
-    "factorial": factorial_config,
-    "coordination": coordination_config,
-    "link_control": link_control_config,
-    "mechanism": mechanism_config,
-}
 # keys absent unless given: the schema fills neither a default nor null
 ABSENT = {"capacity": {"rates"}, "mechanism.profile": {"stacks"}}
 VLLM = ["{python}", "-m", "vllm.entrypoints.openai.api_server", "--model", "{model_dir}"]
 HF = {"args": ["{python}", "-m", "transformers.cli.transformers", "serve"], "dialect": "transformers"}
 DEFAULT = C.read_yaml(C.DEFAULT_CONFIG)
+
+
+def json_schemas() -> dict[str, dict]:
+    """The config schema's entries of these sections."""
+    top = C.load_schema()["properties"]
+    return {key: top[key] for key in SECTIONS}
 
 
 def small(**sections) -> dict:
@@ -107,30 +99,30 @@ def refusal(**sections) -> str:
 @pytest.mark.parametrize("key", list(SECTIONS))
 def test_a_config_without_the_section_gets_every_default_and_reads_it_typed(key):
     cfg = C.validate(small())
-    assert cfg[key] == FILLED[key]
+    assert cfg.filled()[key] == FILLED[key]
     assert SECTIONS[key]().model_dump(exclude_none=True) == {k: v for k, v in FILLED[key].items() if v is not None}
-    assert READ[key](cfg) == SECTIONS[key]()
+    assert getattr(cfg, key) == SECTIONS[key]()
 
 
 def test_every_study_is_off_unless_asked_for():
     cfg = C.validate(small())
-    assert not any(READ[k](cfg).enabled for k in ("capacity", "factorial", "coordination", "link_control"))
-    assert mechanism_config(cfg).profile.cells == [] and P.profiled_stacks(cfg) == ["v", "v2"]
+    assert not any(getattr(cfg, k).enabled for k in ("capacity", "factorial", "coordination", "link_control"))
+    assert cfg.mechanism.profile.cells == [] and P.profiled_stacks(cfg) == ["v", "v2"]
     assert (G.capacity_spec(cfg), G.factorial_spec(cfg)) == (None, None)
     assert all(P.profile_window(cfg, job) is None for job in P.bench_jobs(cfg))
     # a study that is off checks none of its names
     off = {"workload": "nope", "stacks": ["nope"], "sampling": "nope", "reference": "nope"}
-    assert C.validate(small(capacity=off))["capacity"]["workload"] == "nope"
+    assert C.validate(small(capacity=off)).filled()["capacity"]["workload"] == "nope"
     cfg = C.validate(small(factorial={"fast": "nope"}, coordination={"stack": "nope", "cell": "nope"}))
-    assert (factorial_config(cfg).fast, coordination_config(cfg).cell) == ("nope", "nope")
+    assert (cfg.factorial.fast, cfg.coordination.cell) == ("nope", "nope")
 
 
 def test_the_mechanism_profile_is_filled_where_the_config_names_no_profile():
     """The filled config (the report's 'Config (validated, defaults filled)') holds the profile's
     defaults as it holds every other object's inside a section."""
-    assert C.validate(small(mechanism={}))["mechanism"] == FILLED["mechanism"]
+    assert C.validate(small(mechanism={})).filled()["mechanism"] == FILLED["mechanism"]
     assert json_schemas()["mechanism"]["properties"]["profile"]["default"] == {}
-    given = C.validate(small(mechanism={"profile": {"cells": ["u4-w-greedy"], "stacks": ["v"]}}))["mechanism"]
+    given = C.validate(small(mechanism={"profile": {"cells": ["u4-w-greedy"], "stacks": ["v"]}})).filled()["mechanism"]
     assert given == {"profile": {**FILLED["mechanism"]["profile"], "cells": ["u4-w-greedy"], "stacks": ["v"]}}
 
 
@@ -207,9 +199,9 @@ def test_the_typed_sections_refuse_what_the_schema_refuses(model, fields):
 
 def test_a_value_at_its_bound_is_taken_and_kept_as_yaml_gave_it():
     cfg = C.validate(small(slo={"ttft_p99_s": 1, "tpot_p99_s": 0.001}, link_control={"gpus": 2, "max_mib": 1}))
-    assert (slo_config(cfg).ttft_p99_s, slo_config(cfg).tpot_p99_s) == (1, 0.001)
-    assert type(slo_config(cfg).ttft_p99_s) is int
-    assert link_control_config(cfg) == LinkControlConfig(max_mib=1)
+    assert (cfg.slo.ttft_p99_s, cfg.slo.tpot_p99_s) == (1, 0.001)
+    assert type(cfg.slo.ttft_p99_s) is int
+    assert cfg.link_control == LinkControlConfig(max_mib=1)
     cell = G.cell_params(cfg, G.cells(cfg)[0])  # what each job is judged by
     assert (cell["slo_ttft_p99_s"], cell["slo_tpot_p99_s"]) == (1.0, 0.001)
 
@@ -321,7 +313,7 @@ def test_a_coordination_profile_runs_the_grids_first_cell_unless_named():
     on = {"enabled": True, "stack": "v"}
     assert G.coordination_cell(C.validate(small(coordination=on))).name == "u1-w-greedy"
     named = C.validate(small(coordination={**on, "cell": "u4-w-greedy"}))
-    assert G.coordination_cell(named).name == "u4-w-greedy" and coordination_config(named).cell == "u4-w-greedy"
+    assert G.coordination_cell(named).name == "u4-w-greedy" and named.coordination.cell == "u4-w-greedy"
 
 
 @pytest.mark.parametrize(
@@ -359,12 +351,11 @@ def test_a_profiled_window_is_run_zero_of_a_named_cell_on_a_profiled_stack():
 def test_the_schema_entries_are_the_sections_filled_from_empty_defaults():
     schemas = json_schemas()
     assert list(schemas) == list(SECTIONS) == list(FILLED)
-    top = C.load_schema()["properties"]
     for key, schema in schemas.items():
         Draft202012Validator.check_schema(schema)
         assert (schema["type"], schema["additionalProperties"], schema["default"]) == ("object", False, {}), key
         assert list(schema["properties"]) == list(SECTIONS[key].model_fields) and "required" not in schema
-        assert top[key] == schema, key
+        assert schema == {**plain_schema(SECTIONS[key]), "default": {}}, key  # generated from the section's type
     for where, keys in ABSENT.items():
         section, _, inner = where.partition(".")
         props = schemas[section]["properties"][inner]["properties"] if inner else schemas[section]["properties"]
@@ -399,21 +390,21 @@ def test_a_description_is_one_line_and_says_null_only_where_null_is_taken():
 def test_the_default_config_asks_for_no_study():
     cfg = C.load()
     for key in SECTIONS:
-        assert cfg[key] == FILLED[key] and READ[key](cfg) == SECTIONS[key](), key
+        assert cfg.filled()[key] == FILLED[key] and getattr(cfg, key) == SECTIONS[key](), key
 
 
 def test_the_h200_studies_read_as_their_files_say():
     capacity = C.load(REPO / "config/h200-smoke.yaml", REPO / "config/h200-capacity.yaml")
-    assert capacity_config(capacity) == CapacityConfig(
+    assert capacity.capacity == CapacityConfig(
         enabled=True, workload="h200-wide", stacks=["vllm-fp16", "vllm-marlin", "hf-fp16"], reference="vllm-fp16"
     )
     topologies = C.load(REPO / "config/h200-smoke.yaml", REPO / "config/h200-topologies.yaml")
-    assert coordination_config(topologies) == CoordinationConfig(
+    assert topologies.coordination == CoordinationConfig(
         enabled=True, topologies=["tp1", "tp2"], cell="u64-h200-wide-greedy"
     )
-    assert link_control_config(topologies) == LinkControlConfig(enabled=True)
+    assert topologies.link_control == LinkControlConfig(enabled=True)
     why = C.load(REPO / "config/h200-smoke.yaml", REPO / "config/h200-why.yaml")
-    assert mechanism_config(why).profile == ProfileConfig(cells=["u64-h200-wide-greedy", "u8-h200-narrow-greedy"])
+    assert why.mechanism.profile == ProfileConfig(cells=["u64-h200-wide-greedy", "u8-h200-narrow-greedy"])
 
 
 SHIPPED = sorted(p.name for p in (REPO / "config").glob("*.yaml"))

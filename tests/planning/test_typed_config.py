@@ -11,49 +11,56 @@ from jsonschema import Draft202012Validator
 
 from speedsplit.core.errors import ConfigError
 from speedsplit.planning import config as C
-from speedsplit.planning import (
-    benchmark_config,
-    grid_config,
-    model_config,
-    output_config,
-    quality_config,
-    stack_config,
-    studies_config,
-    workload_config,
+from speedsplit.planning.benchmark_config import BenchmarkConfig
+from speedsplit.planning.grid_config import GridConfig, SamplingConfig, TopologyConfig
+from speedsplit.planning.model_config import ModelConfig
+from speedsplit.planning.output_config import AnalysisConfig, EstimateConfig, ReportConfig
+from speedsplit.planning.quality_config import QualityConfig, QuantizationConfig
+from speedsplit.planning.stack_config import StackConfig
+from speedsplit.planning.studies_config import (
+    CapacityConfig,
+    CoordinationConfig,
+    FactorialConfig,
+    LinkControlConfig,
+    SloConfig,
 )
-from speedsplit.planning.stack_config import StackConfig, stacks_of
+from speedsplit.planning.typed_config import plain_schema
+from speedsplit.planning.workload_config import WorkloadConfig
 
-# every section of the config, generated from its type, and the function reading it typed
+# every section of the config and the type it is generated from (the experiment's attribute of
+# the same name reads it typed)
 SECTIONS = {
-    "quantization": (quality_config, quality_config.quantization_config),
-    "quality": (quality_config, quality_config.quality_config),
-    "capacity": (studies_config, studies_config.capacity_config),
-    "slo": (studies_config, studies_config.slo_config),
-    "factorial": (studies_config, studies_config.factorial_config),
-    "coordination": (studies_config, studies_config.coordination_config),
-    "link_control": (studies_config, studies_config.link_control_config),
-    "analysis": (output_config, output_config.analysis_config),
-    "report": (output_config, output_config.report_config),
-    "estimate": (output_config, output_config.estimate_config),
+    "quantization": QuantizationConfig,
+    "quality": QualityConfig,
+    "capacity": CapacityConfig,
+    "slo": SloConfig,
+    "factorial": FactorialConfig,
+    "coordination": CoordinationConfig,
+    "link_control": LinkControlConfig,
+    "analysis": AnalysisConfig,
+    "report": ReportConfig,
+    "estimate": EstimateConfig,
 }
 
 
 def test_the_config_schema_takes_its_stack_entry_from_the_model():
     schema = C.load_schema()
     Draft202012Validator.check_schema(schema)
-    assert schema["properties"]["models"]["additionalProperties"] == model_config.json_schema()
-    assert schema["properties"]["stacks"]["additionalProperties"] == stack_config.json_schema()
-    assert schema["properties"]["workloads"]["additionalProperties"] == workload_config.json_schema()
-    assert schema["properties"]["benchmark"] == benchmark_config.json_schema()
-    grid = grid_config.json_schemas()
-    assert schema["properties"]["grid"] == grid["grid"]
-    assert schema["properties"]["sampling"]["additionalProperties"] == grid["sampling"]
-    assert schema["properties"]["topologies"]["additionalProperties"] == grid["topology"]
-    for key, (module, _) in SECTIONS.items():
-        assert schema["properties"][key] == module.json_schemas()[key], key
+    entries = {
+        "models": ModelConfig,
+        "stacks": StackConfig,
+        "workloads": WorkloadConfig,
+        "sampling": SamplingConfig,
+        "topologies": TopologyConfig,
+    }
+    for key, entry in entries.items():  # one entry of a map by name
+        assert schema["properties"][key]["additionalProperties"] == plain_schema(entry), key
+    # a section: filled from its own defaults where the config has none
+    for key, section in {"benchmark": BenchmarkConfig, "grid": GridConfig, **SECTIONS}.items():
+        assert schema["properties"][key] == {**plain_schema(section), "default": {}}, key
     # plain JSON Schema, as jsonschema reads it: pydantic's own bounds and titles are gone
-    text = json.dumps([m.json_schema() for m in (model_config, stack_config, workload_config, benchmark_config)])
-    text += json.dumps(grid) + json.dumps([module.json_schemas() for module, _ in SECTIONS.values()])
+    types = [*entries.values(), BenchmarkConfig, GridConfig, *SECTIONS.values()]
+    text = json.dumps([plain_schema(t) for t in types])
     assert not any(f'"{key}":' in text for key in ("gt", "ge", "title", "$ref", "$defs"))
     assert '"integer", "number"' not in text  # a number is a number, whether YAML gave 24 or 24.0
     assert json.loads((REPO / "docs/config-schema.json").read_text()) == schema, (
@@ -90,21 +97,22 @@ def test_every_model_stack_and_workload_of_a_shipped_config_reads_as_its_filled_
             assert type(dumped) is type(filled), where
 
     cfg = C.load(*[REPO / c for c in configs])
-    for name in cfg["models"]:
-        same(model_config.model_config(cfg, name).model_dump(exclude_unset=True), cfg["models"][name], name)
-    for stack, typed in stacks_of(cfg).items():
-        same(typed.model_dump(exclude_unset=True), cfg["stacks"][stack], f"stacks.{stack}")
-    for name in cfg["workloads"]:
-        typed = workload_config.workload_config(cfg, name)
-        same(typed.model_dump(exclude_unset=True), cfg["workloads"][name], f"workloads.{name}")
-    same(benchmark_config.benchmark_config(cfg).model_dump(), cfg["benchmark"], "benchmark")
-    same(grid_config.grid_config(cfg).model_dump(), cfg["grid"], "grid")
-    for name in cfg["sampling"]:
-        same(grid_config.sampling_config(cfg, name).model_dump(), cfg["sampling"][name], f"sampling.{name}")
-    for name in cfg["topologies"]:
-        same(grid_config.topology_config(cfg, name).model_dump(), cfg["topologies"][name], f"topologies.{name}")
-    for key, (_, read) in SECTIONS.items():
-        same(read(cfg).model_dump(exclude_unset=True), cfg[key], key)
+    filled = cfg.filled()
+    for name in filled["models"]:
+        same(cfg.models[name].model_dump(exclude_unset=True), filled["models"][name], name)
+    for stack, typed in cfg.stacks.items():
+        same(typed.model_dump(exclude_unset=True), filled["stacks"][stack], f"stacks.{stack}")
+    for name in filled["workloads"]:
+        typed = cfg.workloads[name]
+        same(typed.model_dump(exclude_unset=True), filled["workloads"][name], f"workloads.{name}")
+    same(cfg.benchmark.model_dump(), filled["benchmark"], "benchmark")
+    same(cfg.grid.model_dump(), filled["grid"], "grid")
+    for name in filled["sampling"]:
+        same(cfg.sampling[name].model_dump(), filled["sampling"][name], f"sampling.{name}")
+    for name in filled["topologies"]:
+        same(cfg.topologies[name].model_dump(), filled["topologies"][name], f"topologies.{name}")
+    for key in SECTIONS:
+        same(getattr(cfg, key).model_dump(exclude_unset=True), filled[key], key)
 
 
 def _refusal(tmp_path, top: dict) -> str:

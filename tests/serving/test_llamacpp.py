@@ -35,8 +35,11 @@ def _config(tmp_path, overlay):
 
 
 def test_the_steps_of_a_chain_across_engines_are_named():
-    config = cfgmod.load(cfgmod.DEFAULT_CONFIG)
-    config["chains"] = {"x": ["vllm-fp16", "llamacpp-f16", "llamacpp-q8_0"], "y": ["hf-fp16", "llamacpp-f16"]}
+    given = cfgmod.read_yaml(cfgmod.DEFAULT_CONFIG)
+    chains = {"x": ["vllm-fp16", "llamacpp-f16", "llamacpp-q8_0"], "y": ["hf-fp16", "llamacpp-f16"]}
+    # benchmarking the FP16 stacks only: a benchmarked llama.cpp stack needs a gpt2 tokenizer and llama.cpp's tools
+    benchmark = {**given["benchmark"], "stacks": ["hf-fp16", "vllm-fp16"]}
+    config = cfgmod.validate({**given, "chains": chains, "benchmark": benchmark})
     assert chain_steps(config) == {"x": ["runtime", "GGUF Q8_0 weights"], "y": ["runtime"]}
 
 

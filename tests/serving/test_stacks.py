@@ -252,7 +252,9 @@ def test_the_continuous_batching_stack_serves_a_50k_vocabulary_on_a_cpu(tmp_path
     model = tmp_path / "gpt2-vocab"
     synthesize("tiny", model, tokenizer="gpt2")
     cfg = C.validate(
-        C.merge(C.load(REPO / "config/config.yaml"), {"models": {"tiny": {"tokenizer": "gpt2", "weights": "random"}}})
+        C.merge(
+            C.read_yaml(REPO / "config/config.yaml"), {"models": {"tiny": {"tokenizer": "gpt2", "weights": "random"}}}
+        )
     )
     stack = G.stack_params(cfg, "tiny", "hf-fp16", "tp1")
     assert stack["host_cache_cap"]

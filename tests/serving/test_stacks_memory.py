@@ -105,8 +105,7 @@ def test_a_vllm_cache_sized_by_hand_is_passed_in_bytes_and_a_capped_cache_above_
         missed
     )
 
-    cfg = C.load()
-    cfg["stacks"]["hf-fp16"]["kv_cache_gib"] = 4
+    cfg = C.merge(C.read_yaml(C.DEFAULT_CONFIG), {"stacks": {"hf-fp16": {"kv_cache_gib": 4}}})
     with pytest.raises(ConfigError, match=r"^config error at stacks.hf-fp16.kv_cache_gib: only a vLLM stack"):
         C.validate(cfg)
 

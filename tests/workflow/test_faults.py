@@ -277,7 +277,7 @@ def test_a_bytecode_file_a_full_disk_cut_short_fails_one_start_and_is_rebuilt_by
 def test_a_cell_planned_for_cuda_on_a_node_without_one(cfg, tmp_path, tiny_model):
     """What a cluster job gets when the submitting host planned the wrong platform: the
     result says it did not run, and that the node had the other platform."""
-    stack = G.stack_params({**cfg, "platform": "cuda"}, "tiny", "hf-fp16", "tp1")
+    stack = G.stack_params(cfg.model_copy(update={"platform": "cuda"}), "tiny", "hf-fp16", "tp1")
     res = run_cell(tmp_path, stack, cell(cfg), tiny_model, tiny_model, "faults/platform/run0")
     assert res.status != "ok" and res.summary is None
     assert res.job.stack.platform == "cuda" and res.provenance.hardware.platform == "cpu"
@@ -850,11 +850,10 @@ def test_a_probe_that_kills_its_server_spoils_no_later_cell(cfg, tmp_path, tiny_
     the session's next cell starts a server of its own and is measured cleanly (it once failed
     on the engine the probe had killed)."""
     from speedsplit.core.quality import QualityProbe
-    from speedsplit.planning.quality_config import quality_config
 
     stack = G.stack_params(cfg, "tiny", "reference", "tp1")
     stack["args"] = [*stack["args"], "--dead-after-probe"]  # up, but HTTP 500 from the probe on
-    q = quality_config(cfg)
+    q = cfg.quality
     probe = {k: getattr(q, k) for k in QualityProbe.model_fields if k != "lm_eval"}
     params = cell(
         cfg, users=2, requests_per_user=2, output_tokens=8, prompt_tokens=8, warmup_requests=1, min_measured_s=0.0

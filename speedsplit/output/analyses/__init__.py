@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+from speedsplit.planning.experiment import Experiment
 
 
 @dataclass(frozen=True)
@@ -88,22 +89,21 @@ def _discover() -> tuple[Analysis, ...]:
 REGISTRY: tuple[Analysis, ...] = _discover()
 
 
-def table_names(config: dict) -> list[str]:
+def table_names(config: Experiment) -> list[str]:
     """Every table a run of this config writes: the core ones, then each enabled analysis's."""
     from speedsplit.analysis import CORE_TABLES
 
     return list(CORE_TABLES) + [t for a in REGISTRY if a.enabled(config) for t in a.tables]
 
 
-def analysis_spec(config: dict) -> dict:
+def analysis_spec(config: Experiment) -> dict:
     """What the tables are built with (aggregate.build_frames' keyword arguments), as plain
     builtins (Snakemake params)."""
     from speedsplit.planning import grid as gridmod
-    from speedsplit.planning import output_config
 
     return {
-        "chains": config["chains"],
-        "tolerate_flags": list(output_config.analysis_config(config).tolerate_flags),
+        "chains": config.chains,
+        "tolerate_flags": list(config.analysis.tolerate_flags),
         "steps": gridmod.chain_steps(config),
         "headline": gridmod.headline(config),
         "specs": {a.name: a.spec(config) for a in REGISTRY if a.enabled(config)},

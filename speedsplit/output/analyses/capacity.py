@@ -9,7 +9,6 @@ import polars as pl
 from speedsplit.core.formats import flat, html_table
 from speedsplit.output.analyses import Analysis, Basis, answer_block, html_section, times
 from speedsplit.planning.grid import capacity_spec
-from speedsplit.planning.studies_config import capacity_config
 
 
 def build(b: Basis) -> dict[str, pl.DataFrame]:
@@ -144,7 +143,7 @@ ANALYSIS = Analysis(
     "capacity",
     order=50,
     tables=("capacity",),
-    enabled=lambda config: capacity_config(config).enabled,
+    enabled=lambda config: config.capacity.enabled,
     build=build,
     spec=capacity_spec,
     charts=charts,

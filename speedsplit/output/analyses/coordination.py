@@ -7,7 +7,6 @@ import polars as pl
 
 from speedsplit.core.formats import html_table
 from speedsplit.output.analyses import Analysis, Basis, html_section
-from speedsplit.planning.studies_config import coordination_config
 
 
 def build(b: Basis) -> dict[str, pl.DataFrame]:
@@ -39,7 +38,7 @@ ANALYSIS = Analysis(
     "coordination",
     order=30,
     tables=("coordination",),
-    enabled=lambda config: coordination_config(config).enabled,
+    enabled=lambda config: config.coordination.enabled,
     build=build,
     section=section,
 )

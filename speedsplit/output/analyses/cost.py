@@ -8,7 +8,6 @@ import polars as pl
 from speedsplit.analysis import cost
 from speedsplit.core.formats import html_table
 from speedsplit.output.analyses import Analysis, Basis, html_section
-from speedsplit.planning.output_config import analysis_config
 
 
 def build(b: Basis) -> dict[str, pl.DataFrame]:
@@ -38,8 +37,8 @@ ANALYSIS = Analysis(
     "cost",
     order=12,
     tables=("cost", "cost_steps"),
-    enabled=lambda config: analysis_config(config).cost.priced(),
+    enabled=lambda config: config.analysis.cost.priced(),
     build=build,
-    spec=lambda config: analysis_config(config).cost.model_dump(mode="json"),
+    spec=lambda config: config.analysis.cost.model_dump(mode="json"),
     section=section,
 )

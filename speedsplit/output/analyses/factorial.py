@@ -8,7 +8,6 @@ import polars as pl
 from speedsplit.core.formats import html_table
 from speedsplit.output.analyses import Analysis, Basis, answer_block, html_section, times
 from speedsplit.planning.grid import factorial_spec
-from speedsplit.planning.studies_config import factorial_config
 
 
 def build(b: Basis) -> dict[str, pl.DataFrame]:
@@ -54,7 +53,7 @@ ANALYSIS = Analysis(
     "factorial",
     order=40,
     tables=("factorial",),
-    enabled=lambda config: factorial_config(config).enabled,
+    enabled=lambda config: config.factorial.enabled,
     build=build,
     spec=factorial_spec,
     section=section,

@@ -8,7 +8,7 @@ import polars as pl
 from speedsplit.core.formats import html_table
 from speedsplit.output.analyses import Analysis, Basis, answer_block, html_section, times
 from speedsplit.planning.grid import INT4, bench_stacks, kernel_reference
-from speedsplit.planning.stack_config import stacks_of
+from speedsplit.planning.experiment import Experiment
 
 
 def build(b: Basis) -> dict[str, pl.DataFrame]:
@@ -57,14 +57,14 @@ def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
     )
 
 
-def spec(config: dict) -> dict | None:
+def spec(config: Experiment) -> dict | None:
     ref = kernel_reference(config)
     return {"reference": ref} if ref else None
 
 
-def enabled(config: dict) -> bool:
+def enabled(config: Experiment) -> bool:
     """A sweep: at least two GPTQ stacks benchmarked, and an FP16 stack to set them against."""
-    gptq = [s for s, entry in stacks_of(config, bench_stacks(config)).items() if entry.variant in INT4]
+    gptq = [s for s in bench_stacks(config) if config.stacks[s].variant in INT4]
     return len(gptq) >= 2 and kernel_reference(config) is not None
 
 

@@ -10,7 +10,6 @@ import polars as pl
 
 from speedsplit.core.formats import html_table
 from speedsplit.output.analyses import Analysis, Basis, html_section
-from speedsplit.planning.studies_config import link_control_config
 
 
 def build(b: Basis) -> dict[str, pl.DataFrame]:
@@ -72,7 +71,7 @@ ANALYSIS = Analysis(
     "link",
     order=60,
     tables=("link",),
-    enabled=lambda config: link_control_config(config).enabled,
+    enabled=lambda config: config.link_control.enabled,
     build=build,
     charts=charts,
     section=section,

@@ -10,7 +10,6 @@ import polars as pl
 from speedsplit.analysis.answer import interval_words
 from speedsplit.core.formats import difference_text, html_table
 from speedsplit.output.analyses import Analysis, Basis, answer_block, html_section
-from speedsplit.planning.quality_config import quality_config
 
 
 def build(b: Basis) -> dict[str, pl.DataFrame]:
@@ -231,9 +230,9 @@ ANALYSIS = Analysis(
     "quality",
     order=15,
     tables=("quality", "quality_stacks", "quality_tasks"),
-    enabled=lambda config: quality_config(config).enabled,
+    enabled=lambda config: config.quality.enabled,
     build=build,
-    spec=lambda config: {"gate": float(quality_config(config).gate)},
+    spec=lambda config: {"gate": float(config.quality.gate)},
     charts=charts,
     section=section,
     answer=answer,

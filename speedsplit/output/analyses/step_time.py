@@ -10,7 +10,6 @@ import polars as pl
 
 from speedsplit.core.formats import html_table
 from speedsplit.output.analyses import Analysis, Basis, answer_block, html_section
-from speedsplit.planning.studies_config import mechanism_config
 
 
 def build(b: Basis) -> dict[str, pl.DataFrame]:
@@ -102,8 +101,8 @@ ANALYSIS = Analysis(
     "step_time",
     order=14,
     tables=("step_time", "step_time_changes"),
-    enabled=lambda config: bool(mechanism_config(config).profile.cells),
-    spec=lambda config: list(mechanism_config(config).profile.cells),
+    enabled=lambda config: bool(config.mechanism.profile.cells),
+    spec=lambda config: list(config.mechanism.profile.cells),
     build=build,
     charts=charts,
     section=section,

@@ -14,6 +14,7 @@ from speedsplit.core.formats import flat, html_table
 from speedsplit.output.analyses import Analysis, Basis, html_section, times
 from speedsplit.output.plots import title
 from speedsplit.planning import grid as gridmod
+from speedsplit.planning.experiment import Experiment
 
 FIRST_SCREEN = ["goodput", "throughput", "TTFT p50", "TPOT p50", "E2E p50"]
 # a sessions cell's own (its first turns' TTFT is in TTFT p50's company: shown in the tables)
@@ -181,7 +182,7 @@ def section(frames: dict[str, pl.DataFrame], context: dict) -> str:
     )
 
 
-def enabled(config: dict) -> bool:
+def enabled(config: Experiment) -> bool:
     return any(c.rate is not None for c in gridmod.cells(config))
 
 

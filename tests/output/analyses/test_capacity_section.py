@@ -70,7 +70,7 @@ def drawn(frames) -> tuple[dict, list[dict]]:
 def test_the_config_turns_it_on_and_its_spec_names_the_workload_and_the_reference():
     off = C.load()
     assert not K.ANALYSIS.enabled(off) and K.ANALYSIS.spec(off) is None and "capacity" not in table_names(off)
-    on = C.validate(C.merge(off, {"capacity": {"enabled": True, "users": [16, 32]}}))
+    on = C.validate(C.merge(C.read_yaml(C.DEFAULT_CONFIG), {"capacity": {"enabled": True, "users": [16, 32]}}))
     assert K.ANALYSIS.enabled(on) and "capacity" in table_names(on)
     spec = K.ANALYSIS.spec(on)
     # the grid's first cell's workload; the stack before the first chain's INT4 one (hf-fp16, vllm-fp16, vllm-marlin)

@@ -75,7 +75,7 @@ def measured(tmp_path, profiles) -> dict[str, pl.DataFrame]:
 def test_the_config_turns_it_on_and_it_needs_nothing_from_the_config_to_build():
     off = C.load()
     assert not K.ANALYSIS.enabled(off) and "coordination" not in table_names(off)
-    on = C.validate(C.merge(off, {"coordination": {"enabled": True, "topologies": ["tp1"]}}))
+    on = C.validate(C.merge(C.read_yaml(C.DEFAULT_CONFIG), {"coordination": {"enabled": True, "topologies": ["tp1"]}}))
     assert K.ANALYSIS.enabled(on) and "coordination" in table_names(on)
     assert K.ANALYSIS.spec(on) is None and K.ANALYSIS.tables == ("coordination",)
     # no chart and no block of the first screen

@@ -6,9 +6,17 @@ import pytest
 
 from speedsplit.output.analyses import Basis
 from speedsplit.output.analyses import cost as C
+from speedsplit.planning import config
 
 CHAINS = {"c": ["a", "b"]}
-PRICED = {"analysis": {"cost": {"card_hour_usd": {"cuda": 3.6}}}}
+
+
+def experiment(part: dict):
+    """The default config with `part` merged over it, validated."""
+    return config.validate(config.merge(config.read_yaml(config.DEFAULT_CONFIG), part))
+
+
+PRICED = experiment({"analysis": {"cost": {"card_hour_usd": {"cuda": 3.6}}}})
 
 
 def cell(stack: str, tok_s: float, tp: int) -> dict:
@@ -53,8 +61,8 @@ def basis(spec, attribution: pl.DataFrame | None) -> Basis:
 
 def test_a_price_in_the_config_turns_the_analysis_on_and_is_its_builders_spec():
     assert C.ANALYSIS.enabled(PRICED)
-    assert C.ANALYSIS.enabled({"analysis": {"cost": {"stacks": {"a": 2.0}}}})
-    assert not C.ANALYSIS.enabled({"analysis": {}})
+    assert C.ANALYSIS.enabled(experiment({"analysis": {"cost": {"stacks": {"a": 2.0}}}}))
+    assert not C.ANALYSIS.enabled(experiment({"analysis": {}}))
     assert C.ANALYSIS.spec(PRICED) == {"card_hour_usd": {"cpu": None, "cuda": 3.6}, "stacks": {}}
 
 

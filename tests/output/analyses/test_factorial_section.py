@@ -58,7 +58,7 @@ def rows(frames) -> dict[str, dict]:
 def test_the_config_turns_it_on_and_its_spec_names_the_workload():
     off = C.load()
     assert not X.ANALYSIS.enabled(off) and X.ANALYSIS.spec(off) is None and "factorial" not in table_names(off)
-    on = C.validate(C.merge(off, {"factorial": {"enabled": True, "users": 8}}))
+    on = C.validate(C.merge(C.read_yaml(C.DEFAULT_CONFIG), {"factorial": {"enabled": True, "users": 8}}))
     assert X.ANALYSIS.enabled(on) and "factorial" in table_names(on)
     spec = X.ANALYSIS.spec(on)  # the grid's first cell's workload
     assert spec == {

@@ -55,14 +55,15 @@ def rows(frame: pl.DataFrame) -> dict[tuple[str, str], dict]:
 def test_two_gptq_stacks_and_an_fp16_stack_before_them_turn_the_sweep_on_against_that_stack():
     one = C.load()  # the study chain: hf-fp16, vllm-fp16, vllm-marlin (one GPTQ stack: no sweep)
     chain = {"kernel": ["hf-fp16", "vllm-fp16", "vllm-gptq-machete", "vllm-marlin"]}
-    two = C.validate(C.merge(one, {"chains": chain}))
+    two_chains = C.merge(C.read_yaml(C.DEFAULT_CONFIG), {"chains": chain})
+    two = C.validate(two_chains)
     assert K.enabled(two) and K.spec(two) == REF and analysis_spec(two)["specs"]["kernels"] == REF
     assert not K.enabled(one) and "kernels" not in analysis_spec(one)["specs"]
     assert "kernels" in table_names(two) and "kernels" not in table_names(one)
-    named = C.validate(C.merge(two, {"report": {"kernel_reference": "hf-fp16"}}))
+    named = C.validate(C.merge(two_chains, {"report": {"kernel_reference": "hf-fp16"}}))
     assert K.spec(named) == {"reference": "hf-fp16"}  # the config's own choice comes first
     # both GPTQ stacks in a chain but only one benchmarked: no sweep
-    alone = C.validate(C.merge(two, {"benchmark": {"stacks": ["hf-fp16", "vllm-fp16", "vllm-marlin"]}}))
+    alone = C.validate(C.merge(two_chains, {"benchmark": {"stacks": ["hf-fp16", "vllm-fp16", "vllm-marlin"]}}))
     assert not K.enabled(alone)
 
 

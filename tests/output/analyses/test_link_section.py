@@ -57,7 +57,7 @@ def html_rows(html: str) -> int:
 
 def test_link_control_turns_the_analysis_on():
     plain = C.load()
-    on = C.validate(C.merge(plain, {"link_control": {"enabled": True}}))
+    on = C.validate(C.merge(C.read_yaml(C.DEFAULT_CONFIG), {"link_control": {"enabled": True}}))
     assert L.ANALYSIS.enabled(on) and not L.ANALYSIS.enabled(plain)
     assert "link" in table_names(on) and "link" not in table_names(plain)
 

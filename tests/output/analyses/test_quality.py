@@ -7,6 +7,12 @@ import pytest
 from speedsplit.analysis.quality import STACK_SCHEMA, STEP_SCHEMA
 from speedsplit.output.analyses import Basis
 from speedsplit.output.analyses import quality as Q
+from speedsplit.planning import config as C
+
+
+def experiment(part: dict):
+    """The default config with `part` merged over it, validated."""
+    return C.validate(C.merge(C.read_yaml(C.DEFAULT_CONFIG), part))
 
 
 def step(**given) -> dict:
@@ -216,5 +222,6 @@ def test_without_its_spec_the_analysis_builds_no_tables():
 
 
 def test_the_config_turns_the_analysis_on_and_gives_its_builder_the_gate():
-    assert Q.ANALYSIS.spec({"quality": {"gate": 0.95}}) == {"gate": 0.95}
-    assert Q.ANALYSIS.enabled({"quality": {}}) and not Q.ANALYSIS.enabled({"quality": {"enabled": False}})
+    assert Q.ANALYSIS.spec(experiment({"quality": {"gate": 0.95}})) == {"gate": 0.95}
+    assert Q.ANALYSIS.enabled(experiment({"quality": {}}))
+    assert not Q.ANALYSIS.enabled(experiment({"quality": {"enabled": False}}))

@@ -54,8 +54,9 @@ def built(paths) -> dict[str, pl.DataFrame]:
 
 def test_a_benchmarked_int4_stack_turns_the_analysis_on():
     int4 = C.load()  # its study chain ends on vllm-marlin (GPTQ)
-    fp16 = C.validate(C.merge(int4, {"chains": {"study": ["hf-fp16", "vllm-fp16"]}}))
-    awq = C.validate(C.merge(fp16, {"chains": {"format": ["vllm-fp16", "vllm-awq"]}}))
+    fp16_chain = C.merge(C.read_yaml(C.DEFAULT_CONFIG), {"chains": {"study": ["hf-fp16", "vllm-fp16"]}})
+    fp16 = C.validate(fp16_chain)
+    awq = C.validate(C.merge(fp16_chain, {"chains": {"format": ["vllm-fp16", "vllm-awq"]}}))
     assert Q.ANALYSIS.enabled(int4) and Q.ANALYSIS.enabled(awq) and not Q.ANALYSIS.enabled(fp16)
     assert "quantization" in table_names(int4) and "quantization" not in table_names(fp16)
 

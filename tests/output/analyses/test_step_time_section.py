@@ -78,7 +78,9 @@ def bars(chart) -> dict[tuple, float]:
 
 def test_naming_a_cell_to_profile_turns_the_analysis_on():
     plain = C.load()
-    profile = C.validate(C.merge(plain, {"mechanism": {"profile": {"cells": ["u8-wide-greedy"]}}}))
+    profile = C.validate(
+        C.merge(C.read_yaml(C.DEFAULT_CONFIG), {"mechanism": {"profile": {"cells": ["u8-wide-greedy"]}}})
+    )
     assert S.ANALYSIS.enabled(profile) and not S.ANALYSIS.enabled(plain)
     assert {"step_time", "step_time_changes"} <= set(table_names(profile))
     assert not {"step_time", "step_time_changes"} & set(table_names(plain))

@@ -79,7 +79,9 @@ def every(rates=(4, 16), **kw) -> list:
 def test_an_open_loop_workload_turns_the_analysis_on_and_a_closed_loop_config_leaves_it_off():
     closed = C.load()
     mix = {"prompt_tokens": 64, "output_tokens": 16, "arrival": {"rates": [4, 16], "requests": 10}}
-    opened = C.validate(C.merge(closed, {"workloads": {"mix": mix}, "grid": {"workloads": ["wide", "mix"]}}))
+    opened = C.validate(
+        C.merge(C.read_yaml(C.DEFAULT_CONFIG), {"workloads": {"mix": mix}, "grid": {"workloads": ["wide", "mix"]}})
+    )
     assert T.ANALYSIS.enabled(opened) and T.ANALYSIS.spec(opened) is True
     assert not T.ANALYSIS.enabled(closed) and T.ANALYSIS.spec(closed) is False
     assert {"traffic", "traffic_factors"} <= set(table_names(opened))
