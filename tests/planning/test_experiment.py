@@ -54,6 +54,7 @@ def test_filled_is_the_validated_dict_in_the_order_the_files_and_the_schema_gave
 def test_a_setting_passed_on_is_declared_once_for_the_config_and_the_job(settings, config_type, job_type):
     """A field added to StackSettings (or CellSettings) is a config key with its default, bound
     and description, and a job-file key, at once."""
+
     def declared(f):
         return f.annotation, f.default, f.description, f.metadata
 
