@@ -220,8 +220,10 @@ def test_a_request_counts_as_sent_when_its_body_goes_to_the_socket(server_url):
 
 
 # alone (marker serial): under three workers' load user 0's idle connection was once not in the
-# pool when the measured phase asked for two (make test, 2 cores: ports [a, b, b, new])
+# pool when the measured phase asked for two (make test, 2 cores: ports [a, b, b, new]). It waits
+# out the idle limit (10 s): not in the fast tier (marker slow).
 @pytest.mark.serial
+@pytest.mark.slow
 def test_a_connection_idle_past_the_idle_limit_is_not_reused():
     """A server that closes idle connections (uvicorn: 5 s) would fail a request sent on one as
     it closes: the client lets go of a connection idle longer than idle_close_s first. Here the
