@@ -409,6 +409,9 @@ def test_interrupted_workflow_leaves_nothing_and_resumes(tmp_path_factory):
     cfg = yaml.safe_load((REPO / "tests/config/ci.yaml").read_text())
     cfg["benchmark"]["stacks"] = ["hf-fp16"]
     cfg["chains"] = {"study": ["hf-fp16", "vllm-fp16"]}
+    cfg["models"] = {
+        "tiny": {"weights": "random"}
+    }  # what is interrupted is the workflow, not a model's training (30 s)
     (wd / "c.yaml").write_text(yaml.safe_dump(cfg))
     cmd = [
         snakemake_bin(),
