@@ -17,7 +17,7 @@ from conftest import run_snakemake
 ENGINES = {
     "models": {"tiny": {"tokenizer": "gpt2", "weights": "random"}},
     "chains": {"engines": ["hf-generate", "llamacpp-f16", "llamacpp-q8_0"]},
-    "workloads": {"eng": {"prompt_tokens": 64, "output_tokens": 32, "requests_per_user": 8, "warmup_requests": 1}},
+    "workloads": {"eng": {"prompt_tokens": 64, "output_tokens": 32, "requests_per_user": 4, "warmup_requests": 1}},
     "grid": {"users": [4], "workloads": ["eng"], "sampling": ["greedy"], "runs": 2},
     "benchmark": {
         "stacks": ["hf-generate", "llamacpp-f16", "llamacpp-q8_0"],
@@ -96,7 +96,7 @@ def test_a_chain_crosses_engines_and_is_decomposed(tmp_path):
     for path in results:
         r = json.loads(path.read_text())
         s = r["summary"]
-        assert r["status"] == "ok" and s["failed"] == 0 and s["completed"] == 4 * 8, path
+        assert r["status"] == "ok" and s["failed"] == 0 and s["completed"] == 4 * 4, path
         assert s["wrong_prompt_length"] == 0 and s["wrong_output_length"] == 0, path
         if "/llamacpp-" in str(path):
             assert r["weights"]["variant"] == "gguf"
