@@ -122,30 +122,15 @@ def test_ladder_levels_are_cells_of_the_sweeping_stacks_run_zero_only():
 
 @pytest.mark.slow
 @pytest.mark.serial  # its levels pass or fail on p99 TTFT: a second worker's load would move the cliff
-def test_a_kv_budget_makes_a_real_cliff_and_an_interrupted_sweep_resumes(tmp_path):
-    """vLLM's CPU build with room for 8 requests in its KV cache (tests/config/cliff.yaml):
-    Ctrl-C after the first level, then a rerun keeps that level and finds the cliff at 16 users,
-    where the server's own counters show the cache full and requests waiting."""
+def test_a_kv_budget_makes_a_real_cliff(tmp_path):
+    """vLLM's CPU build with room for 8 requests in its KV cache (tests/config/cliff.yaml): the
+    sweep finds the cliff at 16 users, where the server's own counters show the cache full and
+    requests waiting, and skips the level above it. (An interrupted sweep's resume:
+    test_an_interrupted_sweep_resumes_keeping_the_levels_it_measured, on the reference server.)"""
     shutil.copy(REPO / "tests/config/cliff.yaml", tmp_path / "cliff.yaml")
-    args = ["--configfile", "cliff.yaml", "--cores", "2", "--resources", "gpu=1"]
-    cmd = [snakemake_bin(), "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), *args]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    level = tmp_path / "results/bench/tiny/vllm-8-blocks/tp1/{}-cliff-greedy/run0.json"
-    deadline = time.monotonic() + 600
-    next_log = tmp_path / "results/logs/bench/tiny/vllm-8-blocks/tp1/u8-cliff-greedy/run0.log"
-    while not next_log.exists():  # the first level's job is done, the next one under way
-        assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read().decode()[-3000:]
-        time.sleep(0.2)
-    first = Path(str(level).format("u4"))
-    assert first.exists()
-    os.killpg(proc.pid, signal.SIGINT)
-    proc.wait(timeout=120)
-    kept = first.read_bytes()
-    assert not Path(str(level).format("u32")).exists()  # interrupted before the sweep's end
-
-    out = run_snakemake(args, tmp_path, timeout=900)
+    out = run_snakemake(["--configfile", "cliff.yaml", "--cores", "2", "--resources", "gpu=1"], tmp_path, timeout=900)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
-    assert first.read_bytes() == kept  # the level measured before Ctrl-C was not measured again
+    level = tmp_path / "results/bench/tiny/vllm-8-blocks/tp1/{}-cliff-greedy/run0.json"
     cap = pl.read_parquet(tmp_path / "results/tables/capacity.parquet").row(0, named=True)
     assert (cap["sustainable_users"], cap["first_failing_users"]) == (8, 16), cap["levels"]
     assert cap["first_failing_why"].startswith("p99 TTFT"), cap
@@ -160,6 +145,56 @@ def test_a_kv_budget_makes_a_real_cliff_and_an_interrupted_sweep_resumes(tmp_pat
     assert eight.server.memory_cap.card_memory_gib == 1 and not eight.server.memory_cap.applied
     assert "not on a CUDA card" in eight.server.memory_cap.reason
     assert (tmp_path / "results/plots/capacity.svg").exists() and (tmp_path / "results/plots/server.svg").exists()
+
+
+# The cliff's sweep on the reference server: 8 requests at a time (--max-concurrency 8), each
+# 1.37 s long (a 20 ms first token, 3 ms a token after it), so from 16 users on half of them
+# wait a whole request for their first token, far past the 0.5 s objective, on any machine.
+REFERENCE_CLIFF = {
+    "stacks": {
+        "ref-8-slots": {
+            "args": ["{python}", "-m", "speedsplit.serving.reference", "--model", "{model_dir}",
+                     "--served-model-name", "{served_name}", "--host", "{host}", "--port", "{port}",
+                     "--ttft-s", "0.02", "--itl-s", "0.003", "--max-concurrency", "8"],
+            "startup_timeout_s": 60,
+        }
+    },
+    "benchmark": {"stacks": ["ref-8-slots"]},
+    "capacity": {"stacks": ["ref-8-slots"], "reference": "ref-8-slots"},
+    "card_memory_gib": None,
+}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_resumes_keeping_the_levels_it_measured(tmp_path):
+    """Ctrl-C after the first level, then a rerun keeps that level and finds the cliff at 16
+    users (the sweep of tests/config/cliff.yaml, on the reference server)."""
+    import yaml
+
+    config = C.merge(yaml.safe_load((REPO / "tests/config/cliff.yaml").read_text()), REFERENCE_CLIFF)
+    (tmp_path / "cliff.yaml").write_text(yaml.safe_dump(config))
+    args = ["--configfile", "cliff.yaml", "--cores", "2", "--resources", "gpu=1"]
+    cmd = [snakemake_bin(), "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), *args]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    level = tmp_path / "results/bench/tiny/ref-8-slots/tp1/{}-cliff-greedy/run0.json"
+    deadline = time.monotonic() + 600
+    next_log = tmp_path / "results/logs/bench/tiny/ref-8-slots/tp1/u8-cliff-greedy/run0.log"
+    while not next_log.exists():  # the first level's job is done, the next one under way
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        time.sleep(0.2)
+    first = Path(str(level).format("u4"))
+    assert first.exists()
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=120)
+    kept = first.read_bytes()
+    assert not Path(str(level).format("u32")).exists()  # interrupted before the sweep's end
+
+    out = run_snakemake(args, tmp_path, timeout=600)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert first.read_bytes() == kept  # the level measured before Ctrl-C was not measured again
+    cap = pl.read_parquet(tmp_path / "results/tables/capacity.parquet").row(0, named=True)
+    assert (cap["passing_users"], cap["failing_users"], cap["skipped_users"]) == ([4, 8], [16], [32]), cap["levels"]
+    assert cap["first_failing_why"].startswith("p99 TTFT"), cap
 
 
 def test_an_open_loop_workload_sweeps_a_ladder_of_rates(tmp_path):
