@@ -35,7 +35,11 @@ def topology_frame(cells: pl.DataFrame) -> pl.DataFrame:
         "output_tok_s_lo",
         "output_tok_s_hi",
         *[(pl.col(f"output_tok_s{e}") / gpus).alias(f"tok_s_per_gpu{e}") for e in ("", "_lo", "_hi")],
-        *[(pl.col(f"output_tok_s{e}") / pl.col("users")).alias(f"tok_s_per_user{e}") for e in ("", "_lo", "_hi")],
+        # an open-loop cell has no users (0): no throughput per user, rather than infinity
+        *[
+            pl.when(pl.col("users") > 0).then(pl.col(f"output_tok_s{e}") / pl.col("users")).alias(f"tok_s_per_user{e}")
+            for e in ("", "_lo", "_hi")
+        ],
     )
     return out.sort([*KEYS[:3], "gpus", "tensor_parallel"])
 

@@ -54,6 +54,22 @@ def test_per_gpu_and_per_user_rates(frames):
     assert by["2x1"]["tok_s_per_user"] == pytest.approx(gm(SPEEDS["2x1", 1, 2][64]) / 64)
 
 
+def test_an_open_loop_cell_has_no_rate_per_user(tmp_path):
+    """Its load has no users (0): the per-user rate is empty, not infinity (five evidence
+    folders' topologies tables held inf there)."""
+    from speedsplit.analysis.topology import topology_frame
+
+    arrival = {"pattern": "poisson", "rate_rps": 4.0, "requests": 10}
+    runs = [fake_result("vllm-fp16", 0, run, 100.0, workload="mix", arrival=arrival) for run in (0, 1)]
+    paths = [write_result(tmp_path / f"r{res.run}.json", res) for res in runs]
+    t = topology_frame(aggregate.build_frames(paths, {})["cells"])
+    assert t["tok_s_per_gpu"].to_list()[0] > 0 and t.select(pl.selectors.starts_with("tok_s_per_user")).row(0) == (
+        None,
+        None,
+        None,
+    )
+
+
 def test_a_topology_without_a_clean_run_leaves_its_factor_undefined(tmp_path):
     paths = [
         write_result(tmp_path / "a.json", fake_result("vllm-fp16", 8, 0, 100.0)),
