@@ -58,7 +58,7 @@ rule report:
     output:
         report("results/report.html", caption="../docs/report/report.rst", category="Report"),
     params:
-        config=CFG.filled(),
+        config=FILLED,
     log:
         "results/logs/report.log",
     conda:

@@ -20,6 +20,7 @@ try:
     CFG = ss_config.validate(config)
 except ConfigError as exc:
     raise SystemExit(f"speedsplit: {exc}")
+FILLED = CFG.filled()  # the validated dict, in the order given: the model, quantize and report rules' params
 
 FINISHED = functools.cache(ss_plan.finished_as_planned(CFG))  # its result there, its params unchanged
 PREV = ss_plan.predecessors(CFG, FINISHED)
@@ -103,7 +104,7 @@ def bench_inputs(wc):
         "model": f"resources/models/{wc.model}/{ss_plan.variant_dir(CFG, wc.stack)}",
         "tokenizer": f"resources/models/{wc.model}/fp16",
     }
-    draft = bench_stack(wc).get("draft_model")
+    draft = CFG.stacks[wc.stack].draft_model
     if draft:  # the weights its speculative decoding drafts with
         inputs["draft"] = f"resources/models/{draft}/fp16"
     # Order only: calibrated before the first cell; a new calibration reruns no cell. The
@@ -191,11 +192,10 @@ def bench_group(wc):
 
 
 def model_entry(wc):
-    return CFG.filled()["models"][wc.model]
+    return FILLED["models"][wc.model]
 
 
 def quantize_settings(wc):
     # the format (gptq, awq) and a checkpoint of the model already quantized, if the config names one
     fmt = wc.variant.split("-")[0]
-    prequantized = getattr(CFG.models[wc.model].prequantized, fmt, "")
-    return dict(CFG.filled()["quantization"], fmt=fmt, prequantized=prequantized)
+    return dict(FILLED["quantization"], fmt=fmt, prequantized=FILLED["models"][wc.model]["prequantized"].get(fmt, ""))
