@@ -639,7 +639,13 @@ def test_two_workflows_with_the_same_names_keep_their_own_servers(cfg, tmp_path,
     out_a.mkdir()
     job = start_job(out_a, key, wd["a"] / "resources/models/tiny/fp16", cwd=wd["a"])
     wait_measuring(out_a, job)
-    b2 = cell_in("b", short, lease_timeout_s=3.0)
+    # a's job is paused while b asks, so a's cell is surely still going when b gives up (a fast
+    # machine could otherwise finish a's whole load within b's 3 s of waiting)
+    job.send_signal(signal.SIGSTOP)
+    try:
+        b2 = cell_in("b", short, lease_timeout_s=3.0)
+    finally:
+        job.send_signal(signal.SIGCONT)
     _, err = job.communicate(timeout=240)
     assert job.returncode == 0, err.decode()[-2000:]
     assert b2.status == "startup_failed" and "could not lease" in b2.server.error
