@@ -69,7 +69,7 @@ def profile_cell(
             ]
         }
     )
-    launch = Launch.of(profiled, model_dir, session, shared=False)  # a profiled server serves nothing else
+    launch = Launch.of(profiled, model_dir, session, serves_cells=False)
     with procs.stop_on_signals():
         try:
             with sessions.hold_ready(

@@ -57,27 +57,21 @@ class Launch(BaseModel):
     cpu_slots: int = 1  # how many CPU servers may run at once (benchmark.cpu_lanes)
 
     @classmethod
-    def of(cls, stack: StackSpec, model_dir: str | Path, plan: SessionPlan, shared: bool = True) -> Launch:
+    def of(cls, stack: StackSpec, model_dir: str | Path, plan: SessionPlan, serves_cells: bool = True) -> Launch:
         """A stack on a model folder (its identity read from it) with its session plan's compile
-        cache; shared: the caches sessions share, the KV tokens and CPU slots the plan gives (a
-        profiled server's own session has none of them)."""
+        caches: its own, and the one every session shares (compiled graphs, bytecode, vLLM's model
+        inspection). serves_cells: the KV tokens and CPU slots the plan gives (a coordination
+        profile's own server serves no cell)."""
         from speedsplit.models.checkpoint import model_identity
 
-        more = (
-            dict(
-                shared_cache_dir=str(Path(plan.shared_cache_dir).resolve()),
-                kv_tokens=plan.kv_tokens,
-                cpu_slots=plan.cpu_slots,
-            )
-            if shared
-            else {}
-        )
+        sized = dict(kv_tokens=plan.kv_tokens, cpu_slots=plan.cpu_slots) if serves_cells else {}
         return cls(
             stack=stack,
             model_dir=str(Path(model_dir).resolve()),
             model=model_identity(model_dir),
             cache_dir=str(Path(plan.cache_dir).resolve()),
-            **more,
+            shared_cache_dir=str(Path(plan.shared_cache_dir).resolve()),
+            **sized,
         )
 
     def digest(self) -> str:

@@ -105,9 +105,14 @@ def test_every_result_is_complete_and_honest(workdir):
     caches = {read_result(p).server.compile_cache_dir for p in results}
     assert len(caches) == 3 and all(c.startswith("shared ") for c in caches), caches
     folders = {p.name for p in (workdir / "results/cache/shared").iterdir() if p.is_dir()}
-    assert folders == {c[7:] for c in caches} | {"modelinfos"}  # + vLLM's model inspection, engine-wide
-    # vLLM wrote its model inspection once, into the engine-wide folder every cache reads
+    # + vLLM's model inspection, engine-wide, and the coordination profile's server's (its
+    # profiler arguments make another key)
+    assert {c[7:] for c in caches} | {"modelinfos"} < folders and len(folders) == 5, folders
+    # vLLM wrote its model inspection once, into the engine-wide folder every cache reads (the
+    # coordination profile's server too: it inspected nothing again)
     assert list((workdir / "results/cache/shared/modelinfos").glob("*/*.json"))
+    inspections = [p for p in (workdir / "results/cache").rglob("modelinfos") if not p.is_symlink()]
+    assert inspections == [workdir / "results/cache/shared/modelinfos"], inspections
     quant = json.loads((workdir / "results/quantize/tiny/gptq-w4g128.json").read_text())
     assert quant["method"] == "gptqmodel" and quant["quality"]["status"] == "measured"
     q = json.loads((workdir / "resources/models/tiny/gptq-w4g128/config.json").read_text())
