@@ -464,16 +464,16 @@ def test_interrupted_workflow_leaves_nothing_and_resumes(tmp_path_factory):
 
 
 JOB = """
-import os, sys
+import json, os, sys
 sys.path.insert(0, {repo!r})
 from pathlib import Path
 from speedsplit.measuring import bench
 from speedsplit.planning import config as C, grid as G
 from speedsplit.core import procs, specs
 cfg = C.load({config!r})
-stack = G.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+stack = json.loads({stack!r})
 cell = G.cell_params(cfg, G.cells(cfg)[0])
-cell.update(users=2, output_tokens={output_tokens}, requests_per_user=5, warmup_requests=1, prompt_tokens=16)
+cell.update(users=2, output_tokens=500, requests_per_user=5, warmup_requests=1, prompt_tokens=16)
 t = Path({tmp!r})
 def progress(msg):
     with open(t / "progress.txt", "a") as f:
@@ -489,15 +489,26 @@ bench.measure(job={{"stack": stack, "cell": cell, "run": 0}}, run=0, session=ses
 """
 
 
-def start_job(tmp_path, key, model, cwd=None, output_tokens=500):
-    """One benchmark job in a process of its own (as Snakemake runs it), in folder cwd."""
+def quick_reference(cfg) -> dict:
+    """The reference stack (a server of known speed that computes nothing) streaming a token
+    every 2 ms, for the tests whose server's kind does not matter: a 500-token answer (a requests
+    log of about 4 KB a request) in 1.25 s, and no CPU spent on a model while the other workers'
+    servers need it."""
+    stack = G.stack_params(cfg, "tiny", "reference", "tp1")
+    stack["args"][stack["args"].index("--itl-s") + 1] = "0.002"
+    return stack
+
+
+def start_job(tmp_path, key, model, cwd=None):
+    """One benchmark job in a process of its own (as Snakemake runs it), in folder cwd: 2 users,
+    5 requests each of 500 tokens from quick_reference."""
     script = JOB.format(
         repo=str(REPO),
         config=str(REPO / "config/config.yaml"),
         tmp=str(tmp_path),
         key=key,
         model=str(model),
-        output_tokens=output_tokens,
+        stack=json.dumps(quick_reference(C.load(REPO / "config/config.yaml"))),
     )
     return subprocess.Popen(
         [os.sys.executable, "-c", script], env=os.environ.copy(), stderr=subprocess.PIPE, cwd=cwd or os.getcwd()
@@ -596,7 +607,7 @@ def test_two_workflows_with_the_same_names_keep_their_own_servers(cfg, tmp_path,
     the other's idle server until it has gone foreign_idle_s without a cell (no stopping each
     other's servers between cells), says on its terminal who holds the card, and its result
     records the wait and for whom; the stopped session's state names who stopped it."""
-    stack = G.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    stack = quick_reference(cfg)  # what the long job of a below serves too
     key = "faults/twowf/run0"
     wd = {name: tmp_path / name for name in ("a", "b")}
     for d in wd.values():
@@ -660,7 +671,7 @@ def test_eviction_racing_a_cell_that_attaches(cfg, tmp_path, tiny_model):
     """A cell found its session ready, and another job evicts it before the cell takes it: the
     cell never measures on the stopped server, it starts a fresh one. A session a cell holds
     is never evicted."""
-    stack = G.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    stack = quick_reference(cfg)
     key = "faults/race/run0"
     # what a bench job launches: the stack with its start-up timeout (from the plan)
     launch = session_state.Launch(
