@@ -50,7 +50,7 @@ def _bundle(args) -> int:
 
     named = [("--requirements", f) for f in args.requirements]
     named += [(flag, f) for flag, f in (("--have", args.have), ("--omit", args.omit), ("--lock", args.lock)) if f]
-    for flag, f in named:  # before --out is emptied and the wheels fetched
+    for flag, f in named:  # one line naming the flag, before any wheel is fetched
         if not Path(f).is_file():
             raise UserError(f"{flag} {f}: no such file")
     target = bundle.Target(args.python_version, find_links=tuple(args.find_links))

@@ -296,21 +296,48 @@ def build(
     lock: str | Path | None = None,
     progress=print,
 ) -> dict:
-    """Build the bundle in `out` (emptied first) for one requirements file or several (an
-    add-on's beside the base's, resolved together); returns its manifest."""
+    """Build the bundle in `out` for one requirements file or several (an add-on's beside the
+    base's, resolved together); returns its manifest. Every input is read before anything is
+    written, and the bundle is built beside `out` and put in its place only once whole: a
+    malformed file or a failed download leaves a bundle already there as it was."""
     files_in = [Path(requirements)] if isinstance(requirements, (str, Path)) else [Path(r) for r in requirements]
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not (out / host.SUMS).exists():
-        raise BundleBuildError(f"{out}: exists and is not a bundle; refusing to empty it")
+        raise BundleBuildError(f"{out}: exists and is not a bundle; refusing to replace it")
+    reqs = [r for f in files_in for r in read_requirements(f)]
+    held, pins = read_freeze(have) if have else {}, read_freeze(lock) if lock else {}
+    omitted = read_omit(omit) if omit else {}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    new = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        manifest, parts, unmet = _build_into(new, files_in, reqs, held, pins, omitted, target, part_mib, progress)
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    new.chmod(0o755)
     shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    held = read_freeze(have) if have else {}
+    new.rename(out)
+    total = sum(w["bytes"] for w in manifest["wheels"])
+    progress(
+        f"bundle: {len(manifest['wheels'])} wheels, {total / 2**20:.1f} MiB in {parts} parts of at most "
+        f"{part_mib:g} MiB under {out}; the host's own: {len(manifest['host_has'])}, shadowed: "
+        f"{len(manifest['shadows'])}, left out: {unmet}"
+    )
+    for u in manifest["left_out"]:
+        progress(f"  left out {u['name']} (host: {u['host'] or 'none'}; {u['why']}), needed by {u['needed_by'][0]}")
+    return manifest
+
+
+def _build_into(
+    out: Path, files_in: list[Path], reqs, held, pins, omitted, target: Target, part_mib: float, progress
+) -> tuple[dict, int, int]:
+    """The bundle's files, written into the empty folder out: its manifest, how many parts, and
+    how many requirements it left out."""
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         stage = Path(tmp) / "stage"
         wheels = stage / "wheels"
         wheels.mkdir(parents=True)
-        reqs, pins = [r for f in files_in for r in read_requirements(f)], read_freeze(lock) if lock else {}
-        got = resolve(reqs, held, target, wheels, read_omit(omit) if omit else {}, pins, progress)
+        got = resolve(reqs, held, target, wheels, omitted, pins, progress)
         picked, shadows, kept = got.picked, got.shadows, sorted(got.kept)
         tree = project_files()
         for f in tree:
@@ -342,14 +369,7 @@ def build(
     (out / host.SUMS).write_text("".join(f"{d}  {n}\n" for n, d in sums.items()))
     (out / host.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     shutil.copy(Path(host.__file__), out / "install.py")
-    total = sum(w["bytes"] for w in manifest["wheels"])
-    progress(
-        f"bundle: {len(files)} wheels, {total / 2**20:.1f} MiB in {len(parts)} parts of at most {part_mib:g} MiB "
-        f"under {out}; the host's own: {len(kept)}, shadowed: {len(shadows)}, left out: {len(got.unmet)}"
-    )
-    for u in manifest["left_out"]:
-        progress(f"  left out {u['name']} (host: {u['host'] or 'none'}; {u['why']}), needed by {u['needed_by'][0]}")
-    return manifest
+    return manifest, len(parts), len(got.unmet)
 
 
 def _commit() -> str | None:

@@ -103,3 +103,41 @@ def test_a_requirements_extras_are_followed(tmp_path):
     got = bundle.resolve(bundle.read_requirements(tmp_path / "req.txt"), {}, bundle.Target(PY), tmp_path)
     assert {"fastapi", "uvicorn", "fastapi-cli", "email-validator", "httptools", "websockets"} <= set(got.picked)
     assert "fastapi[standard]" in got.picked["uvicorn"].needed_by
+
+
+def _bundle_already_there(folder):
+    """A bundle's folder as a build leaves it (its sums beside its parts), with its files' bytes."""
+    folder.mkdir()
+    (folder / host.SUMS).write_text("0123  speedsplit-bundle.tar.000\n")
+    (folder / "speedsplit-bundle.tar.000").write_bytes(b"the parts of an earlier build")
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+@pytest.mark.parametrize("malformed", ["requirements", "have", "omit", "lock"])
+def test_a_malformed_input_leaves_the_bundle_already_there_as_it_was(tmp_path, malformed):
+    out = tmp_path / "out"
+    before = _bundle_already_there(out)
+    files = {name: tmp_path / f"{name}.txt" for name in ("requirements", "have", "omit", "lock")}
+    good = {"requirements": "requests==2.32.3\n", "have": "certifi==2024.8.30\n", "omit": "", "lock": ""}
+    for name, path in files.items():
+        path.write_text(good[name] if name != malformed else "not a line of any of them!!\n")
+    with pytest.raises(bundle.BundleBuildError, match="not a"):
+        bundle.build(
+            files["requirements"], out, bundle.Target(PY), files["have"], omit=files["omit"], lock=files["lock"]
+        )
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", *(p.name for p in files.values())])
+
+
+@pytest.mark.slow
+def test_a_build_that_fails_midway_leaves_the_bundle_already_there_as_it_was(tmp_path):
+    """requests fetched, then its idna refused by the lock: the earlier bundle stays whole, and
+    nothing of the failed build is left beside it."""
+    out = tmp_path / "out"
+    before = _bundle_already_there(out)
+    (tmp_path / "req.txt").write_text("requests==2.32.3\n")
+    (tmp_path / "lock.txt").write_text("idna==2.0\n")
+    with pytest.raises(bundle.BundleBuildError, match="the lock pins 2.0, but requests"):
+        bundle.build(tmp_path / "req.txt", out, bundle.Target(PY), lock=tmp_path / "lock.txt")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lock.txt", "out", "req.txt"]
