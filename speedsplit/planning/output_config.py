@@ -17,8 +17,8 @@ from speedsplit.core.numbers import AtLeastOne, NonNegative, Positive, Share
 class CardPrices(Entry):
     """US dollars an hour for one card, by platform (a CPU run: the whole host); null: not priced."""
 
-    cpu: Positive | None = None
-    cuda: Positive | None = None
+    cpu: Positive | None = Field(None, description="A CPU run's host, dollars an hour (null: not priced).")
+    cuda: Positive | None = Field(None, description="One GPU, dollars an hour (null: not priced).")
 
 
 class CostConfig(Entry):
@@ -67,8 +67,8 @@ class AnalysisConfig(Entry):
 class Headline(Entry):
     """One cell of the first screen."""
 
-    users: int = Field(ge=1)
-    workload: str
+    users: int = Field(ge=1, description="Its concurrent users (a grid cell's).")
+    workload: str = Field(description="Its workload (a grid cell's).")
     sampling: str | None = absent("Its sampling (absent: each of the grid's).")
 
 
@@ -93,18 +93,18 @@ class ReportConfig(Entry):
 
 
 class OutputRates(Entry):
-    cpu: Positive = 20
-    cuda: Positive = 1000
+    cpu: Positive = Field(20, description="On the cpu platform.")
+    cuda: Positive = Field(1000, description="On one GPU.")
 
 
 class StartupTimes(Entry):
-    cpu: NonNegative = 90
-    cuda: NonNegative = 200
+    cpu: NonNegative = Field(90, description="On the cpu platform.")
+    cuda: NonNegative = Field(200, description="On GPUs.")
 
 
 class WarmStartupTimes(Entry):
-    cpu: NonNegative = 90
-    cuda: NonNegative = 70
+    cpu: NonNegative = Field(90, description="On the cpu platform.")
+    cuda: NonNegative = Field(70, description="On GPUs.")
 
 
 class EstimateConfig(Entry):

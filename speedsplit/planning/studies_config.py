@@ -24,8 +24,12 @@ class CapacityConfig(Entry):
     tables/capacity.* gives each stack's sustainable users or rate (the largest passing level),
     the first failing level and why, and its ratio to the reference stack."""
 
-    enabled: bool = Field(False)
-    users: list[Annotated[int, Field(ge=1)]] = Field([16, 32, 64, 96, 128, 192, 256, 384, 512], min_length=1)
+    enabled: bool = Field(False, description="Run the sweep (its cells are jobs beside the grid's).")
+    users: list[Annotated[int, Field(ge=1)]] = Field(
+        [16, 32, 64, 96, 128, 192, 256, 384, 512],
+        min_length=1,
+        description="The ladder's concurrent users, one level each (a closed-loop workload).",
+    )
     rates: list[Positive] | None = absent(
         "The ladder's request rates (requests/s) when the capacity workload is open loop (it has an arrival):"
         " each level a cell r{rate}-{workload}-{sampling}; users then does not apply. Required for an "
@@ -33,10 +37,12 @@ class CapacityConfig(Entry):
         min_length=1,
     )
     workload: str | None = Field(None, description="null: the grid's first cell's workload.")
-    sampling: str = Field("greedy")
+    sampling: str = Field("greedy", description="The sampling of every level.")
     stacks: list[str] = Field([], description="Stacks that sweep (empty: every benchmarked stack).")
     runs: int = Field(1, ge=1, description="Runs per level (at most grid.runs).")
-    stop_after: int = Field(2, ge=1)
+    stop_after: int = Field(
+        2, ge=1, description="After this many consecutive failing levels the levels above are skipped, not measured."
+    )
     reference: str | None = Field(
         None, description="The stack capacities are set against (null: report.kernel_reference's rule)."
     )
@@ -58,13 +64,19 @@ class FactorialConfig(Entry):
     mode over the low ceiling at the other) as matched x batch ceiling x sampling, each with a
     95% t interval over runs. The grid must hold those cells."""
 
-    enabled: bool = Field(False)
-    users: int = Field(64, ge=1)
+    enabled: bool = Field(False, description="Build tables/factorial.* (from the grid's cells; it measures nothing).")
+    users: int = Field(64, ge=1, description="The concurrent users of its cells.")
     workload: str | None = Field(None, description="null: the grid's first cell's workload.")
-    fast: str = Field("vllm-fp16")
+    fast: str = Field("vllm-fp16", description="The fast stack every runtime factor sets over an HF reference.")
     low: str = Field("hf-generate", description="The HF reference at the low batch ceiling (the study's 8).")
     high: str = Field("hf-generate-b64", description="The HF reference at the high batch ceiling (the users).")
-    sampling: list[str] = Field(["greedy", "ancestral"], min_length=2, max_length=2)
+    sampling: list[str] = Field(
+        ["greedy", "ancestral"],
+        min_length=2,
+        max_length=2,
+        description="The two sampling modes: the matched one first, then the one the operational number's "
+        "reference used.",
+    )
 
 
 class CoordinationConfig(Entry):
@@ -73,7 +85,7 @@ class CoordinationConfig(Entry):
     profiler) and the time per step is split into compute, communication, copies and idle gaps;
     tables/coordination.* sets each tp{k} against tp1 (shortfall vs ideal scaling)."""
 
-    enabled: bool = Field(False)
+    enabled: bool = Field(False, description="Run rule profile for each topology listed.")
     stack: str = Field("vllm-fp16", description="A vLLM stack (the profiler endpoints are vLLM's).")
     topologies: list[str] = Field(["tp1"], description="Single-instance topologies to profile (tp1 and tp{k}).")
     cell: str | None = Field(None, description="Cell name (e.g. u64-h200-wide-greedy); null: the grid's first cell.")

@@ -33,9 +33,13 @@ class Arrival(Entry):
 
 
 class Lengths(Entry):
-    kind: Literal["fixed", "lognormal", "file"] = "fixed"
-    prompt_spread: NonNegative = 0.5
-    output_spread: NonNegative = 0.5
+    kind: Literal["fixed", "lognormal", "file"] = Field(
+        "fixed",
+        description="fixed: every request the workload's prompt_tokens and output_tokens; lognormal: drawn around "
+        "them as means (spreads below); file: (prompt, output) pairs read from path.",
+    )
+    prompt_spread: NonNegative = Field(0.5, description="lognormal: the standard deviation of the log prompt length.")
+    output_spread: NonNegative = Field(0.5, description="lognormal: the standard deviation of the log output length.")
     path: str | None = absent("kind file: the pairs' file.")
     shared_prefix_tokens: int = Field(
         0,
@@ -57,7 +61,9 @@ class Trace(Entry):
         min_length=1, description="Arrival times divided by each (2: twice the trace's rate)."
     )
     length_scale: Positive = Field(1.0, description="Every length and the block size times this.")
-    over_context: Literal["skip", "cap"] = "skip"
+    over_context: Literal["skip", "cap"] = Field(
+        "skip", description="A request longer than the model's context: skipped, or its prompt cut to fit (cap)."
+    )
     block_tokens: int = Field(512, ge=1, description="The trace's prompt block size.")
 
 

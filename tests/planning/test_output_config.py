@@ -265,7 +265,12 @@ def test_the_schema_entries_are_the_sections_filled_from_empty_defaults():
         assert estimate[key]["default"] == {} and list(estimate[key]["properties"]) == ["cpu", "cuda"]
         assert {k: p["default"] for k, p in estimate[key]["properties"].items()} == FILLED["estimate"][key]
     prices = analysis["cost"]["properties"]["card_hour_usd"]["properties"]
-    assert prices["cpu"] == {"type": ["number", "null"], "exclusiveMinimum": 0, "default": None}
+    assert prices["cpu"] == {
+        "type": ["number", "null"],
+        "exclusiveMinimum": 0,
+        "default": None,
+        "description": "A CPU run's host, dollars an hour (null: not priced).",
+    }
     assert analysis["cost"]["properties"]["stacks"]["additionalProperties"] == {"type": "number", "exclusiveMinimum": 0}
     assert analysis["tolerate_flags"]["items"] == {"type": "string", "enum": FLAGS}
     headline = report["headline"]["items"]
