@@ -78,3 +78,32 @@ def test_a_job_names_a_setting_passed_on_only_where_it_is_not_its_default():
     assert "text" not in cell
     code = C.validate(C.merge(C.read_yaml(C.DEFAULT_CONFIG), {"workloads": {"wide": {"text": "code"}}}))
     assert G.cell_params(code, G.cell_by_name(code, "u2-wide-greedy"))["text"] == "code"
+
+
+def test_every_config_key_says_what_it_is():
+    """Every key of the config's schema has a description (its own, or its section type's)."""
+    schema = E.json_schema()
+    defs = schema.get("$defs", {})
+    missing, seen = [], set()
+
+    def walk(node: dict, path: str) -> None:
+        if "$ref" in node:
+            name = node["$ref"].split("/")[-1]
+            if (name, path) not in seen:
+                seen.add((name, path))
+                walk(defs[name], path)
+            return
+        for key, sub in node.get("properties", {}).items():
+            typed = defs.get(sub.get("$ref", "").split("/")[-1], {})
+            if "description" not in sub and "description" not in typed:
+                missing.append(f"{path}.{key}")
+            walk(sub, f"{path}.{key}")
+        for key in ("additionalProperties", "items"):
+            if isinstance(node.get(key), dict):
+                walk(node[key], f"{path}.*")
+        for key in ("anyOf", "allOf", "oneOf"):
+            for sub in node.get(key, []):
+                walk(sub, path)
+
+    walk(schema, "")
+    assert not missing, missing
