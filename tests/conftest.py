@@ -16,15 +16,23 @@ from speedsplit.serving.caches import MODELINFOS_ENV  # noqa: E402 (after the re
 
 
 # How `make test`'s workers (pytest-xdist) share the tests: one test at a time, except modules
-# whose tests share a server or a run made once per worker (tests/workflow/test_truth.py shares
-# one too, but it runs alone, after the workers: marker serial). The local_run modules use the
-# session fixture local_run (the whole DAG, about 200 s), so they go to one worker together; as
-# one of the three units with the most tests it starts at once (xdist hands those out first).
+# whose tests share a server, a run or a model made once (tests/workflow/test_truth.py shares
+# one too, but it runs alone, after the workers: marker serial). Such a module's tests go to one
+# worker together: handed out one at a time, its module fixture was made again on every worker
+# that got one of them, and again on one worker after another module's test (the GGUF
+# conversions three times, 28 s each on 2 busy cores). The local_run modules use the session
+# fixture local_run (the whole DAG, about 200 s), so they go to one worker together; as one of
+# the three units with the most tests it starts at once (xdist hands those out first).
 LOCAL_RUN_MODULES = ("tests/workflow/test_workflow.py", "tests/workflow/test_slurm.py")
-SHARED_SERVER_MODULES = (
-    "tests/probes/test_loadgen.py",
-    "tests/serving/test_hf_generate.py",
-    "tests/workflow/test_truth_faults.py",
+SHARED_FIXTURE_MODULES = (
+    "tests/probes/test_loadgen.py",  # a server
+    "tests/serving/test_hf_generate.py",  # a server
+    "tests/workflow/test_truth_faults.py",  # a workflow run
+    "tests/models/test_gguf.py",  # the checkpoint converted to GGUF
+    "tests/models/test_train.py",  # a trained model
+    "tests/models/test_prompts.py",  # a trained tokenizer's prompts
+    "tests/probes/test_quality_tasks.py",  # a trained model
+    "tests/analysis/test_quality_truth.py",  # reference servers probed for quality
 )
 
 
@@ -38,7 +46,7 @@ def pytest_xdist_make_scheduler(config, log):
             module = nodeid.split("::")[0]
             if module in LOCAL_RUN_MODULES:
                 return "local_run"
-            return module if module in SHARED_SERVER_MODULES else nodeid
+            return module if module in SHARED_FIXTURE_MODULES else nodeid
 
     return Units(config, log)
 
