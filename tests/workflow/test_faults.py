@@ -34,7 +34,7 @@ def cfg():
     return C.load(REPO / "config/config.yaml")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once a worker: this module's tests go out one at a time
 def gptq_model(tiny_model):
     from speedsplit.models.quantize import quantize
 
