@@ -371,9 +371,9 @@ def test_a_tokenizer_error_is_an_error_result(cfg, tmp_path, tiny_model):
 
 
 def test_hanging_server_is_server_hung(cfg, tmp_path, tiny_model):
-    """transformers serve frozen (SIGSTOP) mid-run: requests stall, status server_hung, and
-    speedsplit's cleanup ends the frozen server and everything below it."""
-    stack = G.stack_params(cfg, "tiny", "hf-fp16", "tp1")
+    """A server frozen (SIGSTOP) mid-run: requests stall, status server_hung, and speedsplit's
+    cleanup ends the frozen server and everything below it."""
+    stack = quick_reference(cfg)
     params = cell(cfg, users=2, output_tokens=400, requests_per_user=6, warmup_requests=1, prompt_tokens=16)
     key = "faults/hang/run0"
     seen = {}
