@@ -52,7 +52,7 @@ class Launch(BaseModel):
     model_dir: str
     model: dict | None = None  # the model's identity (models/checkpoint.model_identity)
     cache_dir: str  # this session's compile cache
-    shared_cache_dir: str | None = None  # the caches sessions share (bytecode; else cache_dir)
+    shared_cache_dir: str | None = None  # the caches every session shares (bytecode, model inspection; else cache_dir)
     kv_tokens: int = 0  # what a CPU server sizes its caches for (serving/memcap.host_cache_gib)
     cpu_slots: int = 1  # how many CPU servers may run at once (benchmark.cpu_lanes)
 
