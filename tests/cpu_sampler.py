@@ -46,10 +46,18 @@ def sample(out: str, seconds: float, every_s: float = 0.5) -> None:
             except (OSError, IndexError, ValueError):
                 pass  # gone between the listing and the read
         if time.time() - dumped > 10:
-            json.dump(per.most_common(), open(out, "w"), indent=0)
+            _write(out, per)
             dumped = time.time()
         time.sleep(every_s)
-    json.dump(per.most_common(), open(out, "w"), indent=0)
+    _write(out, per)
+
+
+def _write(out: str, per: collections.Counter) -> None:
+    """The counts so far, most first, replacing the file whole (a reader never sees half of it)."""
+    tmp = f"{out}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(per.most_common(), f, indent=0)
+    os.replace(tmp, out)
 
 
 if __name__ == "__main__":

@@ -499,16 +499,16 @@ def quick_reference(cfg) -> dict:
     return stack
 
 
-def start_job(tmp_path, key, model, cwd=None):
+def start_job(tmp_path, key, model, stack, cwd=None):
     """One benchmark job in a process of its own (as Snakemake runs it), in folder cwd: 2 users,
-    5 requests each of 500 tokens from quick_reference."""
+    5 requests each of 500 tokens from stack (quick_reference's)."""
     script = JOB.format(
         repo=str(REPO),
         config=str(REPO / "config/config.yaml"),
         tmp=str(tmp_path),
         key=key,
         model=str(model),
-        stack=json.dumps(quick_reference(C.load(REPO / "config/config.yaml"))),
+        stack=json.dumps(stack),
     )
     return subprocess.Popen(
         [os.sys.executable, "-c", script], env=os.environ.copy(), stderr=subprocess.PIPE, cwd=cwd or os.getcwd()
@@ -529,7 +529,7 @@ def test_sigterm_to_one_job_stops_its_server_and_writes_nothing(cfg, tmp_path, t
     """A single benchmark job terminated mid-cell: its server goes, no result file is left,
     its card is free again."""
     key = "faults/sigterm/run0"
-    job = start_job(tmp_path, key, tiny_model)
+    job = start_job(tmp_path, key, tiny_model, quick_reference(cfg))
     st = wait_state(key, ("ready",))
     tree = server_processes(st)
     wait_measuring(tmp_path, job)
@@ -545,7 +545,7 @@ def test_a_full_disk_while_the_result_is_written(cfg, tmp_path, tiny_model, limi
     """The disk fills up (RLIMIT_FSIZE on the job stands in) after the load ran: an error result
     if one still fits, else the job fails cleanly; never a partial or temporary file."""
     key = f"faults/disk{limit}/run0"
-    job = start_job(tmp_path, key, tiny_model)
+    job = start_job(tmp_path, key, tiny_model, quick_reference(cfg))
     st = wait_state(key, ("ready",))
     tree = server_processes(st)
     wait_measuring(tmp_path, job)
@@ -607,7 +607,7 @@ def test_two_workflows_with_the_same_names_keep_their_own_servers(cfg, tmp_path,
     the other's idle server until it has gone foreign_idle_s without a cell (no stopping each
     other's servers between cells), says on its terminal who holds the card, and its result
     records the wait and for whom; the stopped session's state names who stopped it."""
-    stack = quick_reference(cfg)  # what the long job of a below serves too
+    stack = quick_reference(cfg)  # a's long job below serves it too
     key = "faults/twowf/run0"
     wd = {name: tmp_path / name for name in ("a", "b")}
     for d in wd.values():
@@ -648,7 +648,7 @@ def test_two_workflows_with_the_same_names_keep_their_own_servers(cfg, tmp_path,
     # stops a's server mid-cell
     out_a = wd["a"] / "long"
     out_a.mkdir()
-    job = start_job(out_a, key, wd["a"] / "resources/models/tiny/fp16", cwd=wd["a"])
+    job = start_job(out_a, key, wd["a"] / "resources/models/tiny/fp16", stack, cwd=wd["a"])
     wait_measuring(out_a, job)
     # a's job is paused while b asks, so a's cell is surely still going when b gives up, however
     # long b takes to ask (a's load alone could end within b's start and 3 s of waiting: on CI it did)
