@@ -18,6 +18,8 @@ CALIBRATION_SCHEMA = {
     "tpot_s": pl.Float64,
     "e2e_s": pl.Float64,
     "e2e_p90_s": pl.Float64,
+    "ttft_p99_s": pl.Float64,
+    "tpot_p99_s": pl.Float64,
     "throughput_error": pl.Float64,
     "cycle_s": pl.Float64,
     "wait_s": pl.Float64,

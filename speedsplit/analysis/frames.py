@@ -140,6 +140,8 @@ RUNS_SCHEMA = {
     "client_tpot_s": pl.Float64,
     "client_e2e_s": pl.Float64,
     "client_cycle_s": pl.Float64,  # a closed-loop request's (null: calibrated before it was measured)
+    "client_ttft_p99_s": pl.Float64,  # the client's tail: a p99's far side (null: calibrated before it was)
+    "client_tpot_p99_s": pl.Float64,
     "client_least_ttft_s": pl.Float64,
     "client_least_itl_s": pl.Float64,
     "client_least_tpot_s": pl.Float64,
@@ -251,6 +253,8 @@ def runs_frame(results: list[RunResult]) -> pl.DataFrame:
             client_tpot_s=cal.tpot_s if cal else None,
             client_e2e_s=cal.e2e_s if cal else None,
             client_cycle_s=cal.cycle_s if cal else None,
+            client_ttft_p99_s=cal.ttft_p99_s if cal else None,
+            client_tpot_p99_s=cal.tpot_p99_s if cal else None,
             **{f"client_least_{k}": least.get(k) for k in ("ttft_s", "itl_s", "tpot_s", "e2e_s", "cycle_s")},
             client_wall_s=s.client_wall_s if ok and s else None,
             think_s=float(p.closed.think_s),

@@ -324,6 +324,16 @@ class CalibrationLevel(StrictRecord):
     tpot_s: float = Field(description="measured TPOT less the true one (the stream's end comes after its last token)")
     e2e_s: float = Field(description="measured end-to-end latency less the true one")
     e2e_p90_s: float = Field(description="its 90th percentile over requests")
+    ttft_p99_s: float | None = Field(
+        None,
+        description="the TTFT offset's 99th percentile over requests: what the client adds to a p99 TTFT "
+        "(null: measured before it was)",
+    )
+    tpot_p99_s: float | None = Field(
+        None,
+        description="the TPOT offset's 99th percentile over requests: what the client adds to a p99 TPOT "
+        "(null: measured before it was)",
+    )
     throughput_error: float = Field(description="measured / true output tok/s, less 1")
     cycle_s: float | None = Field(
         None,
@@ -358,6 +368,16 @@ class Calibration(StrictRecord):
     e2e_s: float = Field(description="the largest level's end-to-end offset (0 if negative)")
     cycle_s: float | None = Field(
         None, description="the largest level's closed-loop cycle offset (0 if negative; null: not measured)"
+    )
+    ttft_p99_s: float | None = Field(
+        None,
+        description="the largest level's p99 TTFT offset (0 if negative; null: not measured): the far side "
+        "of a p99 TTFT factor's interval",
+    )
+    tpot_p99_s: float | None = Field(
+        None,
+        description="the largest level's p99 TPOT offset (0 if negative; null: not measured): the far side "
+        "of a p99 TPOT factor's interval",
     )
     ceiling_tok_s: float | None = Field(description="output tok/s against a server that answers at once")
     ceiling_users: int = Field(description="users of the ceiling's load")

@@ -89,6 +89,12 @@ def _load(url: str, users: int, per_user: int, output_tokens: int, warmup: int =
     )
 
 
+def _rank(ordered: list[float], q: float) -> float:
+    """The q-quantile of sorted values, the nearest rank below (of 32 requests, p99 is the
+    second slowest)."""
+    return ordered[int(q * (len(ordered) - 1))]
+
+
 def level(url: str, users: int, speed: reference_speed.Speed = SPEED, requests: int = REQUESTS) -> CalibrationLevel:
     """The client's offsets at one number of users against a server of this speed (no cap),
     over about `requests` measured requests (two a user at least)."""
@@ -99,6 +105,8 @@ def level(url: str, users: int, speed: reference_speed.Speed = SPEED, requests: 
         raise RuntimeError(f"calibration at {users} users: {summary.failed} requests failed ({summary.failures})")
     first, whole = speed.first_token_s(PROMPT_TOKENS), speed.service_s(PROMPT_TOKENS, OUTPUT_TOKENS)
     e2e = sorted(r.end - r.sent - whole for r in ok)
+    ttft = sorted(r.first_token - r.sent - first for r in ok)
+    tpot = sorted(slo.tpot(r) - speed.itl_s for r in ok)
     truth = reference_speed.expected(
         speed, users=users, requests_per_user=per_user, prompt_tokens=PROMPT_TOKENS, output_tokens=OUTPUT_TOKENS
     )
@@ -112,11 +120,13 @@ def level(url: str, users: int, speed: reference_speed.Speed = SPEED, requests: 
     return CalibrationLevel(
         users=users,
         requests=len(ok),
-        ttft_s=statistics.median(r.first_token - r.sent - first for r in ok),
+        ttft_s=statistics.median(ttft),
         itl_s=statistics.fmean(g for r in ok for g in r.gaps) - speed.itl_s,
-        tpot_s=statistics.median(slo.tpot(r) for r in ok) - speed.itl_s,
+        tpot_s=statistics.median(tpot),
         e2e_s=statistics.median(e2e),
-        e2e_p90_s=e2e[int(0.9 * (len(e2e) - 1))],
+        e2e_p90_s=_rank(e2e, 0.9),
+        ttft_p99_s=_rank(ttft, 0.99),
+        tpot_p99_s=_rank(tpot, 0.99),
         throughput_error=summary.output_tok_s / true_tok_s - 1.0,
         cycle_s=statistics.median(e2e) + (statistics.median(turns) if turns else 0.0),
         wait_s=first,
@@ -151,6 +161,8 @@ def calibrate(
         tpot_s=max(0.0, *(lv.tpot_s for lv in levels)),
         e2e_s=max(0.0, *(lv.e2e_s for lv in levels)),
         cycle_s=max(0.0, *(lv.cycle_s for lv in levels)),
+        ttft_p99_s=max(0.0, *(lv.ttft_p99_s for lv in levels)),
+        tpot_p99_s=max(0.0, *(lv.tpot_p99_s for lv in levels)),
         ceiling_tok_s=top,
         ceiling_users=ceiling_users,
     )
@@ -167,7 +179,8 @@ def lines(c: Calibration) -> list[str]:
         out.append(
             f"  {lv.users:>3} users, {lv.requests} requests, first tokens {lv.waited_s * 1e3:.0f} ms away: TTFT {lv.ttft_s * 1e3:+.2f} ms, ITL "
             f"{lv.itl_s * 1e3:+.3f} ms, TPOT {lv.tpot_s * 1e3:+.3f} ms, E2E {lv.e2e_s * 1e3:+.2f} ms "
-            f"(p90 {lv.e2e_p90_s * 1e3:+.2f}), cycle {_ms(lv.cycle_s, '+.2f')}, "
+            f"(p90 {lv.e2e_p90_s * 1e3:+.2f}), cycle {_ms(lv.cycle_s, '+.2f')}, TTFT p99 "
+            f"{_ms(lv.ttft_p99_s, '+.2f')}, TPOT p99 {_ms(lv.tpot_p99_s, '+.3f')}, "
             f"throughput {lv.throughput_error * 100:+.2f}%"
         )
     out.append(
@@ -175,7 +188,8 @@ def lines(c: Calibration) -> list[str]:
     )
     out.append(
         f"  carried into every factor's interval: TTFT {c.ttft_s * 1e3:.2f} ms, ITL {c.itl_s * 1e3:.3f} ms, "
-        f"TPOT {c.tpot_s * 1e3:.3f} ms, E2E {c.e2e_s * 1e3:.2f} ms, closed-loop cycle {_ms(c.cycle_s, '.2f')}"
+        f"TPOT {c.tpot_s * 1e3:.3f} ms, E2E {c.e2e_s * 1e3:.2f} ms, closed-loop cycle {_ms(c.cycle_s, '.2f')}; "
+        f"into a p99's: TTFT {_ms(c.ttft_p99_s, '.2f')}, TPOT {_ms(c.tpot_p99_s, '.3f')}"
     )
     return out
 

@@ -1,6 +1,7 @@
 import polars as pl
 import pytest
 
+from speedsplit.analysis import chains
 from speedsplit.analysis.chains import run_speeds
 
 
@@ -59,3 +60,28 @@ def test_the_value_takes_out_the_uncontended_client_and_what_the_runs_own_record
     assert run_speeds(older, "output_tok_s", without_client="value")[0] == pytest.approx(10.0 / 0.998)
     latency = runs.with_columns(ttft_s_median=pl.lit(0.5), client_least_ttft_s=pl.lit(0.0012))
     assert run_speeds(latency, "ttft_s_median", False, without_client="value")[0] == pytest.approx(1 / 0.4988)
+
+ROW = {
+    "tpot_s_median": 0.0100,
+    "tpot_s_p99": 0.0110,
+    "client_least_tpot_s": 0.000005,  # the uncontended client's median offset
+    "client_tpot_s": 0.000013,  # the largest level's median offset
+    "client_tpot_p99_s": 0.000040,  # the largest level's p99 offset
+}
+
+
+def test_a_p99s_far_side_is_the_clients_own_tail():
+    # the value takes the uncontended median out, a p99 as a median
+    assert chains.client_free(ROW, "tpot_s_p99") == pytest.approx(0.0110 - 0.000005)
+    # the interval's far side: a p99 less the client's largest p99 offset, a median less its median's
+    assert chains.client_free(ROW, "tpot_s_p99", bound=True) == pytest.approx(0.0110 - 0.000040)
+    assert chains.client_free(ROW, "tpot_s_median", bound=True) == pytest.approx(0.0100 - 0.000013)
+
+
+def test_a_calibration_without_its_tail_bounds_a_p99_by_its_median():
+    older = {**ROW, "client_tpot_p99_s": None}  # calibrated before the tail was measured
+    assert chains.client_free(older, "tpot_s_p99", bound=True) == pytest.approx(0.0110 - 0.000013)
+    # a tail below the median's offset never narrows the bound
+    assert chains.client_free({**ROW, "client_tpot_p99_s": 0.0}, "tpot_s_p99", bound=True) == pytest.approx(
+        0.0110 - 0.000013
+    )

@@ -19,6 +19,8 @@ def test_a_level_measures_the_closed_loop_cycle_beside_the_end_to_end_offset():
     # offset and the turn between them (counting the warm-ups, sent apart, read -100 ms)
     for x in (lv, many):
         assert 0.0 <= x.e2e_s < x.cycle_s < x.e2e_s + 0.05 < 0.2
+        # the client's tail: a p99 offset at least the median's
+        assert x.ttft_p99_s >= x.ttft_s and x.tpot_p99_s >= x.tpot_s
     assert "cycle" in "\n".join(calibrate.lines(_carried(lv)))
 
 
