@@ -61,6 +61,7 @@ def test_the_value_takes_out_the_uncontended_client_and_what_the_runs_own_record
     latency = runs.with_columns(ttft_s_median=pl.lit(0.5), client_least_ttft_s=pl.lit(0.0012))
     assert run_speeds(latency, "ttft_s_median", False, without_client="value")[0] == pytest.approx(1 / 0.4988)
 
+
 ROW = {
     "tpot_s_median": 0.0100,
     "tpot_s_p99": 0.0110,
