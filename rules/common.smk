@@ -22,7 +22,9 @@ except ConfigError as exc:
     raise SystemExit(f"speedsplit: {exc}")
 FILLED = CFG.filled()  # the validated dict, in the order given: the model, quantize and report rules' params
 
-FINISHED = functools.cache(ss_plan.finished_as_planned(CFG))  # its result there, its params unchanged
+# its result there, its params unchanged, not forced (snakemake -F, -R, -f)
+FORCED = functools.cache(ss_plan.forced_reruns(CFG, **ss_plan.command_line_forcing()))  # by -F, -R, -f
+FINISHED = functools.cache(ss_plan.finished_as_planned(CFG, FORCED))
 PREV = ss_plan.predecessors(CFG, FINISHED)
 JOBS = list(PREV)
 PLATFORM = ss_grid.platform_of(CFG)
@@ -115,8 +117,11 @@ def bench_inputs(wc):
     prev = PREV[job]
     if prev is not None:
         # Order only: run after the lane's previous job (its server may be ours), never
-        # rerun because it changed.
-        inputs["after"] = ancient(prev.result)
+        # rerun because it changed. A forced job's is a plain input: Snakemake 9 never asks
+        # whether a job downstream of a rerun one is forced, and reruns it through an ancient
+        # input only if that is missing (`-R bench` on a finished grid reran each lane's first
+        # cell only); forced, it reruns anyway.
+        inputs["after"] = prev.result if FORCED(job) else ancient(prev.result)
     return inputs
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from speedsplit.core.results import redact
 from speedsplit.output.failed import REMEASURE_ENV, failed_results
+from speedsplit.planning import plan
 
 
 def _frame(path: Path):
@@ -136,10 +137,9 @@ def snakemake_args(argv: list[str] | None = None) -> list[str] | None:
     """This Snakemake process's own arguments, less its targets (words before the first
     option), where it was started from the command line; None otherwise (the API, a cluster
     job)."""
-    argv = sys.argv if argv is None else argv
-    if not argv or "snakemake" not in Path(argv[0]).name and not argv[0].endswith("__main__.py"):
+    args = plan.snakemake_command_line(argv)
+    if args is None:
         return None
-    args = argv[1:]
     first = next((i for i, a in enumerate(args) if a.startswith("-")), len(args))
     return args[first:]
 

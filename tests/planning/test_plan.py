@@ -212,6 +212,55 @@ def test_a_cell_whose_params_changed_is_planned_with_the_jobs_still_to_run(tmp_p
     assert P.finished_as_planned(cfg)(todo[0])
 
 
+def test_a_forced_rerun_is_planned_as_a_fresh_run(tmp_path, monkeypatch):
+    """`snakemake -R bench` (or -F, or a rule upstream of the cells) on a finished grid reruns
+    cells whose results are there: the lanes and sessions plan them as a fresh run's (each once
+    started a server of its own, in scrambled order: 11 min 14 s for the demo's grid, whose
+    fresh run took 4 min 52 s)."""
+    import json
+    from pathlib import Path
+
+    monkeypatch.chdir(tmp_path)
+    cfg = C.load(REPO / "config/config.yaml")
+    jobs = P.bench_jobs(cfg)
+    for job in jobs:  # a finished run: every result and job file there
+        for path, content in ((job.result, {}), (job.job_file, P.job_spec(cfg, job).model_dump(mode="json"))):
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(json.dumps(content))
+    fresh = P.predecessors(cfg), P.session_plans(cfg)
+    for argv in (
+        ["snakemake", "-R", "bench", "--cores", "2"],
+        ["snakemake", "--forceall"],
+        ["snakemake", "-R", "model"],
+    ):
+        finished = P.finished_as_planned(cfg, P.forced_reruns(cfg, **P.command_line_forcing(argv)))
+        assert not any(finished(job) for job in jobs), argv
+        assert (P.predecessors(cfg, finished), P.session_plans(cfg, finished)) == fresh, argv
+    # nothing forced: every job finished, none waits for another
+    finished = P.finished_as_planned(cfg, P.forced_reruns(cfg, **P.command_line_forcing(["snakemake", "-n"])))
+    assert all(finished(job) for job in jobs) and not any(P.predecessors(cfg, finished).values())
+
+
+def test_what_a_command_line_forces():
+    cfg = C.load(REPO / "config/config.yaml")
+    jobs = P.bench_jobs(cfg)
+
+    def forced(*argv):
+        test = P.forced_reruns(cfg, **P.command_line_forcing(["/venv/bin/snakemake", *argv]))
+        return [job for job in jobs if test(job)]
+
+    assert forced("-F") == forced("-R", "bench") == forced("--forcerun", "job_file") == jobs
+    # the stacks served on the weights a rule makes: quantize's GPTQ checkpoint
+    assert {job.stack for job in forced("-R", "quantize")} == {"vllm-marlin"} and not forced("-R", "gguf")
+    one = jobs[3]
+    assert forced("-R", one.result) == [one] and forced("-R", one.job_file) == [one]
+    assert forced(one.result, "-f") == [one] and not forced(one.result)  # a target is forced by -f only
+    assert {job.stack for job in forced("-R", "resources/models/tiny/gptq-w4g128")} == {"vllm-marlin"}
+    assert not forced("--cores", "2", "--resources", "gpu=1") and not forced("-R", "tables")
+    # not Snakemake's command line (a test, the API, a cluster job): nothing forced
+    assert P.command_line_forcing(["pytest", "-q"]) == {} and P.command_line_forcing([]) == {}
+
+
 def test_the_quality_probe_follows_every_cell_its_server_measures():
     """The probe goes with a stack's last job of run 0, whatever the servers' reuse (a grown
     grid, more runs, must not move it and rerun the old carrier)."""

@@ -3,6 +3,7 @@ incremental rerun and the report in a real browser (the dry runs: test_dry_runs.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -391,6 +392,33 @@ def test_editing_one_cell_reruns_exactly_that_cell(workdir):
         mine = [job for job in todo if job.stack == stack]
         assert len(mine) == 2 and prev[mine[1]] == mine[0], (stack, mine)  # one after the other
         assert sessions[f"tiny/{stack}/tp1/all"].last_job == mine[1].result  # the second stops the server
+
+
+@pytest.mark.slow
+def test_a_forced_rerun_measures_every_forced_cell_in_its_lane(workdir):
+    """`snakemake -R bench` on a finished grid reruns every cell, each stack's one after another
+    on its server (each lane job's order-only input its predecessor); -R with one result reruns
+    that cell alone. Snakemake 9 never asked whether a job downstream of a rerun one was forced:
+    through ancient order-only inputs `-R bench` reran each lane's first cell only."""
+    every = sorted(str(p.relative_to(workdir)) for p in (workdir / "results/bench").rglob("run*.json"))
+    args = ["-n", "--configfile", "ci.yaml", "--cores", "2", "--resources", "gpu=1"]
+    out = run_snakemake([*args, "-R", "bench"], workdir, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert len(every) == 12 and planned_outputs(out.stdout) == every
+    # each job's order-only input: the result of the job before it in the lane (one lane here)
+    blocks = re.findall(r"rule bench:\n\s+input: ([^\n]+)\n\s+output: ([^,\s]+)", out.stdout)
+    after = {o: next((i for i in ins.split(", ") if i.startswith("results/bench/")), None) for ins, o in blocks}
+    (first,) = [o for o, a in after.items() if a is None]
+    following = {a: o for o, a in after.items() if a}
+    lane = [first]
+    while lane[-1] in following:
+        lane.append(following[lane[-1]])
+    assert sorted(lane) == every
+    stacks = [path.split("/")[3] for path in lane]  # per_stack reuse: a stack's cells one after another
+    assert [s for i, s in enumerate(stacks) if i == 0 or stacks[i - 1] != s] == sorted(set(stacks), key=stacks.index)
+    one = "results/bench/tiny/vllm-fp16/tp1/u4-ci-wide-greedy/run1.json"
+    out = run_snakemake([*args, "-R", one], workdir, timeout=300)
+    assert out.returncode == 0 and planned_outputs(out.stdout) == [one], out.stderr[-2000:]
 
 
 @pytest.mark.slow
