@@ -22,9 +22,8 @@ except ConfigError as exc:
     raise SystemExit(f"speedsplit: {exc}")
 FILLED = CFG.filled()  # the validated dict, in the order given: the model, quantize and report rules' params
 
-# its result there, its params unchanged, not forced (snakemake -F, -R, -f)
-FORCED = functools.cache(ss_plan.forced_reruns(CFG, **ss_plan.command_line_forcing()))  # by -F, -R, -f
-FINISHED = functools.cache(ss_plan.finished_as_planned(CFG, FORCED))
+FORCED = functools.cache(ss_plan.forced_reruns(CFG, **ss_plan.command_line_forcing()))  # by snakemake -F, -R, -f
+FINISHED = functools.cache(ss_plan.finished_as_planned(CFG, FORCED))  # its result there, unchanged, not forced
 PREV = ss_plan.predecessors(CFG, FINISHED)
 JOBS = list(PREV)
 PLATFORM = ss_grid.platform_of(CFG)

@@ -290,7 +290,7 @@ def forced_reruns(
     for the stacks served on the weights it makes) or of a file named (a job's result, request
     records, job file or weights); with --force (-f), those whose results are the targets."""
     named = {str(r) for r in forcerun}
-    files = {Path(f).as_posix() for f in named} | ({Path(t).as_posix() for t in targets} if forcetargets else set())
+    files = {_workflow_path(f) for f in (named | set(targets) if forcetargets else named)}
 
     def forced(job: BenchJob) -> bool:
         if forceall or named & {"bench", "job_file", "model"}:
@@ -307,6 +307,14 @@ def forced_reruns(
         return bool(files & mine)
 
     return forced
+
+
+def _workflow_path(path: str) -> str:
+    """A path as the workflow names it: relative to its folder (the current one), no ./ before."""
+    p = Path(path)
+    if p.is_absolute() and p.is_relative_to(Path.cwd()):
+        p = p.relative_to(Path.cwd())
+    return p.as_posix()
 
 
 def finished_as_planned(

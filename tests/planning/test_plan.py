@@ -242,6 +242,8 @@ def test_a_forced_rerun_is_planned_as_a_fresh_run(tmp_path, monkeypatch):
 
 
 def test_what_a_command_line_forces():
+    from pathlib import Path
+
     cfg = C.load(REPO / "config/config.yaml")
     jobs = P.bench_jobs(cfg)
 
@@ -254,6 +256,7 @@ def test_what_a_command_line_forces():
     assert {job.stack for job in forced("-R", "quantize")} == {"vllm-marlin"} and not forced("-R", "gguf")
     one = jobs[3]
     assert forced("-R", one.result) == [one] and forced("-R", one.job_file) == [one]
+    assert forced("-R", f"./{one.result}") == forced("-R", str(Path.cwd() / one.result)) == [one]
     assert forced(one.result, "-f") == [one] and not forced(one.result)  # a target is forced by -f only
     assert {job.stack for job in forced("-R", "resources/models/tiny/gptq-w4g128")} == {"vllm-marlin"}
     assert not forced("--cores", "2", "--resources", "gpu=1") and not forced("-R", "tables")
