@@ -263,11 +263,15 @@ def command_line_forcing(argv: list[str] | None = None) -> dict:
     args = snakemake_command_line(argv)
     if not args:
         return {}
+    import contextlib
+    import io
+
     from snakemake.cli import get_argument_parser
 
     try:
-        parsed = get_argument_parser().parse_args(args)
-    except SystemExit:  # not Snakemake's command line after all: Snakemake itself will say so
+        with contextlib.redirect_stderr(io.StringIO()):  # its usage text is Snakemake's own to print
+            parsed = get_argument_parser().parse_args(args)
+    except SystemExit:  # not Snakemake's command line after all: Snakemake itself says so
         return {}
     return {
         "forceall": bool(parsed.forceall),

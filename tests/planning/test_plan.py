@@ -264,6 +264,11 @@ def test_what_a_command_line_forces():
     assert P.command_line_forcing(["pytest", "-q"]) == {} and P.command_line_forcing([]) == {}
 
 
+def test_a_command_line_it_cannot_read_forces_nothing_and_prints_nothing(capsys):
+    assert P.command_line_forcing(["snakemake", "--no-such-option"]) == {}
+    assert capsys.readouterr().err == ""  # Snakemake's own parse says what is wrong
+
+
 def test_the_quality_probe_follows_every_cell_its_server_measures():
     """The probe goes with a stack's last job of run 0, whatever the servers' reuse (a grown
     grid, more runs, must not move it and rerun the old carrier)."""
