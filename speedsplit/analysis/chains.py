@@ -25,6 +25,10 @@ def covers(paired: bool, client: bool) -> str:
     )
 
 
+# The client's calibrated tail a p99 latency's bound takes out (where the calibration measured it).
+TAIL_OFFSET = {"ttft_s": "client_ttft_p99_s", "tpot_s": "client_tpot_p99_s"}
+
+
 def _offset(metric: str) -> str | None:
     """The calibrated client offset a latency metric carries (None: a rate)."""
     for prefix in ("ttft", "tpot", "itl", "e2e"):
@@ -53,7 +57,7 @@ def client_free(row: dict, metric: str, bound: bool = False) -> float | None:
     latency = _offset(metric)
     if latency is not None:
         offset = row.get(prefix + latency)
-        tail = row.get(f"client_{latency.removesuffix('_s')}_p99_s") if bound and metric.endswith("_p99") else None
+        tail = row.get(TAIL_OFFSET.get(latency, "")) if bound and metric.endswith("_p99") else None
         if offset is not None and tail is not None:
             offset = max(offset, tail)
         return None if offset is None else v - offset

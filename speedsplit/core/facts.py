@@ -326,12 +326,12 @@ class CalibrationLevel(StrictRecord):
     e2e_p90_s: float = Field(description="its 90th percentile over requests")
     ttft_p99_s: float | None = Field(
         None,
-        description="the TTFT offset's 99th percentile over requests: what the client adds to a p99 TTFT "
+        description="the TTFT offset's 99th percentile over requests (as a run's p99 is taken): what the client adds to a p99 TTFT "
         "(null: measured before it was)",
     )
     tpot_p99_s: float | None = Field(
         None,
-        description="the TPOT offset's 99th percentile over requests: what the client adds to a p99 TPOT "
+        description="the TPOT offset's 99th percentile over requests (as a run's p99 is taken): what the client adds to a p99 TPOT "
         "(null: measured before it was)",
     )
     throughput_error: float = Field(description="measured / true output tok/s, less 1")

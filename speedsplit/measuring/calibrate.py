@@ -89,12 +89,6 @@ def _load(url: str, users: int, per_user: int, output_tokens: int, warmup: int =
     )
 
 
-def _rank(ordered: list[float], q: float) -> float:
-    """The q-quantile of sorted values, the nearest rank below (of 32 requests, p99 is the
-    second slowest)."""
-    return ordered[int(q * (len(ordered) - 1))]
-
-
 def level(url: str, users: int, speed: reference_speed.Speed = SPEED, requests: int = REQUESTS) -> CalibrationLevel:
     """The client's offsets at one number of users against a server of this speed (no cap),
     over about `requests` measured requests (two a user at least)."""
@@ -105,8 +99,9 @@ def level(url: str, users: int, speed: reference_speed.Speed = SPEED, requests: 
         raise RuntimeError(f"calibration at {users} users: {summary.failed} requests failed ({summary.failures})")
     first, whole = speed.first_token_s(PROMPT_TOKENS), speed.service_s(PROMPT_TOKENS, OUTPUT_TOKENS)
     e2e = sorted(r.end - r.sent - whole for r in ok)
-    ttft = sorted(r.first_token - r.sent - first for r in ok)
-    tpot = sorted(slo.tpot(r) - speed.itl_s for r in ok)
+    # quantiles as a run's own (a p99 offset for a run's p99)
+    ttft = loadgen.distribution([r.first_token - r.sent - first for r in ok])
+    tpot = loadgen.distribution([slo.tpot(r) - speed.itl_s for r in ok])
     truth = reference_speed.expected(
         speed, users=users, requests_per_user=per_user, prompt_tokens=PROMPT_TOKENS, output_tokens=OUTPUT_TOKENS
     )
@@ -120,13 +115,13 @@ def level(url: str, users: int, speed: reference_speed.Speed = SPEED, requests: 
     return CalibrationLevel(
         users=users,
         requests=len(ok),
-        ttft_s=statistics.median(ttft),
+        ttft_s=ttft.median,
         itl_s=statistics.fmean(g for r in ok for g in r.gaps) - speed.itl_s,
-        tpot_s=statistics.median(tpot),
+        tpot_s=tpot.median,
         e2e_s=statistics.median(e2e),
-        e2e_p90_s=_rank(e2e, 0.9),
-        ttft_p99_s=_rank(ttft, 0.99),
-        tpot_p99_s=_rank(tpot, 0.99),
+        e2e_p90_s=e2e[int(0.9 * (len(e2e) - 1))],
+        ttft_p99_s=ttft.p99,
+        tpot_p99_s=tpot.p99,
         throughput_error=summary.output_tok_s / true_tok_s - 1.0,
         cycle_s=statistics.median(e2e) + (statistics.median(turns) if turns else 0.0),
         wait_s=first,

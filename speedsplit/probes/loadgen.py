@@ -375,7 +375,9 @@ def run(
     return asyncio.run(run_async(spec, progress, on_measured, before_measured))
 
 
-def _dist(values: list[float]) -> Distribution:
+def distribution(values: list[float]) -> Distribution:
+    """Mean, median, p90 and p99 of values (linear between the nearest ranks), as every run's
+    latencies are summarised."""
     if not values:
         return Distribution(mean=None, median=None, p90=None, p99=None)
     v = sorted(values)
@@ -473,10 +475,10 @@ def summarize(
         output_tokens=out_tokens,
         output_tok_s=out_tokens / wall_s if wall_s > 0 else None,
         request_s=len(ok) / wall_s if wall_s > 0 else None,
-        ttft_s=_dist([r.first_token - r.sent for r in ok if r.first_token is not None]),
-        itl_s=_dist([g for r in ok for g in r.gaps]),
-        tpot_s=_dist(tpot),
-        e2e_s=_dist([r.end - r.sent for r in ok]),
+        ttft_s=distribution([r.first_token - r.sent for r in ok if r.first_token is not None]),
+        itl_s=distribution([g for r in ok for g in r.gaps]),
+        tpot_s=distribution(tpot),
+        e2e_s=distribution([r.end - r.sent for r in ok]),
         wrong_output_length=wrong_len,
         usage_mismatch=mismatched,
         tokens_per_chunk=out_tokens / carrying if carrying else None,
@@ -490,7 +492,7 @@ def summarize(
         offered_rps=(len(due) - 1) / max(due) if len(due) > 1 and max(due) > 0 else None,
         trace_skipped=spec.fitted["skipped"] if spec.fitted else None,
         trace_capped=spec.fitted["capped"] if spec.fitted else None,
-        lag_s=_dist([r.sent - r.due for r in records if r.due is not None]) if due else None,
+        lag_s=distribution([r.sent - r.due for r in records if r.due is not None]) if due else None,
         **(_session_numbers(records) if spec.kind == "sessions" else {}),
     )
 
@@ -505,9 +507,9 @@ def _session_numbers(records: list[RequestRecord]) -> dict[str, Distribution]:
         by.setdefault(r.user, []).append(r)
     spans = [max(r.end for r in rs) - min(r.sent for r in rs) for rs in by.values() if all(r.ok for r in rs)]
     return {
-        "ttft_first_s": _dist([r.first_token - r.sent for r in ok if r.index == 0]),
-        "ttft_return_s": _dist([r.first_token - r.sent for r in ok if r.index > 0]),
-        "session_s": _dist(spans),
+        "ttft_first_s": distribution([r.first_token - r.sent for r in ok if r.index == 0]),
+        "ttft_return_s": distribution([r.first_token - r.sent for r in ok if r.index > 0]),
+        "session_s": distribution(spans),
     }
 
 
