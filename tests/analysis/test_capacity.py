@@ -175,7 +175,7 @@ def test_an_interrupted_sweep_resumes_keeping_the_levels_it_measured(tmp_path):
     (tmp_path / "cliff.yaml").write_text(yaml.safe_dump(config))
     args = ["--configfile", "cliff.yaml", "--cores", "2", "--resources", "gpu=1"]
     cmd = [snakemake_bin(), "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path), *args]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0)
     level = tmp_path / "results/bench/tiny/ref-8-slots/tp1/{}-cliff-greedy/run0.json"
     deadline = time.monotonic() + 600
     next_log = tmp_path / "results/logs/bench/tiny/ref-8-slots/tp1/u8-cliff-greedy/run0.log"

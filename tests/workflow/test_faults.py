@@ -426,7 +426,7 @@ def test_interrupted_workflow_leaves_nothing_and_resumes(tmp_path_factory):
         "--resources",
         "gpu=1",
     ]
-    proc = subprocess.Popen(cmd, cwd=wd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=wd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0)
     first = wd / "results/bench/tiny/hf-fp16/tp1/u4-ci-wide-greedy/run0.json"
     deadline = time.monotonic() + 600
     while not first.exists() and time.monotonic() < deadline and proc.poll() is None:
