@@ -142,6 +142,7 @@ def test_a_top_token_that_moves_and_a_perplexity_that_varies_land_on_their_truth
     assert Q.perplexity_ratio(a, rd)[0] == pytest.approx(math.exp(sum(diffs) / len(diffs)))
 
 
+@pytest.mark.serial
 def test_a_server_that_stops_answering_is_asked_nothing_more(tiny_model):
     """A connection refused (the server gone): one request says so, the rest are not sent, and
     the probe returns at once with its reasons, never a hang or an exception."""

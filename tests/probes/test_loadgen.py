@@ -152,6 +152,7 @@ def test_users_are_spread_over_instances_and_each_instance_counts_what_it_served
     ]
 
 
+@pytest.mark.serial
 def test_progress_counts_tokens_streamed_before_any_request_ends():
     """With one request per user they all end together; the live line still shows the rate."""
     url, _ = serve_in_thread(make_app(delay_s=0.6))
@@ -162,6 +163,7 @@ def test_progress_counts_tokens_streamed_before_any_request_ends():
     assert float(first.split(", ")[1].split()[0]) > 0
 
 
+@pytest.mark.serial
 def test_a_ramp_spreads_the_users_first_requests_and_leaves_the_warm_up_a_burst(server_url):
     _, records = loadgen.run(spec(server_url, users=4, requests_per_user=1, closed=ClosedLoopSettings(ramp_s=0.8)))
     first = sorted(r.sent for r in records if r.phase == "measured")
@@ -170,6 +172,7 @@ def test_a_ramp_spreads_the_users_first_requests_and_leaves_the_warm_up_a_burst(
     assert max(r.sent for r in records if r.phase == "warmup") < 0.1
 
 
+@pytest.mark.serial
 def test_open_loop_sends_each_request_when_due_with_its_own_lengths(server_url):
     """A schedule: requests go out at their due times whatever is in flight (every one here
     takes longer than the gap to the next), each with its own prompt and output length, all
@@ -249,6 +252,7 @@ def test_a_connection_idle_past_the_idle_limit_is_not_reused():
         assert (ports[0] in ports[2:]) == reused, (idle_close_s, ports)  # user 0's warm-up connection
 
 
+@pytest.mark.serial
 def test_a_client_loop_that_did_not_run_says_how_long():
     """The client's event loop held 0.4 s as its measured phase starts (on_measured sleeps in
     it: as when the process is off the CPUs): the summary gives that stall, and a run that
@@ -298,6 +302,7 @@ def test_a_200_answer_that_is_not_an_event_stream_says_so():
     assert '"all at once"' in records[0].detail
 
 
+@pytest.mark.serial
 def test_sessions_send_the_conversation_so_far_a_think_time_after_each_answer():
     """Multi-turn sessions: each begins when due; each later turn goes think_s after the last
     answer ended, its prompt the earlier prompt, the answer the server gave and the turn's new

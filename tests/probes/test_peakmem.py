@@ -29,6 +29,7 @@ def test_a_process_that_left_the_commands_tree_is_counted(tmp_path):
         os.kill(orphan, signal.SIGKILL)
 
 
+@pytest.mark.serial
 def test_a_commands_exit_code_time_and_peak(capsys):
     rc, rss, host, seconds = peakmem.measure([sys.executable, "-c", HOLD.format(mib=300, s=1.0)], interval_s=0.1)
     assert rc == 0 and seconds >= 1.0

@@ -113,6 +113,7 @@ def test_a_server_without_metrics_is_said_so_and_sampling_goes_on(plain_server):
     assert tel.gpu is None and tel.gpu_absent == "no GPU: the run was on the CPU"
 
 
+@pytest.mark.serial
 def test_one_slow_metrics_answer_is_a_missed_reading_not_the_end_of_the_readings():
     """A vLLM-like /metrics whose first answer comes after the probe's timeout: that reading is
     missed (and counted), every later one is taken."""
@@ -148,6 +149,7 @@ def test_a_phase_with_few_readings_is_flagged_sparse():
     assert T.server_summary(samples, 9.5, 19.5, interval_s=5.0).sparse is False
 
 
+@pytest.mark.serial
 def test_a_measured_phase_shorter_than_the_interval_still_has_a_reading_when_the_sampler_is_poked():
     """The load generator pokes the sampler as its measured phase starts: a phase of 0.3 s on a
     10 s interval gets a reading inside it (without the poke it has none and says so)."""
@@ -175,6 +177,7 @@ def test_a_measured_phase_shorter_than_the_interval_still_has_a_reading_when_the
     assert readings[True].server.samples == 1 and readings[True].server.kv_cache_usage_peak == 0.25
 
 
+@pytest.mark.serial
 def test_a_poke_is_not_held_back_by_a_slow_reading_in_flight():
     """The sampler's own reading is in flight (a /metrics answer taking 1 s, as on a busy CPU)
     when a 0.3 s measured phase starts: the poke's reading is taken on a thread of its own and

@@ -54,6 +54,7 @@ def test_too_few_visible_cards_is_a_clear_error(monkeypatch):
         lease.acquire_gpus(2, timeout_s=1)
 
 
+@pytest.mark.serial
 def test_a_dead_holder_frees_its_cards(tmp_path):
     ctx = mp.get_context("fork")
     q = ctx.Queue()

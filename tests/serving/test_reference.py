@@ -198,6 +198,7 @@ def test_a_server_that_streams_fewer_tokens_than_it_claims_is_caught_by_its_text
         assert all(r.text_tokens == 16 for r in records)
 
 
+@pytest.mark.serial
 def test_coalesced_chunks_are_counted_whole_and_the_run_says_how_many_a_chunk_carried():
     """Four tokens a chunk after the first, 4 ms apart each: throughput and TPOT are the
     tokens', the ITL a chunk's (16 ms), and the summary says 16 tokens came in 5 chunks."""
@@ -241,6 +242,7 @@ def test_each_fault_hits_every_nth_request():
     assert s.failures == {"connection": 1}
 
 
+@pytest.mark.serial
 def test_a_stall_below_the_stall_timeout_is_a_latency_outlier():
     faults = Faults(stall_every=4, stall_s=1.2)
     url = R.serve_in_thread(R.make_app(Speed(ttft_s=0.01, itl_s=0.005), faults))
@@ -256,6 +258,7 @@ def test_a_stall_below_the_stall_timeout_is_a_latency_outlier():
     assert loadgen.summarize(records, s.wall_s, spec).latency_outliers == 0
 
 
+@pytest.mark.serial
 def test_its_metrics_show_what_it_runs_and_what_waits():
     url = R.serve_in_thread(R.make_app(Speed(ttft_s=0.3, itl_s=0.01, max_concurrency=1)))
 
@@ -275,6 +278,7 @@ def test_its_metrics_show_what_it_runs_and_what_waits():
     assert 'vllm:num_requests_waiting{model_name="reference"} 2' in text
 
 
+@pytest.mark.serial
 def test_the_load_generator_measures_it_within_a_few_milliseconds():
     speed = Speed(ttft_s=0.05, itl_s=0.005)
     url = R.serve_in_thread(R.make_app(speed))
@@ -289,6 +293,7 @@ def test_the_load_generator_measures_it_within_a_few_milliseconds():
     assert s.tpot_s.median == pytest.approx(0.005, rel=0.1)
 
 
+@pytest.mark.serial
 def test_users_who_think_between_answers_land_on_the_truth_of_their_think_time():
     """closed.think_s (core/loads.ClosedLoopSettings): each user's next measured request leaves
     think_s after its last answer ended, and the run lands on what the server's rules make of it

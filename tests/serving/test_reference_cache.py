@@ -4,6 +4,7 @@ from the card to the host; and the server charging, saying and counting them."""
 
 import urllib.request
 
+import pytest
 
 from speedsplit.serving import reference
 from speedsplit.serving.reference_cache import BLOCK_TOKENS, KvTiers
@@ -46,6 +47,7 @@ def test_a_used_sequence_is_the_last_evicted():
     assert list(kv.card) == [0, 2]  # keys in store order: 1 (0) and 3 (2) kept
 
 
+@pytest.mark.serial
 def test_the_server_charges_says_and_counts_its_hits():
     """A returning turn's held tokens cost no prefill (card) or load at the offload rate (host),
     its usage says them, and its /metrics count them as vLLM's counters do."""
