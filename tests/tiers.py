@@ -3,17 +3,20 @@ priority, and all the others on three workers at the lowest (nice 19) beside the
 
 The serial tier (the truth tier, the vLLM cliff) waits on its servers most of its five minutes,
 half a core busy; the workers' tier is CPU-bound (1.7 of 2 cores for eleven minutes). One after
-the other they took 16-18 minutes on a 2-core AMD EPYC. Beside workers at nice 19 the serial
-tier's threads get the CPU as on a machine of their own: a thread that wakes from a sleep takes
-the core at once (the scheduler's wakeup preemption: a sleeper's 5 ms timer woke 0.07 ms late at
-the median, 0.09 ms at p99, beside four busy threads at nice 19 as beside none), and a thread
-that computes gets 1024 of every 1039 shares of a core from a thread at nice 19. The workers
-share what is left as they always shared the CPUs, thread by thread: the serial tier alone left
-an idle-priority thread waiting at most 0.06 s over its five minutes.
+the other they took 16-18 minutes on a 2-core AMD EPYC; at once, 11 min 51 s and 12 min 52 s.
+A thread that wakes from a sleep takes a core at once whatever else runs (the scheduler's wakeup
+preemption: a 5 ms sleep overslept by 0.09 ms at p99 beside four busy threads at nice 19, by
+0.18 ms beside four at nice 0, by 0.16 ms beside none); a thread that computes gets 1024 shares
+of a core to a nice-19 thread's 15, where beside a worker at its own priority it would get half.
+So the serial tier's clients and servers read their tokens as on a machine of their own (its
+truth tier's errors stayed within those of its runs alone), and the workers share what it
+leaves as they always shared the CPUs: the serial tier alone left a thread of the idle policy
+(below nice 19) waiting at most 0.06 s over its five minutes.
 
-Not the idle policy (SCHED_IDLE): its threads do not preempt each other on waking (only the
-timer tick switches them), and three workers' clients read their servers late: a client loop
-0.17 s without the CPU, a quality probe's 5 s bound read 6 s, a Slurm run flagged client_stalled.
+Not the idle policy (SCHED_IDLE) for the workers: its threads do not preempt each other on
+waking (only the timer tick switches them), and the workers' own clients read their servers
+late: a client loop 0.17 s without the CPU, a quality probe's 5 s bound read 6 s, a Slurm run's
+result flagged client_stalled.
 
 Every process a tier starts inherits its niceness. Both stay in this process's session: Linux's
 autogroup scheduler (/proc/sys/kernel/sched_autogroup_enabled) shares the CPUs between sessions
@@ -70,7 +73,8 @@ def main(args: list[str]) -> int:
             follow(log.name, workers)
         except KeyboardInterrupt:  # both tiers had it too: they end their tests' cleanup
             serial.wait()
-            workers.wait()
+            print("\nmake test: interrupted; the three workers say:", flush=True)
+            follow(log.name, workers)
             return 130
     print(f"make test: serial tier exit {serial.returncode}, three workers exit {workers.returncode} (0: passed)")
     return 0 if serial.returncode == 0 and workers.returncode == 0 else 1
