@@ -57,7 +57,7 @@ def client_free(row: dict, metric: str, bound: bool = False) -> float | None:
     latency = _offset(metric)
     if latency is not None:
         offset = row.get(prefix + latency)
-        tail = row.get(TAIL_OFFSET.get(latency, "")) if bound and metric.endswith("_p99") else None
+        tail = row.get(TAIL_OFFSET[latency]) if bound and metric.endswith("_p99") and latency in TAIL_OFFSET else None
         if offset is not None and tail is not None:
             offset = max(offset, tail)
         return None if offset is None else v - offset

@@ -135,8 +135,8 @@ def lines(results: str | Path = "results", run_args: list[str] | None = None) ->
 
 def snakemake_args(argv: list[str] | None = None) -> list[str] | None:
     """This Snakemake process's own arguments, less its targets (words before the first
-    option), where it was started from the command line; None otherwise (the API, a cluster
-    job)."""
+    option), where it was started as Snakemake (plan.snakemake_command_line); None otherwise
+    (the API, any other program)."""
     args = plan.snakemake_command_line(argv)
     if args is None:
         return None

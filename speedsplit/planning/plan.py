@@ -8,6 +8,8 @@ drift of the machine spreads over all stacks instead of biasing one.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sys
 from collections.abc import Callable, Collection
@@ -247,8 +249,9 @@ def job_spec(config: Experiment, job: BenchJob, carriers: Collection[BenchJob] |
 
 
 def snakemake_command_line(argv: list[str] | None = None) -> list[str] | None:
-    """This Snakemake process's own arguments, where it was started from the command line;
-    None otherwise (the API, a cluster job, any other program)."""
+    """This Snakemake process's own arguments, where it was started as Snakemake (the command,
+    or python -m snakemake: a cluster job's own process too, whose --force and target are the
+    job it runs); None otherwise (the API, any other program)."""
     argv = sys.argv if argv is None else argv
     if not argv or "snakemake" not in Path(argv[0]).name and not argv[0].endswith("__main__.py"):
         return None
@@ -263,9 +266,6 @@ def command_line_forcing(argv: list[str] | None = None) -> dict:
     args = snakemake_command_line(argv)
     if not args:
         return {}
-    import contextlib
-    import io
-
     from snakemake.cli import get_argument_parser
 
     try:
