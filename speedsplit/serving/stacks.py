@@ -73,6 +73,13 @@ class Server:
     memory_cap: dict | None = None  # what memory_cap() did, None without a cap
     host_memory: str | None = None  # the host-memory cap of a CPU server, in words
     api_key: str | None = field(default=None, repr=False)  # what its clients send (core/apikey.py)
+    log_copier: threading.Thread | None = field(default=None, repr=False)  # its output into the log
+
+    def log_copied(self, timeout_s: float = 5.0) -> None:
+        """Once the server has ended, wait until what it said is in its log (the copier writes
+        behind the process: a server that died said why in its last lines)."""
+        if self.log_copier is not None and not self.alive():
+            self.log_copier.join(timeout_s)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -82,7 +89,9 @@ class Server:
         return procs.Proc.of(self.proc.pid) or procs.Proc(self.proc.pid, -1)
 
     def launch_output(self) -> str:
-        """What this launch wrote to the log, never an earlier launch's lines."""
+        """What this launch wrote to the log, never an earlier launch's lines (all of it, once
+        the server has ended)."""
+        self.log_copied()
         return launch_output(self.log_path, self.log_offset)
 
     def launch_output_tail(self, lines: int = 40) -> str:
@@ -199,7 +208,8 @@ def launch(
         pass_fds=tuple(keep_fds),
     )
     # what the server says goes to its log with every known secret taken out, as it is written
-    threading.Thread(target=_copy_redacted, args=(proc.stdout, log), daemon=True).start()
+    copier = threading.Thread(target=_copy_redacted, args=(proc.stdout, log), daemon=True)
+    copier.start()
     return Server(
         proc=proc,
         url=f"http://{HOST}:{port}",
@@ -213,6 +223,7 @@ def launch(
         memory_cap=cap,
         host_memory=host_memory,
         api_key=api_key,
+        log_copier=copier,
     )
 
 

@@ -92,6 +92,7 @@ def test_engine_facts_come_from_this_launch_only(tmp_path, tiny_model):
         script = f"print('Using {kernel} for GPTQMarlinLinearMethod', flush=True)"
         srv = stacks.launch(_stack(["{python}", "-c", script, "{host}"]), tiny_model, "m", 1, [], log)
         srv.proc.wait(10)
+        srv.log_copied()
     printed = [ln for ln in log.read_text().splitlines() if ln.startswith("Using ")]
     assert printed == [
         "Using MarlinLinearKernel for GPTQMarlinLinearMethod",
